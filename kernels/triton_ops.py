@@ -1,0 +1,24 @@
+"""The Triton implementation of every kernel op, same signatures as ``reference``.
+
+Imported lazily by ``dispatch`` (importing triton is slow). On CPU tensors these kernels only run
+under ``TRITON_INTERPRET=1`` set before triton is first imported.
+
+Optional keyword-only extras (the engine may pass them; defaults keep the reference signatures):
+  sgmv_shrink(..., out=buf)                         reuse a float32 output buffer
+  paged_decode_attention(..., max_context_len=n)    bound for the split count (default from shapes)
+  paged_prefill_attention(..., max_query_len=n)     avoids one host sync to size the grid
+"""
+from __future__ import annotations
+
+from .dispatch import KernelOps
+from .triton_attention import paged_decode_attention, paged_prefill_attention, write_kv
+from .triton_sgmv import sgmv_expand, sgmv_shrink
+
+TRITON_OPS = KernelOps(
+    name="triton",
+    write_kv=write_kv,
+    paged_decode_attention=paged_decode_attention,
+    paged_prefill_attention=paged_prefill_attention,
+    sgmv_shrink=sgmv_shrink,
+    sgmv_expand=sgmv_expand,
+)
