@@ -127,6 +127,26 @@ def _sgmv_shrink_kernel(
         tl.store(out_ptrs, acc, mask=m_mask[:, None] & (offs_r[None, :] < max_rank))
 
 
+def _shrink_config(segments: LoraSegments, num_slices: int, max_rank: int, hidden: int,
+                   device: torch.device) -> tuple[bool, int, int, int, int, int]:
+    """(gemv, BLOCK_M, BLOCK_R, BLOCK_K, split_k, k_per_split) for one shrink launch."""
+    block_r = max(16, triton.next_power_of_2(max_rank))
+    gemv = segments.max_seg_len <= GEMV_MAX_SEG
+    if gemv:
+        block_m = triton.next_power_of_2(max(segments.max_seg_len, 1))
+        block_k = max(16, min(256, _GEMV_TILE_ELEMS // (block_m * block_r)))
+        # Split hidden until segments x slices x splits fills the device.
+        have = segments.num_segments * num_slices
+        split_k = max(1, min(triton.cdiv(hidden, block_k), triton.cdiv(_target_programs(device), have)))
+    else:
+        block_m = 32 if segments.max_seg_len <= 32 else 64
+        block_k = 64 if block_r <= 64 else 32
+        split_k = 1
+    k_per_split = triton.cdiv(triton.cdiv(hidden, split_k), block_k) * block_k
+    split_k = triton.cdiv(hidden, k_per_split)
+    return gemv, block_m, block_r, block_k, split_k, k_per_split
+
+
 def sgmv_shrink(
     x: torch.Tensor,
     lora_a: torch.Tensor,
@@ -147,22 +167,9 @@ def sgmv_shrink(
         return out.zero_()
     if x.dtype != lora_a.dtype:
         x = x.to(lora_a.dtype)
-    block_r = max(16, triton.next_power_of_2(max_rank))
-    gemv = segments.max_seg_len <= GEMV_MAX_SEG
+    gemv, block_m, block_r, block_k, split_k, k_per_split = _shrink_config(
+        segments, num_slices, max_rank, hidden, x.device)
     num_segments = segments.num_segments
-    if gemv:
-        block_m = triton.next_power_of_2(max(segments.max_seg_len, 1))
-        block_k = max(16, min(256, _GEMV_TILE_ELEMS // (block_m * block_r)))
-        # Split hidden until segments x slices x splits fills the device, keeping >= 2 K-steps each.
-        have = num_segments * num_slices
-        max_split = max(1, hidden // (2 * block_k))
-        split_k = max(1, min(max_split, triton.cdiv(_target_programs(x.device), have)))
-    else:
-        block_m = 32 if segments.max_seg_len <= 32 else 64
-        block_k = 64 if block_r <= 64 else 32
-        split_k = 1
-    k_per_split = triton.cdiv(triton.cdiv(hidden, split_k), block_k) * block_k
-    split_k = triton.cdiv(hidden, k_per_split)
     target = out if split_k == 1 else torch.empty(
         split_k, num_slices, num_tokens, max_rank, dtype=torch.float32, device=x.device)
     t4 = target if split_k > 1 else out.unsqueeze(0)  # [split, slice, token, rank] either way
