@@ -1,0 +1,85 @@
+"""EngineConfig: every engine knob in one validated dataclass, built once and passed down."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BATCHING_MODES = ("continuous", "static")
+POLICIES = ("fcfs", "priority", "fair", "sjf")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
+    device: str = "auto"  # auto: cuda if available, else cpu
+    max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
+    batching: str = "continuous"
+    kernel_backend: str = "auto"  # auto | torch | triton
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+    # multi-LoRA
+    max_loras: int = 8  # distinct adapters resident on the device (and per step)
+    max_cpu_loras: int = 32  # adapters kept in host memory (LRU)
+    max_lora_rank: int = 64
+    # tenant-aware scheduling
+    vtc_prompt_weight: float = 1.0
+    vtc_output_weight: float = 2.0
+    max_running_seqs_per_tenant: int | None = None
+    max_kv_share_per_tenant: float | None = None  # fraction of KV blocks one tenant may hold
+    lora_locality_slack: float = 0.0  # VTC counter slack within which resident adapters are preferred
+    priority_aging_s: float = 30.0  # a waiting request gains one priority class per this many seconds
+    seed: int = 0
+    tokenizer: str | None = None  # default: the model directory
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        path = Path(self.model)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model must be a local checkpoint directory with config.json, got {self.model!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+        if self.kernel_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"kernel_backend must be auto, torch or triton, got {self.kernel_backend!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_cpu_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+        if not 0.0 <= self.watermark < 0.5:
+            raise ValueError(f"watermark must be in [0, 0.5), got {self.watermark}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be >= max_loras")
+        if self.vtc_prompt_weight < 0 or self.vtc_output_weight < 0:
+            raise ValueError("vtc weights must be >= 0")
+        if self.max_kv_share_per_tenant is not None and not 0 < self.max_kv_share_per_tenant <= 1:
+            raise ValueError("max_kv_share_per_tenant must be in (0, 1]")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if self.torch_device.type == "cpu" or checkpoint_dtype is None:
+            return torch.float32
+        return checkpoint_dtype

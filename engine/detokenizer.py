@@ -1,0 +1,41 @@
+"""Incremental detokenization and stop-string detection.
+
+Decoding the whole output every step is quadratic; instead we decode a short window of recent
+tokens and emit only the text that has become stable (byte-level BPE can split a UTF-8 character
+across tokens, which decodes to U+FFFD until the rest arrives).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DetokState:
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+
+def append_text(tokenizer, seq, state: DetokState) -> str:
+    """Extend ``seq.text`` with whatever the newly appended tokens spell. Returns the delta."""
+    ids = seq.output_token_ids
+    prefix = tokenizer.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(ids[state.prefix_offset:], skip_special_tokens=True)
+    if len(full) > len(prefix) and not full.endswith("\ufffd"):
+        delta = full[len(prefix):]
+        state.prefix_offset, state.read_offset = state.read_offset, len(ids)
+        seq.text += delta
+        return delta
+    return ""
+
+
+def find_stop_string(text: str, stops: list[str], new_chars: int) -> tuple[int, str] | None:
+    """Earliest stop string that overlaps the last ``new_chars`` characters: (index, stop)."""
+    if not stops or new_chars <= 0:
+        return None
+    best = None
+    for stop in stops:
+        start = max(0, len(text) - new_chars - len(stop) + 1)
+        i = text.find(stop, start)
+        if i != -1 and (best is None or i < best[0]):
+            best = (i, stop)
+    return best

@@ -1,0 +1,24 @@
+"""Errors the engine raises to its callers. The platform maps them to HTTP 4xx bodies."""
+
+
+class EngineError(Exception):
+    """Base class for every error the engine reports on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """The request can never be served as given (bad sampling values, empty prompt, too long...).
+
+    ``param`` names the offending field when there is one, so an API can point at it.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class UnknownAdapterError(InvalidRequestError):
+    """The request names an adapter the engine does not know."""
+
+
+class EngineDeadError(EngineError):
+    """The engine loop stopped and can take no more requests."""

@@ -1,0 +1,111 @@
+"""Turns a scheduler step into tensors, runs the model once, returns logits of the sampling rows."""
+from __future__ import annotations
+
+import torch
+
+from loraplex.kernels import get_kernel_ops, make_lora_segments
+
+from .config import EngineConfig
+from .kv_cache import KVCacheManager
+from .models import ModelConfig, load_model
+from .models.forward_batch import ForwardBatch
+from .scheduler import ScheduledChunk, SchedulerOutput
+from .sequence import Sequence
+
+_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
+    per_block = 2 * mcfg.num_layers * config.block_size * mcfg.num_kv_heads * mcfg.head_dim * _BYTES[dtype]
+    by_memory = int(config.kv_cache_memory_gb * (1 << 30) // per_block)
+    # More than every sequence at full length is never useful.
+    by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+    return max(2, min(by_memory, by_need))
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int, num_kv_blocks: int):
+        self.config = config
+        self.model_config = model_config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
+        self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
+        shape = (num_kv_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(model_config.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def execute(
+        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None
+    ) -> tuple[list[Sequence], torch.Tensor | None]:
+        """Run one step. Returns the sequences that sample a token this step and their logits
+        (float32 [num_sampling, vocab]), in the same order."""
+        adapter_slots = adapter_slots or {}
+
+        def slot_of(chunk: ScheduledChunk) -> int:
+            a = chunk.seq.adapter
+            return -1 if a is None else adapter_slots[a]
+
+        # One-token chunks (decodes, and 1-token prefill tails) use the decode kernel; the rest use
+        # prefill. Within each half, group by adapter slot so LoRA segments are long.
+        decodes = sorted((c for c in out.chunks if c.num_tokens == 1), key=slot_of)
+        prefills = sorted((c for c in out.chunks if c.num_tokens > 1), key=slot_of)
+        ordered = decodes + prefills
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        token_lora: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for chunk in ordered:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            end = start + chunk.num_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = kv.block_table(seq)
+            bs = kv.block_size
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
+            if chunk.samples:
+                sample_rows.append(len(input_ids) - 1)
+                sample_seqs.append(seq)
+
+        dev = self.device
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=self._block_tables([c.seq for c in decodes], kv),
+            decode_context_lens=torch.tensor(
+                [c.seq.num_computed_tokens + 1 for c in decodes], dtype=torch.int32, device=dev),
+            prefill_block_tables=self._block_tables([c.seq for c in prefills], kv),
+            prefill_query_start_loc=torch.tensor(
+                _cumsum([c.num_tokens for c in prefills]), dtype=torch.int32, device=dev),
+            prefill_context_lens=torch.tensor(
+                [c.seq.num_computed_tokens + c.num_tokens for c in prefills], dtype=torch.int32, device=dev),
+            ops=self.ops,
+            lora_segments=make_lora_segments(token_lora, dev) if any(s >= 0 for s in token_lora) else None,
+        )
+        hidden = self.model(batch, self.kv_caches)
+        if not sample_rows:
+            return [], None
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        return sample_seqs, self.model.compute_logits(hidden.index_select(0, rows))
+
+    def _block_tables(self, seqs: list[Sequence], kv: KVCacheManager) -> torch.Tensor:
+        tables = [kv.block_table(s) for s in seqs]
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(seqs), width)
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out

@@ -1,0 +1,6 @@
+"""Our own Llama-family decoder (Llama, Mistral, Qwen2) and its checkpoint loader."""
+from .config import ModelConfig, SUPPORTED_ARCHITECTURES
+from .llama import LlamaForCausalLM
+from .loader import load_model
+
+__all__ = ["LlamaForCausalLM", "ModelConfig", "SUPPORTED_ARCHITECTURES", "load_model"]

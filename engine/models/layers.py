@@ -1,0 +1,111 @@
+"""Building blocks of the Llama family: RMSNorm, rotary embeddings, projections with LoRA slots."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like the reference implementation, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
+    """Inverse frequencies for the rope types Llama-family checkpoints use."""
+    theta = float(rope.get("rope_theta", 10000.0))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(rope["factor"])
+    if kind == "llama3":
+        # Llama 3.1 "frequency-dependent" scaling: long wavelengths are slowed by `factor`, short ones
+        # kept, and the band in between interpolated smoothly.
+        factor = float(rope["factor"])
+        low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old_len = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Non-interleaved ("rotate half") rotary embedding with a precomputed cos/sin table."""
+
+    def __init__(self, head_dim: int, max_positions: int, rope: dict):
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, rope)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Projection(nn.Module):
+    """A linear layer whose output may be several fused slices (q|k|v, gate|up), with room for
+    ``max_loras`` stacked LoRA adapters that the LoRA manager writes into by slot.
+
+    Each token of the batch applies the adapter of its own slot (``batch.lora_segments``), through
+    the SGMV ops; slots whose rank is 0 here (adapter does not target this module) cost nothing.
+    """
+
+    def __init__(self, in_features: int, slice_sizes: list[int], bias: bool):
+        super().__init__()
+        self.in_features = in_features
+        self.slice_sizes = tuple(slice_sizes)
+        offsets = [0]
+        for s in slice_sizes:
+            offsets.append(offsets[-1] + s)
+        self.slice_offsets = tuple(offsets)
+        self.weight = nn.Parameter(torch.empty(offsets[-1], in_features))
+        self.bias = nn.Parameter(torch.zeros(offsets[-1])) if bias else None
+        # LoRA slots; allocated by allocate_lora_slots when the engine serves adapters.
+        self.lora_a: torch.Tensor | None = None  # [num_slices, max_loras, max_rank, in]
+        self.lora_b: torch.Tensor | None = None  # [max_loras, max_rank, out]
+        self.lora_ranks: torch.Tensor | None = None  # int32 [max_loras], 0 = not targeted
+        self.lora_scales: torch.Tensor | None = None  # float32 [max_loras]
+
+    def allocate_lora_slots(self, max_loras: int, max_rank: int) -> None:
+        w = self.weight
+        self.lora_a = torch.zeros(len(self.slice_sizes), max_loras, max_rank, self.in_features, dtype=w.dtype, device=w.device)
+        self.lora_b = torch.zeros(max_loras, max_rank, self.slice_offsets[-1], dtype=w.dtype, device=w.device)
+        self.lora_ranks = torch.zeros(max_loras, dtype=torch.int32, device=w.device)
+        self.lora_scales = torch.zeros(max_loras, dtype=torch.float32, device=w.device)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        seg = batch.lora_segments
+        if seg is not None and self.lora_a is not None:
+            shrunk = batch.ops.sgmv_shrink(x, self.lora_a, seg, self.lora_ranks)
+            y = batch.ops.sgmv_expand(y, shrunk, self.lora_b, seg, self.lora_ranks, self.lora_scales, self.slice_offsets)
+        return y

@@ -1,0 +1,101 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2), written to run one flattened continuous batch.
+
+Every forward takes ALL tokens of a step in one [T, hidden] tensor — decode tokens of many sequences
+and prefill chunks of others — and reads/writes the paged KV cache through the kernel ops.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .forward_batch import ForwardBatch
+from .layers import Projection, RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.qkv_proj = Projection(cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], bias=cfg.attention_bias)
+        self.o_proj = Projection(cfg.q_size, [cfg.hidden_size], bias=False)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x, batch).split(self.qkv_proj.slice_sizes, dim=-1)
+        q = q.reshape(T, self.num_heads, self.head_dim)
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        ops = batch.ops
+        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        nd = batch.num_decode_tokens
+        parts = []
+        if nd:
+            parts.append(ops.paged_decode_attention(
+                q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, self.scale))
+        if T > nd:
+            parts.append(ops.paged_prefill_attention(
+                q[nd:], k_cache, v_cache, batch.prefill_block_tables, batch.prefill_query_start_loc,
+                batch.prefill_context_lens, self.scale))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim), batch)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = Projection(cfg.hidden_size, [cfg.intermediate_size, cfg.intermediate_size], bias=False)
+        self.down_proj = Projection(cfg.intermediate_size, [cfg.hidden_size], bias=False)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x, batch).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up, batch)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, batch, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, batch, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x), batch)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Returns the final hidden states [T, hidden]; call ``compute_logits`` on the rows to sample."""
+        x = self.embed_tokens(batch.input_ids)
+        for layer, kv in zip(self.layers, kv_caches):
+            x = layer(x, batch.positions, batch, kv)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def lora_projections(self) -> dict[str, list[Projection]]:
+        """Projections LoRA can target, keyed by our fused module name, one entry per layer."""
+        return {
+            "qkv_proj": [l.self_attn.qkv_proj for l in self.layers],
+            "o_proj": [l.self_attn.o_proj for l in self.layers],
+            "gate_up_proj": [l.mlp.gate_up_proj for l in self.layers],
+            "down_proj": [l.mlp.down_proj for l in self.layers],
+        }

@@ -1,0 +1,215 @@
+"""Iteration-level (continuous) batching scheduler.
+
+Each ``schedule()`` builds one step: running sequences first (decodes before unfinished prefills),
+then new sequences from the policy, under four limits — the token budget, ``max_num_seqs``, free KV
+blocks and ``max_loras`` distinct adapters. Prefills longer than the remaining budget are chunked.
+When KV blocks run out, the policy names a victim whose blocks are freed; it is recomputed later.
+``batching="static"`` forms a batch only when the previous one has fully drained (the baseline).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .config import EngineConfig
+from .kv_cache import KVCacheManager
+from .policies import SchedulingPolicy
+from .sequence import Sequence, SequenceStatus
+
+# A waiting request blocked by the adapter limit for this many steps freezes admission of other
+# adapters until a slot frees for it, so it cannot starve behind a stream of resident adapters.
+LORA_MAX_BLOCKED_STEPS = 16
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    num_tokens: int  # tokens whose KV is computed this step (1 for a decode)
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the sequence's last token, so the step produces its next token."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def adapters(self) -> set[str]:
+        return {c.seq.adapter for c in self.chunks if c.seq.adapter is not None}
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: SchedulingPolicy):
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.running: list[Sequence] = []
+        self.step_count = 0
+        self._lora_blocked: dict[int, int] = {}  # seq_id -> first step it was blocked by max_loras
+
+    # ------------------------------------------------------------------ queue changes
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.policy.add_waiting(seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        """Remove ``seq`` from wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.policy.remove_waiting(seq)
+        self.kv.free(seq)
+        self._lora_blocked.pop(seq.seq_id, None)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.policy.on_finished(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self.policy.num_waiting() > 0
+
+    # ------------------------------------------------------------------ the step plan
+    def schedule(self) -> SchedulerOutput:
+        now = time.monotonic()
+        self.step_count += 1
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. Running sequences, most important first; decodes before unfinished prefills.
+        ordered = self.policy.order_running(self.running, now)
+        queue = [s for s in ordered if s.in_decode] + [s for s in ordered if not s.in_decode]
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.kv.can_append(seq, n):
+                victim = self.policy.choose_victim(queue + [seq], now) if queue else seq
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+                queue.remove(victim)
+            else:
+                self.kv.allocate(seq, n)
+                out.chunks.append(ScheduledChunk(seq, n))
+                budget -= n
+
+        # 2. New sequences (static batching: only once the previous batch has drained).
+        if self.config.batching == "static":
+            if not self.running and not out.preempted:
+                self._admit_static_batch(out, budget, now)
+        elif not out.preempted:  # memory is short: don't admit what we would preempt next step
+            self._admit_waiting(out, budget, now)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        exclude: set[int] = set()
+        running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
+        starving = self._starving_adapter()
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.policy.next_waiting(exclude, now)
+            if seq is None:
+                break
+            if not self._adapter_fits(seq, running_adapters, starving) or not self.policy.may_admit(seq, self.running):
+                exclude.add(seq.seq_id)
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.kv.can_admit(seq, n):
+                break  # out of KV: later arrivals must not overtake (they would starve big prompts)
+            self._start(seq, n, out)
+            budget -= n
+            if seq.adapter is not None:
+                running_adapters[seq.adapter] += 1
+
+    def _admit_static_batch(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        """Form a whole batch at once; its prefills are chunked by the budget over the next steps."""
+        exclude: set[int] = set()
+        running_adapters: Counter = Counter()
+        reserved = 0
+        while len(self.running) < self.config.max_num_seqs:
+            seq = self.policy.next_waiting(exclude, now)
+            if seq is None:
+                break
+            if not self._adapter_fits(seq, running_adapters, None):
+                exclude.add(seq.seq_id)
+                continue
+            need = self.kv.blocks_for_tokens(seq.num_tokens)
+            if self.kv.num_free_blocks - reserved - need < self.kv.watermark_blocks:
+                break
+            reserved += need
+            n = min(seq.num_uncomputed_tokens, budget)
+            self._start(seq, n, out)
+            budget -= n
+            if seq.adapter is not None:
+                running_adapters[seq.adapter] += 1
+
+    def _start(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
+        self.policy.remove_waiting(seq)
+        self._lora_blocked.pop(seq.seq_id, None)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self.policy.on_admitted(seq, seq.num_uncomputed_tokens)
+        if n > 0:
+            self.kv.allocate(seq, n)
+            out.chunks.append(ScheduledChunk(seq, n))
+
+    def _adapter_fits(self, seq: Sequence, running_adapters: Counter, starving: str | None) -> bool:
+        adapter = seq.adapter
+        if adapter is None:
+            return True
+        if starving is not None and adapter != starving:
+            # Admit nothing of other adapters (resident ones included, or they never leave) until a
+            # slot frees for the starving one; base-model requests still flow.
+            return False
+        if adapter in running_adapters or len(running_adapters) < self.config.max_loras:
+            return True
+        self._lora_blocked.setdefault(seq.seq_id, self.step_count)
+        return False
+
+    def _starving_adapter(self) -> str | None:
+        oldest = None
+        for seq_id, since in self._lora_blocked.items():
+            if self.step_count - since >= LORA_MAX_BLOCKED_STEPS and (oldest is None or since < oldest[1]):
+                oldest = (seq_id, since)
+        if oldest is None:
+            return None
+        for seq in self.policy.waiting():
+            if seq.seq_id == oldest[0]:
+                return seq.adapter
+        self._lora_blocked.pop(oldest[0], None)
+        return None
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Free the victim's blocks; it will be recomputed (prompt + generated tokens) later."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.policy.add_waiting(seq, preempted=True)
+        out.preempted.append(seq)
+
+    # ------------------------------------------------------------------ after the model ran
+    def update(self, out: SchedulerOutput) -> None:
+        """Advance computed-token counts; the engine appends sampled tokens afterwards."""
+        for chunk in out.chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": self.policy.num_waiting(),
+            "step": self.step_count,
+            **self.policy.stats(),
+        }
