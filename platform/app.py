@@ -1,0 +1,66 @@
+"""The HTTP application: admin API (and the tenant API when present) over one PlatformContext."""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from loraplex.platform.adapters.size_limit import UploadSizeLimit
+from loraplex.platform.admin.router import ADMIN_PREFIX
+from loraplex.platform.admin.router import router as admin_router
+from loraplex.platform.auth.admin import ensure_admin_key
+from loraplex.platform.context import PlatformContext
+from loraplex.platform.db import migrate
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_sync import sync_all
+from loraplex.platform.http_errors import install_error_handlers
+from loraplex.platform.inference.routes import router as tenant_router
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger("loraplex.platform")
+
+
+def build_context(settings: Settings, gateway: EngineGateway | None = None, *, upgrade_db: bool = True) -> tuple[PlatformContext, str | None]:
+    """Migrate, connect, start (or adopt) the engine, create the first admin key, sync the engine.
+    Returns the context and the generated admin key (None if one exists or is configured)."""
+    if upgrade_db:
+        migrate.upgrade(settings.db_url)
+    ctx = PlatformContext.build(settings, gateway or EngineGateway.disabled())
+    with unit_of_work(ctx.sessions) as session:
+        new_admin_key = ensure_admin_key(session, ctx.hasher, settings.admin_key)
+    if gateway is None:
+        ctx.gateway = EngineGateway.start(settings)
+    with unit_of_work(ctx.sessions) as session:
+        sync_all(session, ctx.gateway, ctx.store.root)
+    return ctx, new_admin_key
+
+
+def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        if owns_engine:
+            ctx.gateway.shutdown()
+        ctx.close()
+
+    app = FastAPI(
+        title="loraplex",
+        version="0.1.0",
+        description="Multi-LoRA, multi-tenant LLM serving: admin API under /admin/v1.",
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.include_router(admin_router)
+    app.include_router(tenant_router)
+
+    @app.get("/health", tags=["health"])
+    def health() -> dict:
+        return {"status": "ok", "engine": ctx.gateway.enabled}
+
+    app.add_middleware(
+        UploadSizeLimit, path=f"{ADMIN_PREFIX}/adapters", max_bytes=ctx.settings.uploads.max_upload_bytes
+    )
+    return app

@@ -1,0 +1,42 @@
+"""Tenant API key → tenant, through a brief cache that revocation clears."""
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from loraplex.platform.auth.key_cache import TenantAuth
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.errors import Forbidden, Unauthorized
+from loraplex.platform.keys import repository as keys_repo
+from loraplex.platform.tenants import repository as tenants_repo
+
+
+def lookup_tenant_key(session: Session, ctx, key_hash: str) -> TenantAuth | None:
+    """A usable key's tenant (not revoked, not expired), or None. Records last use."""
+    key = keys_repo.get_by_hash(session, key_hash)
+    if key is None or key.revoked_at is not None:
+        return None
+    now = utcnow()
+    if key.expires_at is not None and key.expires_at <= now:
+        return None
+    tenant = tenants_repo.get(session, key.tenant_id)
+    if tenant is None:
+        return None
+    key.last_used_at = now
+    auth = TenantAuth(tenant.id, tenant.name, key.id, tenant.status, tenant.priority, tenant.weight)
+    ttl = (key.expires_at - now).total_seconds() if key.expires_at else None
+    ctx.key_cache.put(key_hash, auth, ttl)
+    return auth
+
+
+def authenticate_tenant(ctx, token: str) -> TenantAuth:
+    key_hash = ctx.hasher.hash(token)
+    auth = ctx.key_cache.get(key_hash)
+    if auth is None:
+        with unit_of_work(ctx.sessions) as session:
+            auth = lookup_tenant_key(session, ctx, key_hash)
+    if auth is None:
+        raise Unauthorized("invalid, revoked or expired API key")
+    if auth.tenant_status != "active":
+        raise Forbidden(f"tenant {auth.tenant_name!r} is {auth.tenant_status}", code="tenant_suspended")
+    return auth

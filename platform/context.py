@@ -1,0 +1,41 @@
+"""Everything a request or CLI command needs, built once at start and passed down."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.adapters.store import AdapterStore
+from loraplex.platform.auth.key_cache import KeyCache
+from loraplex.platform.auth.tokens import KeyHasher
+from loraplex.platform.db.session import make_db_engine, make_session_factory
+from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.settings import Settings
+
+
+@dataclass
+class PlatformContext:
+    settings: Settings
+    db_engine: Engine
+    sessions: sessionmaker[Session]
+    hasher: KeyHasher
+    key_cache: KeyCache
+    store: AdapterStore
+    gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
+
+    @classmethod
+    def build(cls, settings: Settings, gateway: EngineGateway | None = None) -> "PlatformContext":
+        db_engine = make_db_engine(settings.db_url)
+        return cls(
+            settings=settings,
+            db_engine=db_engine,
+            sessions=make_session_factory(db_engine),
+            hasher=KeyHasher(settings.resolved_secret()),
+            key_cache=KeyCache(settings.auth.key_cache_ttl_s),
+            store=AdapterStore(settings.adapter_store_dir),
+            gateway=gateway or EngineGateway.disabled(),
+        )
+
+    def close(self) -> None:
+        self.db_engine.dispose()

@@ -1,0 +1,82 @@
+"""Every error leaves the server as an OpenAI-style body; bad input never becomes a 500."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from loraplex.platform.errors import PlatformError
+
+log = logging.getLogger("loraplex.platform")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, *, param=None, code=None, headers=None) -> JSONResponse:
+    type_ = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
+    body = error_body(exc.message, exc.type, exc.param, exc.code)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
+
+
+async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return error_response(400, "request body is not valid JSON", code="invalid_json")
+    if tuple(first.get("loc", ())) == ("body",):
+        return error_response(400, "request body must be a JSON object", code="invalid_body")
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s))"
+    return error_response(422, message, param=param, code="invalid_value")
+
+
+async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    if exc.status_code == 404 and message == "Not Found":
+        message = "no such route"
+    return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+
+async def _integrity_error(_req: Request, exc: IntegrityError) -> JSONResponse:
+    # Two requests raced for the same unique value; the service checks catch the common case.
+    return error_response(409, "the change conflicts with existing data", code="conflict")
+
+
+async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal server error", code="internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(PlatformError, _platform_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(Exception, _unexpected)

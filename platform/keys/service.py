@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from loraplex.platform.audit import service as audit
+from loraplex.platform.auth.admin import Actor
+from loraplex.platform.auth.tokens import display_prefix, generate_key
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import on_commit
+from loraplex.platform.db.snapshot import snapshot
+from loraplex.platform.errors import BadRequest, Conflict, NotFound
+from loraplex.platform.keys import repository
+from loraplex.platform.keys.models import ApiKey
+from loraplex.platform.tenants.service import get_tenant
+
+
+def create_key(
+    session: Session, ctx, actor: Actor, tenant_id: str, name: str, expires_at: datetime | None
+) -> tuple[ApiKey, str]:
+    get_tenant(session, tenant_id)
+    if expires_at is not None and expires_at <= utcnow():
+        raise BadRequest("expires_at must be in the future", param="expires_at")
+    secret = generate_key()
+    key = ApiKey(
+        tenant_id=tenant_id,
+        name=name,
+        prefix=display_prefix(secret),
+        key_hash=ctx.hasher.hash(secret),
+        expires_at=expires_at,
+    )
+    repository.add(session, key)
+    audit.record(session, actor.name, "key.create", "api_key", key.id, None, _audit_view(key))
+    return key, secret
+
+
+def list_keys(session: Session, tenant_id: str) -> list[ApiKey]:
+    get_tenant(session, tenant_id)
+    return repository.list_for_tenant(session, tenant_id)
+
+
+def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
+    key = repository.get(session, key_id)
+    if key is None:
+        raise NotFound(f"no API key with id {key_id!r}", param="key_id")
+    if key.revoked_at is not None:
+        raise Conflict(f"API key {key_id!r} is already revoked", code="already_revoked")
+    before = _audit_view(key)
+    key.revoked_at = utcnow()
+    session.flush()
+    # Evict now (this request) and again after commit, so no lookup racing the commit re-caches it.
+    ctx.key_cache.evict_hash(key.key_hash)
+    key_hash = key.key_hash
+    on_commit(session, lambda: ctx.key_cache.evict_hash(key_hash))
+    audit.record(session, actor.name, "key.revoke", "api_key", key.id, before, _audit_view(key))
+    return key
+
+
+def _audit_view(key: ApiKey) -> dict:
+    return snapshot(key, exclude=("key_hash",))

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Limit = Annotated[int | None, Field(ge=1, le=10**12)]
+
+
+class QuotaIn(BaseModel):
+    """A tenant's limits; null (or absent) means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: Limit = None
+    tpm: Limit = None
+    max_concurrent: Limit = None
+    token_budget: Limit = None
+    budget_period: Literal["day", "month"] = "month"
+
+
+class QuotaOut(QuotaIn):
+    model_config = ConfigDict(from_attributes=True)
+
+    object: Literal["quota"] = "quota"
+    tenant_id: str
+
