@@ -75,8 +75,8 @@ def _write_kv_kernel(
             + offs_h[:, None] * sc_h + offs_d[None, :] * sc_d
         k = tl.load(k_ptr + t * sk_t + offs_h[:, None] * sk_h + offs_d[None, :] * sk_d, mask=mask)
         v = tl.load(v_ptr + t * sv_t + offs_h[:, None] * sv_h + offs_d[None, :] * sv_d, mask=mask)
-        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst, k, mask=mask)
+        tl.store(vc_ptr + dst, v, mask=mask)
 
 
 def write_kv(
@@ -93,6 +93,10 @@ def write_kv(
     if num_tokens == 0:
         return
     assert k_cache.stride() == v_cache.stride(), "k and v caches must share a layout"
+    # Cast with torch (round-to-nearest everywhere; the interpreter truncates fp32 -> bf16), so the
+    # kernel is a pure copy. Only this step's tokens are cast.
+    k = k.to(k_cache.dtype)
+    v = v.to(v_cache.dtype)
     _, block_size, num_heads, head_dim = k_cache.shape
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
@@ -232,6 +236,8 @@ def paged_decode_attention(
         want = triton.cdiv(2 * _num_sms(q.device), num_seqs * num_kv_heads)
         splits = max(1, min(want, triton.cdiv(max_ctx, 256)))
         partition_size = triton.cdiv(max_ctx, splits)
+    else:  # an explicit (small) partition also shrinks the key tile, down to tl.dot's minimum 16
+        block_n = max(16, min(block_n, triton.next_power_of_2(int(partition_size))))
     partition_size = triton.cdiv(max(int(partition_size), 1), block_n) * block_n
     splits = triton.cdiv(max_ctx, partition_size)
     one = splits == 1

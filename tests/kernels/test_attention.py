@@ -1,0 +1,154 @@
+"""Paged attention and KV writes: Triton kernels (interpreter on CPU) and the torch reference
+against a dense float64 causal-softmax oracle built from the logical (unpaged) K/V."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from loraplex.kernels import reference
+
+from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
+
+# (block_size, num_q_heads, num_kv_heads, head_dim, dtype): covers block 8/16/32, GQA 1/4/8,
+# head dim 64/128 and the three dtypes without the full product (the interpreter is slow).
+CONFIGS = [
+    (16, 4, 4, 64, torch.float32),
+    (8, 8, 2, 64, torch.bfloat16),
+    (32, 8, 1, 128, torch.float16),
+    (16, 8, 1, 64, torch.bfloat16),
+    (8, 4, 1, 128, torch.float32),
+    (32, 8, 2, 64, torch.bfloat16),
+    (16, 2, 2, 128, torch.float16),
+]
+
+
+def _ids(cfg):
+    bs, hq, hkv, d, dt = cfg
+    return f"bs{bs}-g{hq // hkv}-d{d}-{str(dt).split('.')[-1]}"
+
+
+def _decode_ctx(bs):
+    # 1 token, partial first block, exactly one block, one past, several blocks with partial tail.
+    return [1, bs - 3, bs, bs + 1, 3 * bs + 5, 5 * bs]
+
+
+def _decode_expected(kv, q, scale):
+    return torch.cat([oracle_attention(q[s:s + 1], kv.keys[s], kv.values[s], c, scale)
+                      for s, c in enumerate(kv.ctx_lens)])
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_reference_decode_matches_oracle(cfg):
+    bs, hq, hkv, d, dtype = cfg
+    kv = PagedKV(_decode_ctx(bs), bs, hkv, d, dtype, seed=1)
+    q = torch.randn(len(kv.ctx_lens), hq, d).to(dtype)
+    scale = 1 / math.sqrt(d)
+    out = reference.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
+    assert_close_scaled(out, _decode_expected(kv, q, scale), dtype, "reference decode")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("partition", [None, 16], ids=["auto", "split16"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_triton_decode_matches_oracle(triton_ops, cfg, partition):
+    bs, hq, hkv, d, dtype = cfg
+    kv = PagedKV(_decode_ctx(bs), bs, hkv, d, dtype, seed=2)
+    q = torch.randn(len(kv.ctx_lens), hq, d).to(dtype)
+    scale = 1 / math.sqrt(d)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
+    # partition 16: every context > 16 is split and the partials merged by the reduce kernel.
+    out = triton_ops.paged_decode_attention(*args, partition_size=partition)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close_scaled(out, _decode_expected(kv, q, scale), dtype, "triton decode")
+    assert_close_scaled(out, reference.paged_decode_attention(*args), dtype, "triton decode vs reference")
+
+
+def _prefill_layout(bs):
+    """(query_len, context_len) per sequence: no prefix, cached prefix with partial blocks, a
+    1-token chunk (decode through the prefill kernel), chunk shorter than a block."""
+    return [(bs + 5, bs + 5), (7, 2 * bs + 7), (1, bs + 2), (3, 3), (bs + 2, 3 * bs)]
+
+
+def _prefill_case(cfg, seed):
+    bs, hq, hkv, d, dtype = cfg
+    layout = _prefill_layout(bs)
+    kv = PagedKV([c for _, c in layout], bs, hkv, d, dtype, seed=seed)
+    qsl = [0]
+    for n, _ in layout:
+        qsl.append(qsl[-1] + n)
+    q = torch.randn(qsl[-1], hq, d).to(dtype)
+    scale = 1 / math.sqrt(d)
+    expected = torch.cat([oracle_attention(q[qsl[s]:qsl[s + 1]], kv.keys[s], kv.values[s], c, scale)
+                          for s, (_, c) in enumerate(layout)])
+    return kv, q, torch.tensor(qsl, dtype=torch.int32), scale, expected
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_reference_prefill_matches_oracle(cfg):
+    kv, q, qsl, scale, expected = _prefill_case(cfg, seed=3)
+    out = reference.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
+    assert_close_scaled(out, expected, cfg[-1], "reference prefill")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_triton_prefill_matches_oracle(triton_ops, cfg):
+    kv, q, qsl, scale, expected = _prefill_case(cfg, seed=4)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
+    out = triton_ops.paged_prefill_attention(*args)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert_close_scaled(out, expected, cfg[-1], "triton prefill")
+    assert_close_scaled(out, reference.paged_prefill_attention(*args), cfg[-1], "triton prefill vs reference")
+    explicit = triton_ops.paged_prefill_attention(*args, max_query_len=int((qsl[1:] - qsl[:-1]).max()))
+    assert torch.equal(explicit, out)
+
+
+@pytest.mark.interpret
+def test_triton_prefill_long_chunk_crosses_tiles(triton_ops):
+    """A chunk longer than one query tile, over a prefix longer than one key tile."""
+    cfg = (16, 4, 2, 64, torch.float32)
+    bs, hq, hkv, d, dtype = cfg
+    kv = PagedKV([150], bs, hkv, d, dtype, seed=9)
+    q = torch.randn(70, hq, d)
+    qsl = torch.tensor([0, 70], dtype=torch.int32)
+    out = triton_ops.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, 0.125)
+    assert_close_scaled(out, oracle_attention(q, kv.keys[0], kv.values[0], 150, 0.125), dtype, "long chunk")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_write_kv(impl, dtype, request):
+    ops = request.getfixturevalue("triton_ops") if impl == "triton" else reference
+    num_blocks, bs, hkv, d = 4, 8, 2, 64
+    k_cache = torch.full((num_blocks, bs, hkv, d), float("nan"), dtype=dtype)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slots = torch.tensor([3, -1, 17, 8, 31], dtype=torch.int32)
+    k = torch.randn(5, hkv, d, dtype=torch.float32)  # cast to the cache dtype on write
+    v = torch.randn(5, hkv, d, dtype=torch.float32)
+    ops.write_kv(k_cache, v_cache, k, v, slots)
+    flat_k = k_cache.view(-1, hkv, d)
+    flat_v = v_cache.view(-1, hkv, d)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(flat_k[s], k[t].to(dtype)) and torch.equal(flat_v[s], v[t].to(dtype))
+    written = {s for s in slots.tolist() if s >= 0}
+    untouched = [i for i in range(num_blocks * bs) if i not in written]
+    assert torch.isnan(flat_k[untouched].float()).all() and torch.isnan(flat_v[untouched].float()).all()
+
+
+def test_triton_ops_signatures_match_reference():
+    import inspect
+
+    pytest.importorskip("triton")
+    from loraplex.kernels import get_kernel_ops
+
+    ops = get_kernel_ops("triton", "cpu")
+    assert ops.name == "triton"
+    for name in ("write_kv", "paged_decode_attention", "paged_prefill_attention", "sgmv_shrink", "sgmv_expand"):
+        ref = [p.name for p in inspect.signature(getattr(reference, name)).parameters.values()]
+        tri = inspect.signature(getattr(ops, name)).parameters
+        assert list(tri)[: len(ref)] == ref, name
+        extra = [p for p in list(tri.values())[len(ref):]]
+        assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in extra), name
