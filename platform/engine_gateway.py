@@ -57,6 +57,11 @@ class EngineGateway:
         return cls(None, None, 0)
 
     @classmethod
+    def validator_only(cls, settings: Settings) -> "EngineGateway":
+        """No running engine, but adapters can be validated against the base model (CLI)."""
+        return cls(None, resolve_model_dir(settings), settings.engine.max_lora_rank)
+
+    @classmethod
     def start(cls, settings: Settings) -> "EngineGateway":
         if not settings.engine.enabled:
             return cls.disabled()
@@ -113,7 +118,7 @@ class EngineGateway:
 
     # -- adapters --------------------------------------------------------------------------
     def validate_adapter(self, path: Path) -> AdapterFacts:
-        if self._engine is None or self.model_dir is None:
+        if self.model_dir is None:
             raise ServiceUnavailable(
                 "adapters cannot be validated: the inference engine is disabled on this server"
             )

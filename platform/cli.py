@@ -1,0 +1,206 @@
+"""``loraplex`` command line: serve, db upgrade, and admin helpers that call the same services as
+the admin API (so the CLI's changes are audited and reach the engine the same way)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from loraplex.platform.settings import ConfigError, Settings, load_settings
+
+app = typer.Typer(help="loraplex: multi-LoRA, multi-tenant LLM serving", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema", no_args_is_help=True)
+admin_app = typer.Typer(help="Headless administration (same services as /admin/v1)", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(admin_app, name="admin")
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file")]
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="SQLite file + adapter store")]
+
+
+def _settings(config: Path | None, data_dir: Path | None = None, **overrides) -> Settings:
+    try:
+        return load_settings(config, data_dir=data_dir, **overrides)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def serve(
+    config: ConfigOpt = None,
+    model: Annotated[Optional[str], typer.Option(help="Base model directory (default: demo model)")] = None,
+    data_dir: DataDirOpt = None,
+    host: Annotated[Optional[str], typer.Option(help="Bind address")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port")] = None,
+) -> None:
+    """Migrate the database, start the engine and serve the OpenAI and admin APIs."""
+    import uvicorn
+
+    from loraplex.platform.app import build_context, create_app
+
+    # Flags override the file and the environment, field by field.
+    engine = {"model": model} if model is not None else None
+    server = {k: v for k, v in (("host", host), ("port", port)) if v is not None} or None
+    settings = _settings(config, data_dir, engine=engine, server=server)
+    ctx, admin_key = build_context(settings)
+    if admin_key:
+        typer.echo("=" * 72)
+        typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
+        typer.echo(f"  {admin_key}")
+        typer.echo("=" * 72)
+    uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    revision: Annotated[str, typer.Option(help="Target revision")] = "head",
+) -> None:
+    """Apply Alembic migrations (SQLite file or LORAPLEX_DATABASE_URL)."""
+    from loraplex.platform.db import migrate
+
+    settings = _settings(config, data_dir)
+    migrate.upgrade(settings.db_url, revision)
+    typer.echo(f"database at revision {revision}")
+
+
+def _admin_ctx(config: Path | None, data_dir: Path | None, with_engine: bool = False):
+    from loraplex.platform.context import PlatformContext
+    from loraplex.platform.db import migrate
+    from loraplex.platform.engine_gateway import EngineGateway
+
+    settings = _settings(config, data_dir)
+    migrate.upgrade(settings.db_url)
+    gateway = EngineGateway.disabled()
+    if with_engine:
+        gateway = EngineGateway.validator_only(settings)
+    return PlatformContext.build(settings, gateway)
+
+
+def _print(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+@admin_app.command("create-tenant")
+def create_tenant(
+    name: str,
+    priority: int = 0,
+    weight: float = 1.0,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Create a tenant; prints it as JSON."""
+    from loraplex.platform.auth.admin import CLI_ACTOR
+    from loraplex.platform.db.session import unit_of_work
+    from loraplex.platform.tenants import service
+    from loraplex.platform.tenants.schemas import TenantCreate, TenantOut
+
+    body = _validated(TenantCreate, name=name, priority=priority, weight=weight)
+    ctx = _admin_ctx(config, data_dir)
+    with _cli_errors(), unit_of_work(ctx.sessions) as session:
+        tenant = service.create_tenant(session, ctx, CLI_ACTOR, **body.model_dump())
+        _print(TenantOut.model_validate(tenant).model_dump(mode="json"))
+
+
+@admin_app.command("create-key")
+def create_key(
+    tenant: Annotated[str, typer.Argument(help="Tenant id or name")],
+    name: str = "",
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Create an API key for a tenant; prints the key once."""
+    from loraplex.platform.auth.admin import CLI_ACTOR
+    from loraplex.platform.db.session import unit_of_work
+    from loraplex.platform.keys import service
+
+    ctx = _admin_ctx(config, data_dir)
+    with _cli_errors(), unit_of_work(ctx.sessions) as session:
+        tenant_id = _tenant_id(session, tenant)
+        key, secret = service.create_key(session, ctx, CLI_ACTOR, tenant_id, name, None)
+        _print({"id": key.id, "tenant_id": tenant_id, "prefix": key.prefix, "key": secret})
+
+
+@admin_app.command("upload-adapter")
+def upload_adapter(
+    name: str,
+    archive: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help=".zip or .tar.gz")],
+    tenant: Annotated[Optional[str], typer.Option(help="Owning tenant id or name (private)")] = None,
+    shared: Annotated[bool, typer.Option(help="Usable by every tenant")] = False,
+    new_version: bool = False,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Validate and store an adapter archive. A running server loads it on its next start; use the
+    admin API to register it with a running engine at once."""
+    from loraplex.platform.adapters import service
+    from loraplex.platform.adapters.schemas import AdapterOut
+    from loraplex.platform.auth.admin import CLI_ACTOR
+    from loraplex.platform.db.session import unit_of_work
+
+    ctx = _admin_ctx(config, data_dir, with_engine=True)
+    with _cli_errors(), unit_of_work(ctx.sessions) as session, open(archive, "rb") as f:
+        tenant_id = _tenant_id(session, tenant) if tenant else None
+        req = service.UploadRequest(name, "shared" if shared else "private", tenant_id, new_version)
+        adapter = service.upload_adapter(session, ctx, CLI_ACTOR, req, f)
+        _print(AdapterOut.model_validate(adapter).model_dump(mode="json"))
+
+
+@admin_app.command("rotate-admin-key")
+def rotate_admin_key(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Replace the generated admin key (e.g. the printed one was lost); prints the new key once."""
+    from loraplex.platform.auth.admin import rotate_admin_key as rotate
+    from loraplex.platform.db.session import unit_of_work
+
+    ctx = _admin_ctx(config, data_dir)
+    with unit_of_work(ctx.sessions) as session:
+        typer.echo(rotate(session, ctx.hasher))
+
+
+def _tenant_id(session, ref: str) -> str:
+    from loraplex.platform.errors import NotFound
+    from loraplex.platform.tenants import repository
+
+    tenant = repository.get(session, ref) or repository.get_by_name(session, ref)
+    if tenant is None:
+        raise NotFound(f"no tenant with id or name {ref!r}")
+    return tenant.id
+
+
+def _validated(model, **values):
+    from pydantic import ValidationError
+
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
+class _cli_errors:
+    """Platform errors become one line on stderr and exit code 1."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, _tb):
+        from loraplex.platform.errors import PlatformError
+
+        if exc is not None and isinstance(exc, PlatformError):
+            typer.echo(f"error: {exc.message}", err=True)
+            raise typer.Exit(1)
+        return False
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
