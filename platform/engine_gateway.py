@@ -17,6 +17,7 @@ from loraplex.platform.errors import ServiceUnavailable, Unprocessable
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.engine")
+NO_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,10 @@ class EngineGateway:
         self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None
     ) -> None:
         if self._engine is not None:
-            self._engine.set_tenant(
-                tenant_id, priority=priority, weight=weight, max_running_seqs=max_running_seqs
-            )
+            # The engine reads max_running_seqs=None as "leave unchanged", so "no limit" is sent as
+            # a limit no batch can reach.
+            limit = max_running_seqs if max_running_seqs is not None else NO_LIMIT
+            self._engine.set_tenant(tenant_id, priority=priority, weight=weight, max_running_seqs=limit)
 
     # -- adapters --------------------------------------------------------------------------
     def validate_adapter(self, path: Path) -> AdapterFacts:

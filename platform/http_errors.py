@@ -48,7 +48,10 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
     if first.get("type") == "json_invalid":
         return error_response(400, "request body is not valid JSON", code="invalid_json")
     if tuple(first.get("loc", ())) == ("body",):
-        return error_response(400, "request body must be a JSON object", code="invalid_body")
+        if first.get("type") == "missing":
+            return error_response(400, "a JSON request body is required", code="invalid_body")
+        if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            return error_response(400, "request body must be a JSON object", code="invalid_body")
     message = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"

@@ -1,0 +1,160 @@
+"""Platform test fixtures: one real engine per session (demo model), a fresh database per test on
+SQLite and, when LORAPLEX_TEST_POSTGRES_URL is set, on PostgreSQL too."""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from loraplex.platform.app import build_context, create_app
+from loraplex.platform.db import migrate
+from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.settings import load_settings
+from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
+
+PG_URL = os.environ.get("LORAPLEX_TEST_POSTGRES_URL", "")
+REQUIRE_PG = os.environ.get("LORAPLEX_REQUIRE_POSTGRES") == "1"
+BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
+
+
+def need_postgres() -> str:
+    if PG_URL:
+        return PG_URL
+    if REQUIRE_PG:
+        pytest.fail("LORAPLEX_REQUIRE_POSTGRES=1 but LORAPLEX_TEST_POSTGRES_URL is not set")
+    pytest.skip("LORAPLEX_TEST_POSTGRES_URL is not set")
+
+
+def _pg_admin():
+    return create_engine(need_postgres(), isolation_level="AUTOCOMMIT")
+
+
+def pg_create_database(template: str | None = None) -> str:
+    name = f"lpx_{uuid.uuid4().hex[:12]}"
+    eng = _pg_admin()
+    with eng.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
+    eng.dispose()
+    return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def pg_drop_database(url: str) -> None:
+    eng = _pg_admin()
+    with eng.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "loraplex.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template():
+    url = pg_create_database()
+    migrate.upgrade(url)
+    yield make_url(url).database
+    pg_drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request, tmp_path):
+    """A migrated, empty database of each backend."""
+    if request.param == "sqlite":
+        target = tmp_path / "db" / "loraplex.db"
+        target.parent.mkdir()
+        shutil.copy(request.getfixturevalue("sqlite_template"), target)
+        yield f"sqlite:///{target}"
+        return
+    need_postgres()
+    url = pg_create_database(template=request.getfixturevalue("pg_template"))
+    yield url
+    pg_drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory) -> Path:
+    from loraplex.engine.demo_model import ensure_demo_model
+
+    return Path(ensure_demo_model(tmp_path_factory.mktemp("models") / "demo"))
+
+
+@pytest.fixture(scope="session")
+def gateway(demo_model_dir, tmp_path_factory):
+    """The real engine on the demo model, shared by every test of the session."""
+    settings = load_settings(
+        data_dir=tmp_path_factory.mktemp("engine-data"),
+        engine={"model": str(demo_model_dir), "max_num_seqs": 8, "max_loras": 4, "max_lora_rank": 16,
+                "extra": {"kv_cache_memory_gb": 0.05}},
+    )
+    gw = EngineGateway.start(settings)
+    yield gw
+    gw.shutdown()
+
+
+def make_settings(tmp_path: Path, db_url: str, **overrides):
+    values = dict(
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        admin_key=ADMIN_KEY,
+        engine={"enabled": False},
+        uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8,
+                 "max_unpacked_bytes": 4 * 1024 * 1024},
+    )
+    values.update(overrides)
+    return load_settings(**values)
+
+
+class Platform:
+    """A running app on its own database, with the session's engine."""
+
+    def __init__(self, ctx, client: TestClient) -> None:
+        self.ctx = ctx
+        self.client = client
+
+    @property
+    def store_root(self) -> Path:
+        return self.ctx.store.root
+
+
+@pytest.fixture
+def platform(tmp_path, db_url, gateway):
+    settings = make_settings(tmp_path, db_url)
+    ctx, _ = build_context(settings, gateway, upgrade_db=False)
+    app = create_app(ctx, owns_engine=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield Platform(ctx, client)
+
+
+@pytest.fixture
+def client(platform) -> TestClient:
+    return platform.client
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(demo_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """Real PEFT adapters: two on the demo model, one on a different base model."""
+    from loraplex.engine.demo_model import create_random_checkpoint
+
+    root = tmp_path_factory.mktemp("adapters")
+    other_base = create_random_checkpoint(root / "other-base", preset="demo", hidden_size=64,
+                                          intermediate_size=128, num_hidden_layers=2)
+    return {
+        "good": make_peft_adapter(demo_model_dir, root / "good", r=4, targets=("q_proj", "v_proj")),
+        "good2": make_peft_adapter(demo_model_dir, root / "good2", r=8, targets=("q_proj", "o_proj", "down_proj"), seed=1),
+        "wrong_base": make_peft_adapter(other_base, root / "wrong-base", r=4),
+    }
+
+
+@pytest.fixture(scope="session")
+def good_files(adapter_dirs) -> dict[str, bytes]:
+    return adapter_files(adapter_dirs["good"])
