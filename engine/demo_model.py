@@ -12,8 +12,8 @@ from pathlib import Path
 PRESETS = {
     # ~3M parameters: tests and the default `serve`.
     "demo": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    # ~25M parameters: benchmarks ("a model of ~20-100M parameters").
-    "bench": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4),
+    # ~24M parameters: benchmarks ("a model of ~20-100M parameters").
+    "bench": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4),
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
