@@ -202,6 +202,22 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * so_s + head * so_h + offs_d * so_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+def _decode_partition(num_seqs: int, num_kv_heads: int, max_ctx: int, block_d: int,
+                      device: torch.device, partition_size: int | None) -> tuple[int, int, int]:
+    """(BLOCK_N, partition_size, num_splits) for a decode launch."""
+    block_n = 64 if block_d <= 128 else 32
+    max_ctx = max(max_ctx, 1)
+    if partition_size is None:
+        # Enough (seq, kv head, split) programs for ~2 waves; no split shorter than 256 keys.
+        want = triton.cdiv(2 * _num_sms(device), num_seqs * num_kv_heads)
+        splits = max(1, min(want, triton.cdiv(max_ctx, 256)))
+        partition_size = triton.cdiv(max_ctx, splits)
+    else:  # an explicit (small) partition also shrinks the key tile, down to tl.dot's minimum 16
+        block_n = max(16, min(block_n, triton.next_power_of_2(int(partition_size))))
+    partition_size = triton.cdiv(max(int(partition_size), 1), block_n) * block_n
+    return block_n, partition_size, triton.cdiv(max_ctx, partition_size)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -228,18 +244,9 @@ def paged_decode_attention(
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     block_g = max(16, triton.next_power_of_2(group))
-    block_n = 64 if block_d <= 128 else 32
     max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * kv_block
-    max_ctx = max(int(max_ctx), 1)
-    if partition_size is None:
-        # Enough (seq, kv head, split) programs for ~2 waves; no split shorter than 256 keys.
-        want = triton.cdiv(2 * _num_sms(q.device), num_seqs * num_kv_heads)
-        splits = max(1, min(want, triton.cdiv(max_ctx, 256)))
-        partition_size = triton.cdiv(max_ctx, splits)
-    else:  # an explicit (small) partition also shrinks the key tile, down to tl.dot's minimum 16
-        block_n = max(16, min(block_n, triton.next_power_of_2(int(partition_size))))
-    partition_size = triton.cdiv(max(int(partition_size), 1), block_n) * block_n
-    splits = triton.cdiv(max_ctx, partition_size)
+    block_n, partition_size, splits = _decode_partition(
+        num_seqs, num_kv_heads, int(max_ctx), block_d, q.device, partition_size)
     one = splits == 1
     if one:
         part_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)

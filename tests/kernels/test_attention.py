@@ -67,8 +67,9 @@ def test_triton_decode_matches_oracle(triton_ops, cfg, partition):
 
 def _prefill_layout(bs):
     """(query_len, context_len) per sequence: no prefix, cached prefix with partial blocks, a
-    1-token chunk (decode through the prefill kernel), chunk shorter than a block."""
-    return [(bs + 5, bs + 5), (7, 2 * bs + 7), (1, bs + 2), (3, 3), (bs + 2, 3 * bs)]
+    1-token chunk (decode through the prefill kernel), a sequence with no query this step, chunk
+    shorter than a block."""
+    return [(bs + 5, bs + 5), (7, 2 * bs + 7), (1, bs + 2), (0, bs), (3, 3), (bs + 2, 3 * bs)]
 
 
 def _prefill_case(cfg, seed):
@@ -103,6 +104,20 @@ def test_triton_prefill_matches_oracle(triton_ops, cfg):
     assert_close_scaled(out, reference.paged_prefill_attention(*args), cfg[-1], "triton prefill vs reference")
     explicit = triton_ops.paged_prefill_attention(*args, max_query_len=int((qsl[1:] - qsl[:-1]).max()))
     assert torch.equal(explicit, out)
+
+
+@pytest.mark.interpret
+def test_triton_decode_auto_split_long_context(triton_ops):
+    """One long sequence: the automatic policy splits it (no override) and the merge is exact."""
+    from loraplex.kernels import triton_attention
+
+    bs, hq, hkv, d, dtype = 16, 4, 1, 64, torch.float32
+    kv = PagedKV([600], bs, hkv, d, dtype, seed=11)
+    q = torch.randn(1, hq, d)
+    out = triton_ops.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
+    assert_close_scaled(out, _decode_expected(kv, q, 0.125), dtype, "auto split")
+    max_ctx = kv.block_tables.shape[1] * bs
+    assert triton_attention._decode_partition(1, hkv, max_ctx, d, q.device, None)[2] > 1
 
 
 @pytest.mark.interpret

@@ -163,3 +163,23 @@ def test_triton_sgmv_no_lora_and_empty(triton_ops):
     assert torch.equal(triton_ops.sgmv_expand(y.clone(), out, b, seg, ranks, scales, offsets), y)
     empty = make_lora_segments([])
     assert triton_ops.sgmv_shrink(x[:0], a, empty, ranks).shape == (2, 0, 8)
+
+
+@pytest.mark.interpret
+def test_triton_sgmv_strided_views(triton_ops):
+    """x a column slice of a wider activation, y a column slice of a fused output (non-contiguous)."""
+    token_slots, seg, x, y, a, b, ranks, scales, offsets = _build("mixed", torch.float32, seed=7)
+    x_wide = torch.randn(x.shape[0], x.shape[1] + 11)
+    x_wide[:, 5:5 + x.shape[1]] = x
+    x_view = x_wide[:, 5:5 + x.shape[1]]
+    y_wide = torch.randn(y.shape[0], y.shape[1] + 9)
+    y_wide[:, 9:] = y
+    y_view = y_wide[:, 9:]
+    assert not x_view.is_contiguous() and not y_view.is_contiguous()
+    shrunk = triton_ops.sgmv_shrink(x_view, a, seg, ranks)
+    assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "strided shrink")
+    left = y_wide[:, :9].clone()
+    triton_ops.sgmv_expand(y_view, shrunk, b, seg, ranks, scales, offsets)
+    assert torch.equal(y_wide[:, :9], left)
+    assert_close_scaled(y_view, oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets),
+                        torch.float32, "strided expand")
