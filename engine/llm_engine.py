@@ -15,6 +15,7 @@ from .config import EngineConfig
 from .detokenizer import DetokState, append_text, find_stop_string
 from .errors import InvalidRequestError, UnknownAdapterError
 from .kv_cache import KVCacheManager
+from .lora import LoRAManager
 from .model_runner import ModelRunner, default_num_kv_blocks
 from .models import ModelConfig
 from .outputs import CompletionOutput, RequestOutput
@@ -47,7 +48,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.watermark)
         self.policy = make_policy(config)
         self.scheduler = Scheduler(config, self.kv, self.policy)
-        self.lora = None  # LoRA manager, attached by the multi-LoRA layer
+        # Always present; device slots are allocated on the first add_adapter (base-only pays nothing).
+        self.lora = LoRAManager(config, mc, self.runner.model)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self._detok: dict[int, DetokState] = {}

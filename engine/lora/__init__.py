@@ -2,6 +2,8 @@
 
     from loraplex.engine.lora import validate_adapter_dir, AdapterValidationError, LoRAManager
 """
+from .manager import AdapterNotFoundError, LoRAManager
 from .validate import AdapterInfo, AdapterValidationError, ModuleWeights, validate_adapter_dir
 
-__all__ = ["AdapterInfo", "AdapterValidationError", "ModuleWeights", "validate_adapter_dir"]
+__all__ = ["AdapterInfo", "AdapterNotFoundError", "AdapterValidationError", "LoRAManager", "ModuleWeights",
+           "validate_adapter_dir"]
