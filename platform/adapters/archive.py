@@ -108,7 +108,8 @@ def _zip_member(info: zipfile.ZipInfo) -> _Member:
     mode = info.external_attr >> 16
     if stat.S_ISLNK(mode):
         raise UploadRejected(f"archive member {info.filename!r} is a link; links are not allowed", param="file")
-    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    kind = stat.S_IFMT(mode)  # 0 when the archiver recorded no Unix file type
+    if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
         raise UploadRejected(f"archive member {info.filename!r} is not a regular file", param="file")
     return _Member(info.filename, info.file_size, info)
 
