@@ -19,7 +19,7 @@ from kernel_oracles import (
 CASES = {
     # decode: 1-token segments over many adapters, mixed ranks 1..64, fused q|k|v widths, slot -1.
     "decode_qkv": ([(0, 1), (1, 1), (2, 1), (-1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)],
-                   [1, 64, 8, 16, 3, 33, 64, 2], 72, [48, 16, 16]),
+                   [1, 64, 8, 16, 0, 33, 64, 2], 72, [48, 16, 16]),  # slot 4: rank 0 (layer not targeted)
     # 32 adapters one token each, single slice, hidden not a power of two.
     "decode_32_adapters": ([(s, 1) for s in range(32)], [1 + (7 * s) % 64 for s in range(32)], 40, [24]),
     # prefill-sized segments (long runs) with gate|up, a -1 run in the middle, rank 1 and 64.
