@@ -1,4 +1,4 @@
-"""Shared test helpers. Tiny models are built locally with transformers (never downloaded)."""
+"""Shared test set-up. Tiny models are built locally with transformers (never downloaded)."""
 from __future__ import annotations
 
 import os
@@ -7,3 +7,18 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# Without a GPU, Triton kernels run in the interpreter on CPU tensors. It must be set before the
+# first `import triton` anywhere in the session, hence here, at the root.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
