@@ -45,7 +45,8 @@ class LLMEngine:
         dtype = config.torch_dtype(mc.checkpoint_dtype)
         num_blocks = config.num_kv_blocks or default_num_kv_blocks(config, mc, dtype, self.max_model_len)
         self.runner = ModelRunner(config, mc, self.max_model_len, num_blocks)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.watermark)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.watermark,
+                                 enable_prefix_caching=config.enable_prefix_caching)
         self.policy = make_policy(config)
         self.scheduler = Scheduler(config, self.kv, self.policy)
         # Always present; device slots are allocated on the first add_adapter (base-only pays nothing).
@@ -89,6 +90,8 @@ class LLMEngine:
             tenant=tenant, cache_salt=cache_salt,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
+        if adapter is not None:  # re-registered content under the same name must not hit old KV
+            req.adapter_cache_key = f"{adapter}#{self.lora.info(adapter).sha256}"
         for i in range(params.n):
             seq = Sequence(request=req, index=i, token_ids=list(token_ids), num_prompt_tokens=len(token_ids))
             if params.seed is not None:
@@ -97,7 +100,8 @@ class LLMEngine:
         self.requests[request_id] = req
         for seq in req.sequences:
             self._detok[seq.seq_id] = DetokState()
-            self.scheduler.add(seq)
+        # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).
+        self.scheduler.add_forked(req.sequences[0], req.sequences[1:])
         if self.lora is not None and adapter is not None:
             self.lora.on_request_added(adapter)
         self.counters["requests"] += 1
@@ -182,7 +186,7 @@ class LLMEngine:
         tokens = sample(logits, seqs, self._generator) if seqs else []
         now = time.monotonic()
         touched: dict[str, Request] = {}
-        for seq, token in zip(seqs, tokens):
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
             req = seq.request
             touched[req.request_id] = req
             if req.first_token_time is None:
@@ -190,6 +194,7 @@ class LLMEngine:
             seq.token_ids.append(token)
             self.counters["generated_tokens"] += 1
             self.policy.on_tokens_generated(seq, 1)
+            self._start_forks(seq, logits[i])
             self._check_stop(seq, token)
         results = []
         for req in touched.values():
@@ -198,6 +203,19 @@ class LLMEngine:
             else:
                 results.append(self._snapshot(req))
         return results
+
+    def _start_forks(self, leader: Sequence, logits_row: torch.Tensor) -> None:
+        """n > 1: once the leader's prompt is computed, the other samples fork from it and draw
+        their first tokens from the same logits, each with its own generator (seed + i)."""
+        followers = self.scheduler.fork_followers(leader)
+        if not followers:
+            return
+        tokens = sample(logits_row.unsqueeze(0).expand(len(followers), -1), followers, self._generator)
+        for child, token in zip(followers, tokens):
+            child.token_ids.append(token)
+            self.counters["generated_tokens"] += 1
+            self.policy.on_tokens_generated(child, 1)
+            self._check_stop(child, token)
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         p = seq.request.params

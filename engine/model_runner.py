@@ -44,6 +44,8 @@ class ModelRunner:
         """Run one step. Returns the sequences that sample a token this step and their logits
         (float32 [num_sampling, vocab]), in the same order."""
         adapter_slots = adapter_slots or {}
+        if out.block_copies:
+            self._copy_blocks(out.block_copies)
 
         def slot_of(chunk: ScheduledChunk) -> int:
             a = chunk.seq.adapter
@@ -96,6 +98,15 @@ class ModelRunner:
             return [], None
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return sample_seqs, self.model.compute_logits(hidden.index_select(0, rows))
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: a block shared by forked sequences is copied before one of them writes."""
+        last = {d: s for s, d in copies}  # a block freed and reused as a copy target within one step: last wins
+        src = torch.tensor(list(last.values()), dtype=torch.long, device=self.device)
+        dst = torch.tensor(list(last.keys()), dtype=torch.long, device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
 
     def _block_tables(self, seqs: list[Sequence], kv: KVCacheManager) -> torch.Tensor:
         tables = [kv.block_table(s) for s in seqs]

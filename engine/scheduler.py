@@ -37,6 +37,8 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Copy-on-write (src, dst) KV block copies the runner applies before this step's forward.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -58,16 +60,47 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.step_count = 0
         self._lora_blocked: dict[int, int] = {}  # seq_id -> first step it was blocked by max_loras
+        # n > 1: samples 1..n-1 wait here, outside every queue, until sample 0 (the leader) has
+        # prefilled the prompt; then they fork from it and share its blocks copy-on-write.
+        self._followers: dict[int, list[Sequence]] = {}
 
     # ------------------------------------------------------------------ queue changes
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.policy.add_waiting(seq)
 
+    def add_forked(self, leader: Sequence, followers: list[Sequence]) -> None:
+        """Queue ``leader``; ``followers`` start from its prompt KV once it samples its first token."""
+        self.add(leader)
+        if followers:
+            self._followers[leader.seq_id] = list(followers)
+
+    def fork_followers(self, leader: Sequence) -> list[Sequence]:
+        """The leader just computed its prompt: its followers join the running set, sharing its
+        blocks. The caller samples their first tokens from the leader's logits."""
+        followers = self._followers.pop(leader.seq_id, [])
+        for child in followers:
+            self.kv.fork(leader, child)
+            child.num_computed_tokens = leader.num_computed_tokens
+            child.num_cached_tokens = leader.num_cached_tokens
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+            self.policy.on_admitted(child, 0)  # the prompt was charged to the leader
+        return followers
+
     def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         """Remove ``seq`` from wherever it is and free its blocks."""
         if seq.status is SequenceStatus.FINISHED:
             return
+        leader_id = next((k for k, fs in self._followers.items() if seq in fs), None)
+        if leader_id is not None:  # a follower not forked yet: it holds nothing
+            self._followers[leader_id].remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason, seq.stop_reason = reason, stop_reason
+            return
+        for orphan in self._followers.pop(seq.seq_id, []):
+            orphan.status = SequenceStatus.FINISHED
+            orphan.finish_reason = reason
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         else:
@@ -111,6 +144,7 @@ class Scheduler:
                 self._admit_static_batch(out, budget, now)
         elif not out.preempted:  # memory is short: don't admit what we would preempt next step
             self._admit_waiting(out, budget, now)
+        out.block_copies = self.kv.take_block_copies()
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
@@ -124,10 +158,11 @@ class Scheduler:
             if not self._adapter_fits(seq, running_adapters, starving) or not self.policy.may_admit(seq, self.running):
                 exclude.add(seq.seq_id)
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not self.kv.can_admit(seq, n):
+            cached = self.kv.cached_prefix_len(seq)  # prefix caching: prefill only the rest
+            n = min(seq.num_uncomputed_tokens - cached, budget)
+            if not self.kv.can_admit(seq, n, cached):
                 break  # out of KV: later arrivals must not overtake (they would starve big prompts)
-            self._start(seq, n, out)
+            self._start(seq, n, out, cached)
             budget -= n
             if seq.adapter is not None:
                 running_adapters[seq.adapter] += 1
@@ -148,17 +183,22 @@ class Scheduler:
             if self.kv.num_free_blocks - reserved - need < self.kv.watermark_blocks:
                 break
             reserved += need
-            n = min(seq.num_uncomputed_tokens, budget)
-            self._start(seq, n, out)
+            cached = self.kv.cached_prefix_len(seq)
+            n = min(seq.num_uncomputed_tokens - cached, budget)
+            self._start(seq, n, out, cached)
             budget -= n
             if seq.adapter is not None:
                 running_adapters[seq.adapter] += 1
 
-    def _start(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
+    def _start(self, seq: Sequence, n: int, out: SchedulerOutput, num_cached: int = 0) -> None:
         self.policy.remove_waiting(seq)
         self._lora_blocked.pop(seq.seq_id, None)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self.kv.claim_cached_prefix(seq, num_cached)
+        seq.num_computed_tokens = num_cached  # cached tokens are not charged as new prompt work
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = num_cached
         self.policy.on_admitted(seq, seq.num_uncomputed_tokens)
         if n > 0:
             self.kv.allocate(seq, n)
@@ -205,6 +245,7 @@ class Scheduler:
         """Advance computed-token counts; the engine appends sampled tokens afterwards."""
         for chunk in out.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            self.kv.cache_computed_blocks(chunk.seq)  # full + computed: now reusable
 
     def stats(self) -> dict:
         return {

@@ -35,6 +35,7 @@ class Request:
     adapter: str | None = None
     tenant: TenantInfo = field(default_factory=TenantInfo)
     cache_salt: str | None = None
+    adapter_cache_key: str | None = None  # prefix-cache namespace of the adapter (name + content hash)
     arrival_time: float = field(default_factory=time.monotonic)
     sequences: list["Sequence"] = field(default_factory=list)
     first_token_time: float | None = None
