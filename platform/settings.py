@@ -11,7 +11,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,12 +23,16 @@ _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("lorapl
 MIN_SECRET_LEN = 32
 
 
-class ServerSettings(BaseModel):
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Table):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(_Table):
     enabled: bool = True
     # Empty model = the embedded demo model, built on first start inside the data directory.
     model: str = ""
@@ -42,13 +46,13 @@ class EngineSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
-class UploadSettings(BaseModel):
+class UploadSettings(_Table):
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_members: int = Field(16, ge=1)
     max_unpacked_bytes: int = Field(256 * 1024 * 1024, ge=1)
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(_Table):
     # Tenant key lookups are cached this long; revocation evicts the entry at once.
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
