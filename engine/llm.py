@@ -28,6 +28,9 @@ class LLM:
     def remove_adapter(self, name: str) -> None:
         self._lora().remove_adapter(name)
 
+    def list_adapters(self) -> list[str]:
+        return self._lora().list_adapters()
+
     def _lora(self):
         if self.engine.lora is None:
             raise RuntimeError("this engine was built without LoRA support")
