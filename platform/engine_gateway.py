@@ -141,7 +141,10 @@ class EngineGateway:
     def add_adapter(self, key: str, path: Path) -> None:
         with self._lock:
             if self._engine is not None and key not in self._adapters:
-                self._engine.add_adapter(key, str(path))
+                try:
+                    self._engine.add_adapter(key, str(path))
+                except Exception as exc:  # e.g. an engine built without LoRA support
+                    raise ServiceUnavailable(f"the engine could not load the adapter: {exc}") from exc
             self._adapters[key] = str(path)
 
     def remove_adapter(self, key: str) -> None:
