@@ -165,7 +165,7 @@ class KVCacheManager:
         assert not self.block_tables.get(seq.seq_id), "a running sequence cannot take a cached prefix"
         num = num_cached_tokens // self.block_size
         table = []
-        for h in self._hashes[seq.seq_id].hashes[:num]:
+        for h in self._seq_hashes(seq, num)[:num]:
             block = self.pool.lookup(h)
             assert block is not None, "cached prefix vanished between lookup and claim"
             self.pool.incref(block)
@@ -180,7 +180,7 @@ class KVCacheManager:
         bs = self.block_size
         if num_cached_tokens:
             hit = num_cached_tokens // bs
-            revived = sum(1 for h in self._hashes[seq.seq_id].hashes[:hit]
+            revived = sum(1 for h in self._seq_hashes(seq, hit)[:hit]
                           if self.pool.refcounts[self.pool.cached[h]] == 0)
             return revived + self.blocks_for_tokens(num_cached_tokens + num_new_tokens) - hit
         table = self.block_tables.get(seq.seq_id, ())
