@@ -11,6 +11,8 @@ from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.quotas.limiter import QuotaLimiter
+from loraplex.platform.usage.writer import UsageWriter
 from loraplex.platform.settings import Settings
 
 
@@ -23,6 +25,21 @@ class PlatformContext:
     key_cache: KeyCache
     store: AdapterStore
     gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
+    limiter: QuotaLimiter | None = None
+    usage: UsageWriter | None = None
+
+    def __post_init__(self) -> None:
+        if self.limiter is None:
+            self.limiter = QuotaLimiter(self._tokens_since)
+        if self.usage is None:
+            self.usage = UsageWriter(self.sessions)
+
+    def _tokens_since(self, tenant_id, since) -> int:
+        from loraplex.platform.usage.repository import tokens_since
+
+        self.usage.flush()  # records still queued count against the budget too
+        with self.sessions() as session:
+            return tokens_since(session, tenant_id, since)
 
     @classmethod
     def build(cls, settings: Settings, gateway: EngineGateway | None = None) -> "PlatformContext":
@@ -38,4 +55,5 @@ class PlatformContext:
         )
 
     def close(self) -> None:
+        self.usage.close()
         self.db_engine.dispose()

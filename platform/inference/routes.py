@@ -1,9 +1,18 @@
+"""The tenant-facing OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
-from loraplex.platform.inference import service
+from loraplex.platform.errors import PlatformError
+from loraplex.platform.http_errors import error_body
+from loraplex.platform.inference import generation, service
+from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
 from loraplex.platform.inference.schemas import ModelList
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -13,3 +22,80 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelList:
     """The base model and every adapter this tenant may use."""
     return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
+
+
+def _sampling(body, max_tokens: int) -> dict:
+    return dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                seed=body.seed, stop=body.stop_list())
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDep):
+    def tokenize(tok):
+        return list(body.prompt) if isinstance(body.prompt, list) else tok.encode(body.prompt)
+
+    prep = await run_in_threadpool(generation.prepare, ctx, tenant, body.model, "completions", tokenize,
+                                   _sampling(body, body.max_tokens))
+    return await _respond(ctx, prep, body, chat=False)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep):
+    messages = [m.model_dump() for m in body.messages]
+
+    def tokenize(tok):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok.encode(text, add_special_tokens=False)
+
+    prep = await run_in_threadpool(generation.prepare, ctx, tenant, body.model, "chat.completions", tokenize,
+                                   _sampling(body, body.token_limit()))
+    return await _respond(ctx, prep, body, chat=True)
+
+
+async def _respond(ctx, prep: generation.Prepared, body, *, chat: bool):
+    obj = "chat.completion" if chat else "text_completion"
+    rid = ("chatcmpl-" if chat else "cmpl-") + prep.request_id
+    base = {"id": rid, "created": prep.created, "model": prep.model}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(ctx, prep, base, obj, chat, include_usage),
+                                 media_type="text/event-stream", headers=prep.ticket.headers)
+    text, finish, completion = [], None, 0
+    try:
+        async for d in generation.run(ctx, prep):
+            text.append(d.text)
+            finish, completion = d.finish_reason or finish, d.completion_tokens
+    except PlatformError:
+        raise
+    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}
+              if chat else {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": None})
+    return JSONResponse({**base, "object": obj, "choices": [choice], "usage": _usage(prep, completion)},
+                        headers=prep.ticket.headers)
+
+
+async def _sse(ctx, prep, base, obj, chat, include_usage) -> AsyncIterator[str]:
+    chunk_obj = obj + ".chunk" if chat else obj
+    completion = 0
+    try:
+        if chat:
+            yield _event({**base, "object": chunk_obj, "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        async for d in generation.run(ctx, prep):
+            completion = d.completion_tokens
+            choice = ({"index": 0, "delta": {"content": d.text} if d.text else {}, "finish_reason": d.finish_reason}
+                      if chat else {"index": 0, "text": d.text, "finish_reason": d.finish_reason, "logprobs": None})
+            yield _event({**base, "object": chunk_obj, "choices": [choice]})
+        if include_usage:
+            yield _event({**base, "object": chunk_obj, "choices": [], "usage": _usage(prep, completion)})
+    except PlatformError as exc:
+        yield _event(error_body(exc.message, exc.type, exc.param, exc.code))
+    yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _usage(prep, completion: int) -> dict:
+    p = len(prep.prompt_ids)
+    return {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + completion}

@@ -50,3 +50,10 @@ def aggregate(
     if until is not None:
         stmt = stmt.where(UsageRecord.created_at < until)
     return [tuple(r) for r in session.execute(stmt)]
+
+
+def tokens_since(session: Session, tenant_id: str, since: datetime) -> int:
+    stmt = select(
+        func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)
+    ).where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since)
+    return int(session.scalar(stmt) or 0)

@@ -1,0 +1,100 @@
+"""One tenant request through admission and the engine: resolve the model, tokenize, admit against
+the quota, stream the engine's outputs as text deltas, then book usage and release the slot."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.platform.auth.key_cache import TenantAuth
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.errors import BadRequest, ServiceUnavailable
+from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.quotas import repository as quotas_repo
+from loraplex.platform.quotas.limiter import QuotaView, Ticket
+
+
+@dataclass
+class Prepared:
+    auth: TenantAuth
+    model: str
+    endpoint: str
+    adapter_id: str | None
+    prompt_ids: list[int]
+    params: Any
+    ticket: Ticket
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Delta:
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+
+
+def prepare(ctx, auth: TenantAuth, model: str, endpoint: str,
+            tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
+    """Blocking part (DB, tokenizer): run it in a worker thread."""
+    with unit_of_work(ctx.sessions) as session:
+        adapter = resolve_model(session, ctx, auth.tenant_id, model)
+        q = quotas_repo.get(session, auth.tenant_id)
+        quota = QuotaView(q.rpm, q.tpm, q.max_concurrent, q.token_budget, q.budget_period) if q else QuotaView()
+    prompt_ids = tokenize(ctx.gateway.tokenizer)
+    if not prompt_ids:
+        raise BadRequest("the prompt is empty", param="prompt")
+    try:
+        params = ctx.gateway.sampling_params(**sampling)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
+    ticket = ctx.limiter.admit(auth.tenant_id, quota, len(prompt_ids))
+    return Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params, ticket)
+
+
+async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
+    """Yield text deltas; always books usage and frees the quota slot, aborting on disconnect."""
+    start = time.monotonic()
+    first_token_at: float | None = None
+    completion_tokens = 0
+    status = "error"
+    finished = False
+    try:
+        try:
+            stream = ctx.gateway.submit(
+                prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
+                tenant_id=prep.auth.tenant_id, priority=prep.auth.priority, weight=prep.auth.weight,
+                cache_salt=prep.auth.tenant_id,
+            )
+        except ValueError as exc:  # the engine's InvalidRequestError
+            raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
+        except RuntimeError as exc:
+            raise ServiceUnavailable(f"the engine cannot take requests: {exc}") from None
+        sent = 0
+        async for out in stream:
+            if out.error:
+                raise ServiceUnavailable(f"generation failed: {out.error}")
+            comp = out.outputs[0]
+            completion_tokens = len(comp.token_ids)
+            if completion_tokens and first_token_at is None:
+                first_token_at = time.monotonic()
+            delta, sent = comp.text[sent:], len(comp.text)
+            finished = out.finished
+            if delta or finished:
+                yield Delta(delta, comp.finish_reason if finished else None, completion_tokens)
+        status = "ok"
+    finally:
+        if not finished:
+            ctx.gateway.abort(prep.request_id)
+            status = "aborted" if status == "error" else status
+        prep.ticket.finish(len(prep.prompt_ids) + completion_tokens)
+        now = time.monotonic()
+        ctx.usage.add(
+            tenant_id=prep.auth.tenant_id, api_key_id=prep.auth.key_id, adapter_id=prep.adapter_id,
+            adapter_name=prep.model if prep.adapter_id else None, request_id=prep.request_id,
+            endpoint=prep.endpoint, prompt_tokens=len(prep.prompt_ids), completion_tokens=completion_tokens,
+            ttft_ms=(first_token_at - start) * 1000 if first_token_at else None,
+            latency_ms=(now - start) * 1000, status=status,
+        )
