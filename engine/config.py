@@ -25,7 +25,7 @@ class EngineConfig:
     watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
     batching: str = "continuous"
     kernel_backend: str = "auto"  # auto | torch | triton
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = "fair"
     enable_prefix_caching: bool = False
     # multi-LoRA
     max_loras: int = 8  # distinct adapters resident on the device (and per step)
@@ -70,6 +70,11 @@ class EngineConfig:
             raise ValueError("vtc weights must be >= 0")
         if self.max_kv_share_per_tenant is not None and not 0 < self.max_kv_share_per_tenant <= 1:
             raise ValueError("max_kv_share_per_tenant must be in (0, 1]")
+        if self.max_running_seqs_per_tenant is not None and (
+                not isinstance(self.max_running_seqs_per_tenant, int) or self.max_running_seqs_per_tenant < 1):
+            raise ValueError("max_running_seqs_per_tenant must be a positive integer or None")
+        if self.lora_locality_slack < 0 or self.priority_aging_s < 0:
+            raise ValueError("lora_locality_slack and priority_aging_s must be >= 0 (0 disables)")
 
     @property
     def torch_device(self) -> torch.device:

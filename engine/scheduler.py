@@ -60,6 +60,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.step_count = 0
         self._lora_blocked: dict[int, int] = {}  # seq_id -> first step it was blocked by max_loras
+        self.clock = time.monotonic  # simulations swap in a virtual clock
+        policy.attach_kv(kv)
         # n > 1: samples 1..n-1 wait here, outside every queue, until sample 0 (the leader) has
         # prefilled the prompt; then they fork from it and share its blocks copy-on-write.
         self._followers: dict[int, list[Sequence]] = {}
@@ -116,7 +118,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the step plan
     def schedule(self) -> SchedulerOutput:
-        now = time.monotonic()
+        now = self.clock()
         self.step_count += 1
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
@@ -151,17 +153,25 @@ class Scheduler:
         exclude: set[int] = set()
         running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
         starving = self._starving_adapter()
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while budget > 0:
             seq = self.policy.next_waiting(exclude, now)
             if seq is None:
+                break
+            full = len(self.running) >= self.config.max_num_seqs
+            if full and self.policy.may_admit(seq, self.running) and \
+                    not self.policy.preemption_candidates(seq, self.running, now):
                 break
             if not self._adapter_fits(seq, running_adapters, starving) or not self.policy.may_admit(seq, self.running):
                 exclude.add(seq.seq_id)
                 continue
             cached = self.kv.cached_prefix_len(seq)  # prefix caching: prefill only the rest
             n = min(seq.num_uncomputed_tokens - cached, budget)
-            if not self.kv.can_admit(seq, n, cached):
-                break  # out of KV: later arrivals must not overtake (they would starve big prompts)
+            if full or not self.kv.can_admit(seq, n, cached):
+                # The policy may let a waiting request push running ones out (a better class...).
+                budget = self._preempt_for(seq, n, cached, out, budget, running_adapters, now)
+                n = min(seq.num_uncomputed_tokens - cached, budget)
+                if len(self.running) >= self.config.max_num_seqs or not self.kv.can_admit(seq, n, cached):
+                    break  # out of KV: later arrivals must not overtake (they would starve big prompts)
             self._start(seq, n, out, cached)
             budget -= n
             if seq.adapter is not None:
@@ -229,6 +239,33 @@ class Scheduler:
                 return seq.adapter
         self._lora_blocked.pop(oldest[0], None)
         return None
+
+    def _preempt_for(self, seq: Sequence, n: int, cached: int, out: SchedulerOutput, budget: int,
+                     running_adapters: Counter, now: float) -> int:
+        """Preempt the policy's candidates, in order, until ``seq`` fits — none at all if even all
+        of them would not make room. Returns the token budget (a victim scheduled this step gives
+        its chunk back)."""
+        victims = self.policy.preemption_candidates(seq, self.running, now)
+        need = self.kv.num_new_blocks(seq, n, cached) + self.kv.watermark_blocks
+        free, slots, chosen = self.kv.num_free_blocks, self.config.max_num_seqs - len(self.running), []
+        for victim in victims:
+            if free >= need and slots >= 1:
+                break
+            chosen.append(victim)
+            free += len(self.kv.block_table(victim))  # an estimate: shared blocks stay held
+            slots += 1
+        if free < need or slots < 1:
+            return budget
+        for victim in chosen:
+            for chunk in [c for c in out.chunks if c.seq is victim]:
+                out.chunks.remove(chunk)
+                budget += chunk.num_tokens
+            if victim.adapter is not None:
+                running_adapters[victim.adapter] -= 1
+                if running_adapters[victim.adapter] <= 0:
+                    del running_adapters[victim.adapter]
+            self._preempt(victim, out)
+        return budget
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free the victim's blocks; it will be recomputed (prompt + generated tokens) later."""

@@ -2,14 +2,27 @@
 from __future__ import annotations
 
 from .base import SchedulingPolicy
+from .fair import FairPolicy
 from .fcfs import FCFSPolicy
+from .priority import PriorityPolicy
+from .sjf import SJFPolicy
+from .tenants import TenantBook, TenantLimits
 
 
 def make_policy(config) -> SchedulingPolicy:
     name = config.scheduling_policy
+    limits = TenantLimits.from_config(config)
     if name == "fcfs":
-        return FCFSPolicy()
-    raise ValueError(f"scheduling policy {name!r} is not available yet")
+        return FCFSPolicy(limits)
+    if name == "priority":
+        return PriorityPolicy(limits, aging_s=config.priority_aging_s)
+    if name == "fair":
+        return FairPolicy(limits, aging_s=config.priority_aging_s, prompt_weight=config.vtc_prompt_weight,
+                          output_weight=config.vtc_output_weight, locality_slack=config.lora_locality_slack)
+    if name == "sjf":
+        return SJFPolicy(limits, aging_s=config.priority_aging_s)
+    raise ValueError(f"unknown scheduling policy {name!r}")
 
 
-__all__ = ["FCFSPolicy", "SchedulingPolicy", "make_policy"]
+__all__ = ["FCFSPolicy", "FairPolicy", "PriorityPolicy", "SJFPolicy", "SchedulingPolicy", "TenantBook",
+           "TenantLimits", "make_policy"]

@@ -6,13 +6,34 @@ answers "who next?", "who gives way?" and keeps its own accounting through the `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..sequence import Sequence
+from .tenants import TenantBook, TenantLimits
 
 
 class SchedulingPolicy(ABC):
     name: str = "base"
+
+    def __init__(self, limits: TenantLimits | None = None) -> None:
+        self.book = TenantBook()
+        self.limits = limits
+        self.kv = None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
+        # Adapters loaded in device slots, if a LoRA manager tells us (running ones always count).
+        self.resident_adapters_fn: Callable[[], Iterable[str]] | None = None
+        self._blocked: set[str] = set()  # tenants may_admit refused during the current admission pass
+
+    def _skipped(self, seq: Sequence, exclude: set[int]) -> bool:
+        """For ``next_waiting``: excluded by the scheduler, or its tenant is at a limit this pass
+        (so a flooding tenant at its cap costs one check per pass, not one per request)."""
+        return seq.seq_id in exclude or seq.tenant.tenant_id in self._blocked
+
+    def _new_pass(self, exclude: set[int]) -> None:
+        if not exclude:  # the scheduler starts each admission pass with an empty exclude set
+            self._blocked.clear()
+
+    def attach_kv(self, kv) -> None:
+        self.kv = kv
 
     # ------------------------------------------------------------------ waiting queue
     @abstractmethod
@@ -46,23 +67,64 @@ class SchedulingPolicy(ABC):
         return self.order_running(candidates, now)[-1]
 
     def may_admit(self, seq: Sequence, running: list[Sequence]) -> bool:
-        """Extra per-policy admission rules (per-tenant caps...). Default: none."""
+        """Extra admission rules: the engine's per-tenant limits (running cap; no tenant takes the
+        whole batch while another waits; KV share cap while other tenants have work)."""
+        if self._within_limits(seq, running):
+            return True
+        self._blocked.add(seq.tenant.tenant_id)
+        return False
+
+    def _within_limits(self, seq: Sequence, running: list[Sequence]) -> bool:
+        if self.limits is None:
+            return True
+        tid = seq.tenant.tenant_id
+        mine = sum(1 for s in running if s.tenant.tenant_id == tid)
+        cap = self.limits.running_cap(seq.tenant)
+        if cap is not None and mine >= cap:
+            return False
+        if 1 < self.limits.max_num_seqs <= mine + 1 and self.book.others_waiting(tid, seq.tenant.priority):
+            return False
+        share = self.limits.max_kv_share_per_tenant
+        if share is not None and self.kv is not None and self.book.others_have_work(tid):
+            held = sum(len(self.kv.block_table(s)) for s in running if s.tenant.tenant_id == tid)
+            if held + self.kv.blocks_for_tokens(seq.num_tokens) > share * self.kv.num_blocks:
+                return False
         return True
 
     def preemption_candidates(self, seq: Sequence, running: list[Sequence], now: float) -> list[Sequence]:
-        """Running sequences a WAITING ``seq`` may preempt to get in when the batch or KV is full.
-        Default: none (only running sequences preempt, and only to make room for themselves)."""
-        return []
+        """Running sequences a WAITING ``seq`` may preempt to get in when the batch or KV is full,
+        in the order they should go. Default: only the batch-hog rule — when ONE other tenant, of
+        the same or a worse class, holds every running sequence, its newest one makes room (once: it
+        may not retake the slot while others wait, see ``may_admit``)."""
+        if self.limits is None or self.limits.max_num_seqs < 2 or len(running) < self.limits.max_num_seqs:
+            return []
+        hog = running[0].tenant.tenant_id
+        if hog == seq.tenant.tenant_id or running[0].tenant.priority < seq.tenant.priority or \
+                any(s.tenant.tenant_id != hog for s in running):
+            return []
+        return [max(running, key=lambda s: (s.arrival_time, s.seq_id))]
+
+    def resident_adapters(self) -> set[str]:
+        resident = set(self.book.running_adapters())
+        if self.resident_adapters_fn is not None:
+            resident.update(self.resident_adapters_fn())
+        return resident
 
     # ------------------------------------------------------------------ accounting hooks
+    # Subclasses overriding a hook call super() so the tenant book stays right.
     def on_admitted(self, seq: Sequence, num_new_prompt_tokens: int) -> None:
         """``seq`` was scheduled for the first time since it last waited."""
+        self.book.admitted(seq, num_new_prompt_tokens)
 
     def on_tokens_generated(self, seq: Sequence, num_tokens: int) -> None:
         """``seq`` produced ``num_tokens`` output tokens this step."""
+        self.book.generated(seq, num_tokens)
 
     def on_finished(self, seq: Sequence) -> None:
         """``seq`` left the engine (finished or aborted)."""
+        self.book.finished(seq)
 
     def stats(self) -> dict:
-        return {"policy": self.name}
+        """JSON-serialisable: policy name, per-tenant counts and served tokens, running adapters."""
+        return {"policy": self.name, "tenants": self.book.stats(),
+                "running_adapters": dict(self.book.running_adapters())}

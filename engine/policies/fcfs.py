@@ -11,10 +11,12 @@ from .base import SchedulingPolicy
 class FCFSPolicy(SchedulingPolicy):
     name = "fcfs"
 
-    def __init__(self) -> None:
+    def __init__(self, limits=None) -> None:
+        super().__init__(limits)
         self._queue: deque[Sequence] = deque()
 
     def add_waiting(self, seq: Sequence, *, preempted: bool = False) -> None:
+        self.book.add_waiting(seq, preempted)
         if preempted:
             # A preempted sequence arrived before everything still waiting: it goes back in front,
             # in arrival order among other preempted ones.
@@ -27,10 +29,12 @@ class FCFSPolicy(SchedulingPolicy):
 
     def remove_waiting(self, seq: Sequence) -> None:
         self._queue.remove(seq)
+        self.book.remove_waiting(seq)
 
     def next_waiting(self, exclude: set[int], now: float) -> Sequence | None:
+        self._new_pass(exclude)
         for seq in self._queue:
-            if seq.seq_id not in exclude:
+            if not self._skipped(seq, exclude):
                 return seq
         return None
 

@@ -1,0 +1,121 @@
+"""Weighted fair sharing with the Virtual Token Counter (Sheng et al., OSDI'24), under priority classes.
+
+One counter per tenant, in weight-normalised service units:
+- admission charges ``w_p * prompt_tokens / weight`` once per sequence (a preempted sequence's
+  recomputation is the engine's doing and is not charged again);
+- every generated token charges ``w_q / weight``.
+The next request comes from the backlogged (= has waiting requests) tenant with the smallest counter,
+within the best class that waits; each tenant's own requests go in arrival order. A tenant that becomes
+backlogged again is lifted to the smallest counter of the backlogged tenants of its class (or to the
+counter of the last tenant that left the backlog when none is), so idling banks no credit.
+
+LoRA locality: when the fairest pick's adapter is not resident, a tenant whose counter is within
+``locality_slack`` of it and whose next request needs no adapter swap may go first. Counters keep
+charging as usual, so this can shift service between two backlogged tenants by at most the slack.
+"""
+from __future__ import annotations
+
+from ..sequence import Sequence
+from .classes import ClassQueuesPolicy, aged_class, effective_class
+from .tenants import TenantLimits
+
+
+class FairPolicy(ClassQueuesPolicy):
+    name = "fair"
+
+    def __init__(self, limits: TenantLimits | None = None, aging_s: float = 0.0, prompt_weight: float = 1.0,
+                 output_weight: float = 2.0, locality_slack: float = 0.0) -> None:
+        super().__init__(limits, aging_s)
+        self.prompt_weight = prompt_weight
+        self.output_weight = output_weight
+        self.locality_slack = locality_slack
+        self.counters: dict[str, float] = {}
+        self._last_left: dict[int, float] = {}  # class -> counter of the last tenant leaving its backlog
+        self.locality_picks = 0  # times locality overrode the fairest pick (stats)
+
+    # ------------------------------------------------------------------ counters
+    def _becomes_backlogged(self, seq: Sequence) -> None:
+        tid, cls = seq.tenant.tenant_id, seq.tenant.priority
+        backlogged = [self.counters[t] for t, q in self._queues.items()
+                      if q and t != tid and q[0].tenant.priority == cls]
+        floor = min(backlogged) if backlogged else self._last_left.get(cls)
+        current = self.counters.get(tid)
+        if floor is None:
+            self.counters[tid] = current if current is not None else 0.0
+        else:
+            self.counters[tid] = floor if current is None else max(current, floor)
+
+    def _leaves_backlog(self, seq: Sequence) -> None:
+        self._last_left[seq.tenant.priority] = self.counters.get(seq.tenant.tenant_id, 0.0)
+
+    def on_admitted(self, seq: Sequence, num_new_prompt_tokens: int) -> None:
+        charged = self.book.admitted(seq, num_new_prompt_tokens)
+        if charged:
+            self._charge(seq, self.prompt_weight * charged)
+
+    def on_tokens_generated(self, seq: Sequence, num_tokens: int) -> None:
+        super().on_tokens_generated(seq, num_tokens)
+        self._charge(seq, self.output_weight * num_tokens)
+
+    def _charge(self, seq: Sequence, service: float) -> None:
+        tid = seq.tenant.tenant_id
+        self.counters[tid] = self.counters.get(tid, 0.0) + service / seq.tenant.weight
+
+    # ------------------------------------------------------------------ choice
+    def _pick(self, heads: list[tuple[str, Sequence]], now: float, top: int) -> Sequence:
+        best_key, best, fair_ones = None, None, []
+        for tid, head in heads:
+            cls = effective_class(head, now, self.aging_s, top)
+            if cls < head.tenant.priority:  # aged into a better class: oldest first
+                key = (cls, 0, head.arrival_time, head.seq_id)
+            else:
+                key = (cls, 1, self.counters.get(tid, 0.0), head.arrival_time, head.seq_id)
+                fair_ones.append((cls, key[2], head))
+            if best_key is None or key < best_key:
+                best_key, best = key, head
+        if self.locality_slack > 0 and best_key[1] == 1 and best.adapter is not None:
+            resident = self.resident_adapters()
+            if best.adapter not in resident:
+                limit = best_key[2] + self.locality_slack
+                local = [(c, h) for cls, c, h in fair_ones
+                         if cls == best_key[0] and c <= limit and (h.adapter is None or h.adapter in resident)]
+                if local:
+                    self.locality_picks += 1
+                    return min(local, key=lambda ch: (ch[0], ch[1].arrival_time, ch[1].seq_id))[1]
+        return best
+
+    def preemption_candidates(self, seq: Sequence, running: list[Sequence], now: float) -> list[Sequence]:
+        """Besides better classes (see ``classes.py``): a tenant below its weighted share of the batch's
+        sequence slots, and not ahead on its counter, may take a slot from the newest sequence of a
+        same-class tenant that stays at or above its own share afterwards. VTC alone would make a
+        light tenant queue for a slot behind a flood; this cannot ping-pong (the loser is still at
+        or above its share, so it may not take the slot back)."""
+        worse = super().preemption_candidates(seq, running, now)
+        if worse or self.limits is None or len(running) < self.limits.max_num_seqs:
+            return worse
+        tid, cls = seq.tenant.tenant_id, seq.tenant.priority
+        active = {t: info for t, info in self.book.tenants.items()
+                  if info.priority == cls and (t in self.book.running or t in self.book.num_waiting)}
+        total_weight = sum(info.weight for info in active.values())
+        share = lambda t: self.limits.max_num_seqs * active[t].weight / total_weight  # noqa: E731
+        if tid not in active or self.book.num_running(tid) + 1 > share(tid):
+            return []
+        mine = self.counters.get(tid, 0.0)
+        donors = [t for t in active if t != tid and self.book.num_running(t) - 1 >= share(t)
+                  and self.counters.get(t, 0.0) >= mine]
+        if not donors:
+            return []
+        donor = max(donors, key=lambda t: self.book.num_running(t) / share(t))
+        return [max((s for s in running if s.tenant.tenant_id == donor), key=lambda s: (s.arrival_time, s.seq_id))]
+
+    def _victim_key(self, seq: Sequence, now: float):
+        # Worst (aged) class first; inside it, the tenant that has been served the most.
+        return (aged_class(seq, now, self.aging_s), self.counters.get(seq.tenant.tenant_id, 0.0),
+                seq.arrival_time, seq.seq_id)
+
+    def stats(self) -> dict:
+        out = super().stats()
+        for tid, entry in out["tenants"].items():
+            entry["vtc_counter"] = round(self.counters.get(tid, 0.0), 3)
+        out["locality_picks"] = self.locality_picks
+        return out
