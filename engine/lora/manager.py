@@ -5,8 +5,9 @@ Tiers:
     re-added with different content becomes a new version, so nothing cached for the old content is
     ever served again (host and device copies are keyed by (name, version)).
   * host cache: up to ``max_cpu_loras`` loaded adapters, LRU (idle adapters are evicted first).
-  * device slots: ``max_loras`` slots stacked inside every ``Projection`` (allocated on the first
-    ``add_adapter``, so base-only serving pays nothing). ``prepare`` makes the step's adapters
+  * device slots: ``max_loras`` slots stacked inside each targeted ``Projection``, allocated the
+    first time an adapter targeting that projection is made resident: base-only serving, and
+    projections no adapter targets, pay nothing (their forward skips SGMV). ``prepare`` makes the step's adapters
     resident, reusing free slots first, then the least recently used slot NOT needed this step.
 
 Removal: ``remove_adapter`` unregisters the name at once (new requests naming it are refused with
@@ -222,11 +223,8 @@ class LoRAManager:
 
     # ------------------------------------------------------------------ device tier
     def _ensure_slots(self) -> None:
-        if self.slots_allocated:
-            return
-        for layers in self._projections.values():
-            for proj in layers:
-                proj.allocate_lora_slots(self.max_loras, self.max_lora_rank)
+        # Buffers are allocated per projection when the first adapter targeting it is written into
+        # a slot: a projection no adapter targets keeps lora_a None and its forward skips SGMV.
         self.slots_allocated = True
 
     @torch.inference_mode()
@@ -236,6 +234,10 @@ class LoRAManager:
         for fused, layers in self._projections.items():
             per_layer = loaded.projections[fused] if loaded is not None else [None] * len(layers)
             for proj, p in zip(layers, per_layer):
+                if proj.lora_a is None:
+                    if p is None:
+                        continue
+                    proj.allocate_lora_slots(self.max_loras, self.max_lora_rank)
                 proj.lora_a[:, slot].zero_()
                 proj.lora_b[slot].zero_()
                 if p is None:
@@ -259,5 +261,6 @@ class LoRAManager:
             "max_cpu_loras": self.max_cpu_loras,
             "max_lora_rank": self.max_lora_rank,
             "slots_allocated": self.slots_allocated,
+            "projections_with_slots": sum(p.lora_a is not None for ps in self._projections.values() for p in ps),
             **self.counters,
         }
