@@ -53,10 +53,11 @@ def shared_prefix_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def test_outputs_with_caching_equal_without_mid_block_prefixes(tiny_llama):
+@pytest.mark.parametrize("variant", ["llama_gqa", "mistral", "qwen2_bias"])
+def test_outputs_with_caching_equal_without_mid_block_prefixes(model_factory, variant):
     results = {}
     for caching in (False, True):
-        llm = make_llm(tiny_llama, caching)
+        llm = make_llm(model_factory(variant), caching)
         prompts = shared_prefix_prompts(llm.engine.model_config.vocab_size)
         first = llm.generate(prompts[:1], GREEDY)  # warms the cache with the system prompt
         rest = llm.generate(prompts[1:], GREEDY)
