@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
@@ -60,7 +63,45 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     def health() -> dict:
         return {"status": "ok", "engine": ctx.gateway.enabled}
 
+    _mount_admin_ui(app)
     app.add_middleware(
         UploadSizeLimit, path=f"{ADMIN_PREFIX}/adapters", max_bytes=ctx.settings.uploads.max_upload_bytes
     )
     return app
+
+
+# The admin web page: static files that talk only to /admin/v1. The CSP keeps any injected markup inert.
+_UI_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _admin_ui_dir() -> Path | None:
+    """The installed ``loraplex.admin_ui`` folder (editable or not), whatever the working directory."""
+    try:
+        import loraplex.admin_ui as ui
+    except ImportError:
+        return None
+    for entry in getattr(ui, "__path__", []):
+        if (Path(entry) / "index.html").is_file():
+            return Path(entry)
+    return None
+
+
+def _mount_admin_ui(app: FastAPI) -> None:
+    ui_dir = _admin_ui_dir()
+    if ui_dir is None:
+        log.warning("admin UI files not found; /admin is not served")
+        return
+    app.mount("/admin/static", StaticFiles(directory=ui_dir / "static"), name="admin-ui-static")
+
+    @app.get("/admin", include_in_schema=False)
+    def admin_ui_redirect() -> RedirectResponse:
+        return RedirectResponse("admin/", status_code=307)
+
+    @app.get("/admin/", include_in_schema=False)
+    def admin_ui_index() -> FileResponse:
+        return FileResponse(ui_dir / "index.html", media_type="text/html", headers=_UI_HEADERS)

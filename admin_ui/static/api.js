@@ -1,0 +1,122 @@
+// The admin REST API client. The admin key lives in sessionStorage only (never in a URL), and every
+// failure becomes an ApiError whose message is the server's error message, verbatim.
+
+const KEY_STORAGE = "loraplex.adminKey";
+
+// The page is served at <prefix>/admin/; the API lives at <prefix>/admin/v1.
+const API_BASE = window.location.pathname.replace(/\/admin\/.*$/, "") + "/admin/v1";
+
+export class ApiError extends Error {
+  constructor(message, { status = 0, type = null, code = null, param = null } = {}) {
+    super(message);
+    this.name = "ApiError";
+    this.status = status;
+    this.type = type;
+    this.code = code;
+    this.param = param;
+  }
+}
+
+export function getKey() {
+  return window.sessionStorage.getItem(KEY_STORAGE);
+}
+
+export function setKey(key) {
+  window.sessionStorage.setItem(KEY_STORAGE, key);
+}
+
+export function clearKey() {
+  window.sessionStorage.removeItem(KEY_STORAGE);
+}
+
+function queryString(params) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== undefined && v !== null && v !== "") qs.append(k, String(v));
+  }
+  const s = qs.toString();
+  return s ? `?${s}` : "";
+}
+
+async function errorFrom(response) {
+  const text = await response.text().catch(() => "");
+  let body = null;
+  try {
+    body = text ? JSON.parse(text) : null;
+  } catch {
+    body = null;
+  }
+  const err = body && typeof body === "object" ? body.error : null;
+  if (err && typeof err.message === "string") {
+    return new ApiError(err.message, { status: response.status, type: err.type, code: err.code, param: err.param });
+  }
+  // Not our error format (a proxy in between, say): show what came back rather than nothing.
+  const detail = text.trim().slice(0, 300) || response.statusText || "no response body";
+  return new ApiError(`HTTP ${response.status}: ${detail}`, { status: response.status });
+}
+
+/** Call the admin API. `body` may be a plain object (sent as JSON) or FormData (multipart). */
+export async function request(method, path, { query, body, key } = {}) {
+  const headers = { Accept: "application/json" };
+  const token = key ?? getKey();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let payload;
+  if (body instanceof FormData) {
+    payload = body;
+  } else if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    payload = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(API_BASE + path + queryString(query), { method, headers, body: payload });
+  } catch (exc) {
+    throw new ApiError(`network error: could not reach the server (${exc.message})`);
+  }
+  if (!response.ok) throw await errorFrom(response);
+  if (response.status === 204) return null;
+  try {
+    return await response.json();
+  } catch {
+    throw new ApiError(`HTTP ${response.status}: the server sent a response that is not JSON`, { status: response.status });
+  }
+}
+
+const enc = encodeURIComponent;
+
+export const api = {
+  checkKey: (key) => request("GET", "/tenants", { query: { limit: 1 }, key }),
+
+  listTenants: (query) => request("GET", "/tenants", { query }),
+  getTenant: (id) => request("GET", `/tenants/${enc(id)}`),
+  createTenant: (body) => request("POST", "/tenants", { body }),
+  updateTenant: (id, body) => request("PATCH", `/tenants/${enc(id)}`, { body }),
+  deleteTenant: (id) => request("DELETE", `/tenants/${enc(id)}`),
+
+  listKeys: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/keys`),
+  createKey: (tenantId, body) => request("POST", `/tenants/${enc(tenantId)}/keys`, { body }),
+  revokeKey: (keyId) => request("DELETE", `/keys/${enc(keyId)}`),
+
+  getQuota: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota`),
+  putQuota: (tenantId, body) => request("PUT", `/tenants/${enc(tenantId)}/quota`, { body }),
+
+  listAdapters: (query) => request("GET", "/adapters", { query }),
+  uploadAdapter: (formData) => request("POST", "/adapters", { body: formData }),
+  deleteAdapter: (id) => request("DELETE", `/adapters/${enc(id)}`),
+  addGrant: (adapterId, tenantId) => request("POST", `/adapters/${enc(adapterId)}/grants`, { body: { tenant_id: tenantId } }),
+  removeGrant: (adapterId, tenantId) => request("DELETE", `/adapters/${enc(adapterId)}/grants`, { query: { tenant_id: tenantId } }),
+
+  usage: (query) => request("GET", "/usage", { query }),
+  engine: () => request("GET", "/engine"),
+  audit: (query) => request("GET", "/audit", { query }),
+};
+
+/** All tenants (the list is paged by the server). */
+export async function allTenants() {
+  const out = [];
+  for (let offset = 0; ; offset += 1000) {
+    const page = await api.listTenants({ limit: 1000, offset });
+    out.push(...page.data);
+    if (out.length >= page.total || page.data.length === 0) return out;
+  }
+}

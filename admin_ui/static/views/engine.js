@@ -1,0 +1,114 @@
+// Live engine view: per-tenant running/waiting, batch size, KV use, resident adapters. Auto-refreshes.
+import { allTenants, api } from "../api.js";
+import { clearError, fmtNumber, h, section, showError, table } from "../dom.js";
+
+const REFRESH_MS = 3000;
+
+function stat(label, value) {
+  return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label), h("span", { class: "stat-value" }, value));
+}
+
+export function render(main) {
+  let timer = null;
+  let alive = true;
+  let names = { tenants: {}, adapters: {} };
+  let lastFailed = false;
+  const out = h("div", {}, h("p", { class: "muted" }, "Loading engine state…"));
+  const updated = h("span", { class: "muted", "aria-live": "off" });
+  const auto = h("input", { type: "checkbox", id: "engine-auto", checked: true });
+  const refreshBtn = h("button", { type: "button" }, "Refresh now");
+
+  async function loadNames() {
+    const [ts, ads] = await Promise.all([allTenants(), api.listAdapters({ include_superseded: true })]);
+    names = {
+      tenants: Object.fromEntries(ts.map((t) => [t.id, t.name])),
+      adapters: Object.fromEntries(ads.data.map((a) => [a.id, `${a.name} v${a.version}`])),
+    };
+  }
+  const tName = (id) => names.tenants[id] ?? id;
+  const aName = (id) => names.adapters[id] ?? id;
+
+  function draw(s) {
+    if (!s.enabled) {
+      out.replaceChildren(h("p", {}, "The inference engine is disabled on this server."));
+      return;
+    }
+    const sch = s.scheduler || {};
+    const kv = s.kv_cache || {};
+    const lora = s.lora || {};
+    const kvPct = Math.round((kv.usage || 0) * 1000) / 10;
+    const kvBar = h("progress", { id: "kv-usage", max: kv.num_blocks || 1, value: kv.used_blocks || 0 });
+    const tenants = Object.entries(sch.tenants || {}).map(([id, v]) => ({ id, ...v }));
+    const hasVtc = tenants.some((t) => t.vtc_counter !== undefined);
+    const resident = Object.entries(lora.resident || {});
+    out.replaceChildren(
+      h("div", { class: "stats" },
+        stat("Model", s.model || "—"),
+        stat("Policy", sch.policy || "—"),
+        stat("Batch size (running)", fmtNumber(sch.num_running)),
+        stat("Waiting", fmtNumber(sch.num_waiting)),
+        stat("Steps", fmtNumber(sch.step)),
+        stat("KV cache use", `${kvPct}% (${fmtNumber(kv.used_blocks)} / ${fmtNumber(kv.num_blocks)} blocks)`),
+        stat("Prefix cache hit rate", kv.prefix_caching ? `${Math.round((kv.prefix_cache_hit_rate || 0) * 1000) / 10}%` : "off"),
+        stat("Resident adapters", `${resident.length} / ${lora.max_loras ?? "—"}`),
+      ),
+      h("div", { class: "field" }, h("label", { for: "kv-usage" }, "KV blocks in use"), kvBar),
+      section("Tenants in the engine", table("Per-tenant scheduling", [
+        { label: "Tenant", cell: (t) => tName(t.id) },
+        { label: "Priority", cell: (t) => (t.priority ?? "—").toString(), class: "num" },
+        { label: "Weight", cell: (t) => (t.weight ?? "—").toString(), class: "num" },
+        { label: "Running", cell: (t) => fmtNumber(t.num_running), class: "num" },
+        { label: "Waiting", cell: (t) => fmtNumber(t.num_waiting), class: "num" },
+        { label: "Prompt tokens served", cell: (t) => fmtNumber(t.served_prompt_tokens), class: "num" },
+        { label: "Output tokens served", cell: (t) => fmtNumber(t.served_output_tokens), class: "num" },
+        ...(hasVtc ? [{ label: "VTC counter", cell: (t) => fmtNumber(t.vtc_counter), class: "num" }] : []),
+        { label: "Running adapters", cell: (t) => (t.running_adapters || []).map(aName).join(", ") || "—" },
+      ], tenants, "No tenants known to the engine yet.")),
+      section("Adapters", table("Resident adapters (device slots)", [
+        { label: "Slot", cell: ([slot]) => slot, class: "num" },
+        { label: "Adapter", cell: ([, key]) => aName(key) },
+        { label: "Active requests", cell: ([, key]) => fmtNumber((lora.active_requests || {})[key] || 0), class: "num" },
+      ], resident, "No adapter is resident on the device."),
+      h("p", {}, `Registered with the engine: ${(s.registered_adapters || []).map(aName).join(", ") || "none"}`),
+      h("p", {}, `In the CPU cache: ${(lora.cpu_cached || []).map(aName).join(", ") || "none"}`)),
+      section("Counters", h("dl", { class: "counters" }, Object.entries(s.counters || {}).flatMap(([k, v]) => [h("dt", {}, k.replaceAll("_", " ")), h("dd", {}, fmtNumber(v))]))),
+    );
+  }
+
+  async function refresh() {
+    try {
+      const s = await api.engine();
+      // New tenant/adapter ids appear: refresh the names once.
+      const unknown = Object.keys(s.scheduler?.tenants || {}).some((id) => !(id in names.tenants))
+        || (s.registered_adapters || []).some((id) => !(id in names.adapters));
+      if (unknown) await loadNames();
+      if (!alive) return;
+      draw(s);
+      updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
+      if (lastFailed) clearError(); // the engine answers again: the refresh error is stale
+      lastFailed = false;
+    } catch (err) {
+      if (!alive) return;
+      showError(err);
+      lastFailed = true;
+      updated.textContent = "Refresh failed";
+    }
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    if (alive && auto.checked) timer = setTimeout(async () => { await refresh(); schedule(); }, REFRESH_MS);
+  }
+  auto.addEventListener("change", schedule);
+  refreshBtn.addEventListener("click", async () => { refreshBtn.disabled = true; await refresh(); refreshBtn.disabled = false; });
+
+  main.append(
+    h("h1", {}, "Engine"),
+    h("div", { class: "toolbar" },
+      h("div", { class: "field checkbox" }, auto, h("label", { for: "engine-auto" }, `Auto-refresh every ${REFRESH_MS / 1000} s`)),
+      refreshBtn, updated),
+    out,
+  );
+  loadNames().catch(showError).then(refresh).then(schedule);
+  return () => { alive = false; clearTimeout(timer); };
+}
