@@ -5,12 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh test,bench
 
-# PostgreSQL: a real server on loopback, owned by this run.
-if ! ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
-            || echo "warning: could not install PostgreSQL; PostgreSQL tests will be skipped"
-    fi
+# PostgreSQL (a real server on loopback, owned by this run) and Chromium (admin UI tests), from
+# Debian in one apt-get call.
+APT_PKGS=""
+ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 || APT_PKGS="postgresql"
+[ -x /usr/bin/chromium ] || APT_PKGS="$APT_PKGS chromium"
+if [ -n "$APT_PKGS" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # shellcheck disable=SC2086
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS >/dev/null) \
+        || echo "warning: could not install:$APT_PKGS; their tests (PostgreSQL, admin UI) will be skipped"
 fi
 PG_DIR=""
 cleanup() {
