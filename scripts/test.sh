@@ -13,7 +13,7 @@ ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 || APT_PKGS="postgresql"
 if [ -n "$APT_PKGS" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # shellcheck disable=SC2086
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS >/dev/null) \
-        || echo "warning: could not install:$APT_PKGS; their tests (PostgreSQL, admin UI) will be skipped"
+        || echo "warning: could not install ${APT_PKGS# }; their tests (PostgreSQL, admin UI) will be skipped"
 fi
 PG_DIR=""
 cleanup() {
