@@ -35,7 +35,7 @@ def _browser_missing_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _need_browser():
     reason = _browser_missing_reason()
     if reason and REQUIRE_BROWSER:
@@ -101,7 +101,7 @@ def server(ui_demo_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def browser():
+def browser(_need_browser):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

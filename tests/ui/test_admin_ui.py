@@ -12,7 +12,7 @@ try:
 except ImportError:  # conftest's _need_browser skips every test here (or fails it in CI)
     expect = None
 
-from platform_helpers import ADMIN_KEY, zip_bytes
+from platform_helpers import ADMIN_KEY, targz_bytes, zip_bytes
 from ui_helpers import screenshot
 
 
@@ -130,7 +130,7 @@ def test_create_edit_delete_tenant(signed_in, server):
         assert c.get(f"/admin/v1/tenants/{created['id']}").status_code == 404
 
 
-def test_api_key_shown_once_works_and_revokes(signed_in, server):
+def test_api_key_shown_once_works_and_revokes(signed_in, server, tmp_path):
     page = signed_in
     t = api_tenant(server, unique("keys"))
     open_tenant(page, server, t)
@@ -145,6 +145,7 @@ def test_api_key_shown_once_works_and_revokes(signed_in, server):
     row = page.get_by_role("row").filter(has_text="ci-key")
     expect(row).to_contain_text("active")
     expect(row).to_contain_text(secret[:6])
+    screenshot(page, "tenant", tmp_path)
 
     with httpx.Client(base_url=server.url, timeout=30) as c:
         r = c.get("/v1/models", headers={"Authorization": f"Bearer {secret}"})
@@ -230,6 +231,16 @@ def test_adapter_upload_list_grants_and_errors(signed_in, server, ui_adapter_fil
     expect(page.get_by_role("status")).to_contain_text(f"{other['name']} may no longer use {name}")
     with server.admin() as c:
         assert c.get(f"/admin/v1/adapters/{ada['id']}").json()["granted_tenant_ids"] == []
+    # A new version from a .tar.gz: both versions listed when superseded ones are shown.
+    form = page.get_by_role("form", name="Upload adapter")
+    form.get_by_label("Upload as a new version of an existing name").check()
+    _upload(page, name, "bot-v2.tar.gz", targz_bytes(ui_adapter_files), owner["name"], mime="application/gzip")
+    expect(page.get_by_role("status")).to_contain_text(f"Adapter {name} v2 uploaded")
+    expect(page.get_by_role("row").filter(has_text=name)).to_have_count(1)
+    page.get_by_label("Show superseded versions").check()
+    expect(page.get_by_role("row").filter(has_text=name)).to_have_count(2)
+    page.get_by_label("Show superseded versions").uncheck()
+    expect(page.get_by_role("row").filter(has_text=name)).to_have_count(1)
     screenshot(page, "adapters", tmp_path)
 
     # Not an archive: the server's own message, verbatim.
@@ -252,11 +263,13 @@ def test_adapter_upload_list_grants_and_errors(signed_in, server, ui_adapter_fil
     form.get_by_role("button", name="Upload adapter").click()
     expect(alert(page)).to_contain_text("a private adapter needs the owning tenant_id")
 
-    page.get_by_role("button", name=f"Delete adapter {name} v1").click()
+    page.get_by_role("button", name=f"Delete adapter {name} v2").click()
     page.get_by_role("dialog").get_by_role("button", name="Delete adapter").click()
-    expect(page.get_by_role("status")).to_contain_text(f"Adapter {name} v1 deleted.")
+    expect(page.get_by_role("status")).to_contain_text(f"Adapter {name} v2 deleted.")
     with server.admin() as c:
-        assert c.get(f"/admin/v1/adapters/{ada['id']}").status_code == 404
+        left = [a for a in c.get("/admin/v1/adapters", params={"include_superseded": True}).json()["data"]
+                if a["name"] == name]
+    assert [a["version"] for a in left] == [1]
 
 
 def test_engine_view_usage_and_audit(signed_in, server, tmp_path):
