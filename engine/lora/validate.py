@@ -133,6 +133,7 @@ def read_adapter(
     if not isinstance(cfg, dict):
         raise AdapterValidationError(f"{CONFIG_FILE} must hold a JSON object")
     rank, alpha, use_rslora = _check_config(cfg, max_lora_rank)
+    _check_base_architecture(cfg, mc)
     _check_target_modules(cfg.get("target_modules"), mc)
 
     w_bytes = w_path.read_bytes()
@@ -202,6 +203,17 @@ def _check_config(cfg: dict, max_lora_rank: int) -> tuple[int, float, bool]:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
                 raise AdapterValidationError(f"{name}[{key!r}] must be a positive number, got {value!r}")
     return rank, float(alpha), bool(cfg.get("use_rslora", False))
+
+
+def _check_base_architecture(cfg: dict, mc: ModelConfig) -> None:
+    task = cfg.get("task_type")
+    if task not in (None, "CAUSAL_LM"):
+        raise AdapterValidationError(f"task_type {task!r} is not served: only CAUSAL_LM adapters are supported")
+    # PEFT records the base model class when it knows it; the shape checks cover the rest.
+    trained_for = (cfg.get("auto_mapping") or {}).get("base_model_class")
+    if trained_for and trained_for != mc.architecture:
+        raise AdapterValidationError(
+            f"adapter was trained for {trained_for} but the base model is {mc.architecture}")
 
 
 def _check_target_modules(targets, mc: ModelConfig) -> None:
