@@ -12,6 +12,7 @@ Shapes (shared with the Triton kernels; see ``kernels/__init__.py``):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .lora_meta import LoraSegments
 
@@ -66,15 +67,13 @@ def paged_decode_attention(
     max_len = int(context_lens.max())
     n_blocks = (max_len + block_size - 1) // block_size
     table = block_tables[:, :n_blocks].long()
-    k = k_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).float()
-    v = v_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).float()
-    qg = q.float().view(num_seqs, hkv, group, d)
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    k = k_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).float()
+    v = v_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).float()
     pos = torch.arange(n_blocks * block_size, device=q.device)
-    mask = pos[None, :] >= context_lens.long()[:, None]  # [b, l]
-    scores.masked_fill_(mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, v)
+    visible = (pos[None, :] < context_lens.long()[:, None])[:, None, None, :]  # [b, 1, 1, l]
+    # GQA without repeating K/V: the `group` query heads sharing a KV head are the query rows.
+    qg = q.float().view(num_seqs, hkv, group, d)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible, scale=scale)
     return out.reshape(num_seqs, hq, d).to(q.dtype)
 
 
