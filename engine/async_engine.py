@@ -18,7 +18,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .errors import EngineDeadError
-from .llm_engine import LLMEngine
+from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -178,7 +178,8 @@ class AsyncEngine:
         return self.engine.lora
 
     def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
-                   max_running_seqs: int | None = None) -> None:
+                   max_running_seqs: int | None | object = UNCHANGED) -> None:
+        """Update a tenant's scheduling fields; ``max_running_seqs=None`` removes its own cap."""
         self._call(self.engine.set_tenant, tenant_id, priority=priority, weight=weight,
                    max_running_seqs=max_running_seqs)
 

@@ -29,6 +29,7 @@ from .tokenizer import load_tokenizer
 log = logging.getLogger("loraplex.engine")
 
 MAX_DEFAULT_MODEL_LEN = 8192
+UNCHANGED = object()  # set_tenant: leave this field as it is (None would mean "no per-tenant limit")
 
 
 class LLMEngine:
@@ -136,7 +137,7 @@ class LLMEngine:
                 f"KV cache holds only {self.kv.usable_blocks} usable blocks", param="max_tokens")
 
     def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
-                   max_running_seqs: int | None = None) -> TenantInfo:
+                   max_running_seqs: int | None | object = UNCHANGED) -> TenantInfo:
         """Create or update a tenant's scheduling fields. Requests hold the same TenantInfo object,
         so a change reaches queued and running requests at the very next step."""
         if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight > 0):
@@ -150,8 +151,11 @@ class LLMEngine:
             tenant.priority = priority
         if weight is not None:
             tenant.weight = float(weight)
-        if max_running_seqs is not None:
-            tenant.max_running_seqs = max_running_seqs
+        if max_running_seqs is not UNCHANGED:
+            if max_running_seqs is not None and (not isinstance(max_running_seqs, int) or max_running_seqs < 1):
+                raise InvalidRequestError(f"max_running_seqs must be a positive integer or None, got {max_running_seqs!r}",
+                                          param="max_running_seqs")
+            tenant.max_running_seqs = max_running_seqs  # None: back to the engine-wide default
         return tenant
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

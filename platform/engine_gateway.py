@@ -17,7 +17,6 @@ from loraplex.platform.errors import ServiceUnavailable, Unprocessable
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.engine")
-NO_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -113,10 +112,8 @@ class EngineGateway:
         self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None
     ) -> None:
         if self._engine is not None:
-            # The engine reads max_running_seqs=None as "leave unchanged", so "no limit" is sent as
-            # a limit no batch can reach.
-            limit = max_running_seqs if max_running_seqs is not None else NO_LIMIT
-            self._engine.set_tenant(tenant_id, priority=priority, weight=weight, max_running_seqs=limit)
+            # None clears the tenant's own cap (the engine-wide default applies again).
+            self._engine.set_tenant(tenant_id, priority=priority, weight=weight, max_running_seqs=max_running_seqs)
 
     # -- adapters --------------------------------------------------------------------------
     def validate_adapter(self, path: Path) -> AdapterFacts:
