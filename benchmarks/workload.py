@@ -51,14 +51,30 @@ def heavy_tailed_lengths(n: int, rng: random.Random, short=(4, 16), long=(200, 4
 
 
 def drive_engine(engine, arrivals: list[Arrival], params_for) -> list[Record]:
-    """Replay arrivals in real time against an LLMEngine: add what has arrived, step, repeat."""
+    """Replay arrivals in real time against an LLMEngine until every request has finished."""
+    records, _ = _replay(engine, arrivals, params_for, horizon=None)
+    return [records[i] for i in range(len(arrivals))]
+
+
+def drive_engine_for(engine, arrivals: list[Arrival], params_for, horizon: float) -> tuple[list[Record], int]:
+    """Replay arrivals for ``horizon`` seconds, then stop. Returns the requests that finished in time
+    and the output tokens generated within the horizon (finished or not): the sustained service rate
+    of an overloaded system, free of the end-of-run tail that a finite workload ends with."""
+    records, tokens = _replay(engine, arrivals, params_for, horizon=horizon)
+    return [records[i] for i in sorted(records)], tokens
+
+
+def _replay(engine, arrivals: list[Arrival], params_for, horizon: float | None) -> tuple[dict[int, Record], int]:
     pending = sorted(range(len(arrivals)), key=lambda i: arrivals[i].t)
     start = time.monotonic()
+    tokens_before = engine.counters["generated_tokens"]
     ids: dict[str, int] = {}
     done: dict[int, Record] = {}
     nxt = 0
     while len(done) < len(arrivals):
         now = time.monotonic() - start
+        if horizon is not None and now >= horizon:
+            break
         while nxt < len(pending) and arrivals[pending[nxt]].t <= now:
             i = pending[nxt]
             a = arrivals[i]
@@ -75,7 +91,7 @@ def drive_engine(engine, arrivals: list[Arrival], params_for) -> list[Record]:
                 i = ids[out.request_id]
                 done[i] = Record(m["arrival_time"] - start, m["first_token_time"] - start, m["finish_time"] - start,
                                  len(out.token_ids), len(out.prompt_token_ids), arrivals[i].tenant)
-    return [done[i] for i in range(len(arrivals))]
+    return done, engine.counters["generated_tokens"] - tokens_before
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -105,6 +121,16 @@ def summarize(name: str, records: list[Record], extra: dict | None = None) -> di
         "ttft_mean_ms": 1000 * statistics.fmean(ttft),
         **(extra or {}),
     }
+
+
+def summarize_window(name: str, records: list[Record], output_tokens: int, horizon: float,
+                     extra: dict | None = None) -> dict:
+    """Like ``summarize`` for a run cut at ``horizon`` seconds: throughput is what was generated in
+    the window; latencies are over the requests that finished inside it."""
+    row = summarize(name, records, extra) if records else {"system": name, **(extra or {})}
+    row.update({"duration_s": horizon, "requests": len(records), "req_per_s": len(records) / horizon,
+                "output_tok_per_s": output_tokens / horizon, "output_tokens": output_tokens})
+    return row
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:

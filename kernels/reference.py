@@ -57,22 +57,42 @@ def paged_decode_attention(
     """One query token per sequence attending to its whole cached context.
 
     q: [num_seqs, num_q_heads, head_dim] -> out of the same shape and dtype.
-    Vectorised over sequences: gathers every sequence's blocks into a padded tensor and masks the tail.
+    Vectorised over sequences: each group of sequences with similar context lengths (power-of-two
+    block counts) is gathered into one padded tensor with the tail masked, so one long context
+    does not make the whole batch pay for its length.
     """
-    num_seqs, hq, d = q.shape
+    num_seqs = q.shape[0]
     if num_seqs == 0:
         return q.new_empty(q.shape)
+    block_size = k_cache.shape[1]
+    groups: dict[int, list[int]] = {}
+    for i, length in enumerate(context_lens.tolist()):
+        blocks = (length + block_size - 1) // block_size
+        groups.setdefault(1 << max(0, blocks - 1).bit_length(), []).append(i)
+    if len(groups) == 1:
+        return _decode_padded(q, k_cache, v_cache, block_tables, context_lens, scale)
+    out = torch.empty_like(q)
+    for idx in groups.values():
+        rows = torch.tensor(idx, dtype=torch.long, device=q.device)
+        out[rows] = _decode_padded(q[rows], k_cache, v_cache, block_tables[rows], context_lens[rows], scale)
+    return out
+
+
+def _decode_padded(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+    num_seqs, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     group = hq // hkv
     max_len = int(context_lens.max())
     n_blocks = (max_len + block_size - 1) // block_size
-    table = block_tables[:, :n_blocks].long()
-    k = k_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).float()
-    v = v_cache[table].reshape(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).float()
+    table = block_tables[:, :n_blocks].reshape(-1).long()
+    # bf16 runs natively (SDPA accumulates in fp32 on CPU); fp16 is upcast, CPU fp16 kernels are poor.
+    cdt = q.dtype if q.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    k = k_cache.index_select(0, table).view(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).to(cdt)
+    v = v_cache.index_select(0, table).view(num_seqs, n_blocks * block_size, hkv, d).transpose(1, 2).to(cdt)
     pos = torch.arange(n_blocks * block_size, device=q.device)
     visible = (pos[None, :] < context_lens.long()[:, None])[:, None, None, :]  # [b, 1, 1, l]
     # GQA without repeating K/V: the `group` query heads sharing a KV head are the query rows.
-    qg = q.float().view(num_seqs, hkv, group, d)
+    qg = q.to(cdt).view(num_seqs, hkv, group, d)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible, scale=scale)
     return out.reshape(num_seqs, hq, d).to(q.dtype)
 
