@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/throughput.py            # full run (~3 minutes on 2 cores)
     .venv/bin/python benchmarks/throughput.py --quick    # smoke run
 
-Poisson arrivals at a rate above every system's capacity, heavy-tailed output lengths (most 4-16
-tokens, ~10% 200-400: 10-100x apart). Each system gets the same arrival stream for the same window
+Poisson arrivals at a rate above every system's capacity, heavy-tailed output lengths (default:
+bounded Pareto, most answers under 10 tokens, a few hundreds; ``--lengths bimodal``: 90% 4-16 tokens,
+10% 200-400). Each system gets the same arrival stream for the same window
 (``--seconds``) and is cut off at its end: throughput is the output tokens generated inside the window
 (the sustained service rate under overload, not skewed by the one long request a finite run ends
 on); TTFT/TPOT are over the requests that finished inside it. All systems run in this one process on
@@ -22,17 +23,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import (Arrival, Record, drive_engine_for, heavy_tailed_lengths, poisson_arrivals,  # noqa: E402
-                      print_table, summarize_window, write_json)
+from workload import (Arrival, Record, drive_engine_for, heavy_tailed_lengths, pareto_lengths,  # noqa: E402
+                      poisson_arrivals, print_table, summarize_window, write_json)
 
 from loraplex.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from loraplex.engine.demo_model import create_random_checkpoint  # noqa: E402
 
 
-def make_workload(n: int, rate: float, vocab: int, seed: int) -> list[Arrival]:
+def make_workload(n: int, rate: float, vocab: int, seed: int, lengths: str = "pareto") -> list[Arrival]:
     rng = random.Random(seed)
     times = poisson_arrivals(n, rate, rng)
-    lengths = heavy_tailed_lengths(n, rng)
+    lengths = pareto_lengths(n, rng) if lengths == "pareto" else heavy_tailed_lengths(n, rng)
     return [Arrival(t, [rng.randrange(10, vocab) for _ in range(rng.randint(16, 96))], L)
             for t, L in zip(times, lengths)]
 
@@ -108,8 +109,10 @@ def run_hf(model_dir: str, arrivals: list[Arrival], batch_size: int, dtype: str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=40.0, help="measurement window per system")
-    ap.add_argument("--rate", type=float, default=64.0,
+    ap.add_argument("--seconds", type=float, default=30.0, help="measurement window per system")
+    ap.add_argument("--lengths", choices=["pareto", "bimodal"], default="pareto",
+                    help="output lengths: bounded Pareto (alpha 1.1, 4-512) or bimodal (90%% 4-16, 10%% 200-400)")
+    ap.add_argument("--rate", type=float, default=160.0,
                     help="mean arrivals per second (Poisson); the default overloads every system, so throughput is capacity")
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
@@ -126,7 +129,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(create_random_checkpoint(tmp, preset=preset, seed=0))
         vocab = LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=8)).model_config.vocab_size
-        arrivals = make_workload(n, args.rate, vocab, args.seed)
+        arrivals = make_workload(n, args.rate, vocab, args.seed, args.lengths)
         systems = [
             ("loraplex continuous",
              lambda: run_loraplex(model_dir, arrivals, "continuous", args.max_batch, args.dtype, horizon)),
@@ -150,7 +153,8 @@ def main() -> None:
     print_table(rows, cols)
     lengths = [a.max_tokens for a in arrivals]
     path = write_json("throughput", {
-        "workload": {"arrivals": n, "window_s": horizon, "rate": args.rate, "max_batch": args.max_batch, "preset": preset, "dtype": args.dtype,
+        "workload": {"arrivals": n, "window_s": horizon, "rate": args.rate, "max_batch": args.max_batch,
+                     "preset": preset, "dtype": args.dtype, "lengths": args.lengths,
                      "output_len_min": min(lengths), "output_len_max": max(lengths),
                      "output_len_mean": sum(lengths) / n},
         "results": rows,

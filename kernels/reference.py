@@ -117,6 +117,7 @@ def paged_prefill_attention(
     out = torch.empty_like(q)
     hkv = k_cache.shape[2]
     group = hq // hkv
+    cdt = q.dtype if q.dtype in (torch.float32, torch.bfloat16) else torch.float32
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
     for s in range(len(lens)):
@@ -124,17 +125,14 @@ def paged_prefill_attention(
         qlen, ctx = q1 - q0, lens[s]
         if qlen == 0:
             continue
-        k = _gather_seq_kv(k_cache, block_tables[s], ctx).float()  # [ctx, hkv, d]
-        v = _gather_seq_kv(v_cache, block_tables[s], ctx).float()
-        qs = q[q0:q1].float().view(qlen, hkv, group, d)
-        scores = torch.einsum("qhgd,khd->hgqk", qs, k) * scale
-        q_pos = torch.arange(ctx - qlen, ctx, device=q.device)
-        k_pos = torch.arange(ctx, device=q.device)
-        causal = k_pos[None, :] > q_pos[:, None]  # [q, k]
-        scores.masked_fill_(causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("hgqk,khd->qhgd", probs, v)
-        out[q0:q1] = o.reshape(qlen, hq, d).to(q.dtype)
+        k = _gather_seq_kv(k_cache, block_tables[s], ctx).to(cdt).transpose(0, 1)  # [hkv, ctx, d]
+        v = _gather_seq_kv(v_cache, block_tables[s], ctx).to(cdt).transpose(0, 1)
+        # GQA without repeating K/V: row (i, g) of KV head h is query token i of head h*group + g.
+        qs = q[q0:q1].to(cdt).view(qlen, hkv, group, d).permute(1, 0, 2, 3).reshape(hkv, qlen * group, d)
+        q_pos = torch.arange(ctx - qlen, ctx, device=q.device).repeat_interleave(group)
+        visible = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [qlen*group, ctx]
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=visible, scale=scale)
+        out[q0:q1] = o.view(hkv, qlen, group, d).permute(1, 0, 2, 3).reshape(qlen, hq, d).to(q.dtype)
     return out
 
 
