@@ -18,7 +18,8 @@ def make_policy(config) -> SchedulingPolicy:
         return PriorityPolicy(limits, aging_s=config.priority_aging_s)
     if name == "fair":
         return FairPolicy(limits, aging_s=config.priority_aging_s, prompt_weight=config.vtc_prompt_weight,
-                          output_weight=config.vtc_output_weight, locality_slack=config.lora_locality_slack)
+                          output_weight=config.vtc_output_weight, locality_slack=config.lora_locality_slack,
+                          share_preemption=config.fair_share_preemption)
     if name == "sjf":
         return SJFPolicy(limits, aging_s=config.priority_aging_s)
     raise ValueError(f"unknown scheduling policy {name!r}")

@@ -24,11 +24,12 @@ class FairPolicy(ClassQueuesPolicy):
     name = "fair"
 
     def __init__(self, limits: TenantLimits | None = None, aging_s: float = 0.0, prompt_weight: float = 1.0,
-                 output_weight: float = 2.0, locality_slack: float = 0.0) -> None:
+                 output_weight: float = 2.0, locality_slack: float = 0.0, share_preemption: bool = True) -> None:
         super().__init__(limits, aging_s)
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
         self.locality_slack = locality_slack
+        self.share_preemption = share_preemption
         self.counters: dict[str, float] = {}
         self._last_left: dict[int, float] = {}  # class -> counter of the last tenant leaving its backlog
         self.locality_picks = 0  # times locality overrode the fairest pick (stats)
@@ -91,7 +92,7 @@ class FairPolicy(ClassQueuesPolicy):
         light tenant queue for a slot behind a flood; this cannot ping-pong (the loser is still at
         or above its share, so it may not take the slot back)."""
         worse = super().preemption_candidates(seq, running, now)
-        if worse or self.limits is None or len(running) < self.limits.max_num_seqs:
+        if worse or not self.share_preemption or self.limits is None or len(running) < self.limits.max_num_seqs:
             return worse
         tid, cls = seq.tenant.tenant_id, seq.tenant.priority
         active = {t: info for t, info in self.book.tenants.items()
