@@ -30,17 +30,19 @@ async def test_stream_is_incremental_and_matches_offline(engine, tiny_llama):
 
 
 async def test_concurrent_requests_join_running_batch(engine):
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    first = engine.submit([5] * 10, params)
+    # The first request is long enough that it is surely still decoding when the second arrives,
+    # however the engine thread and the event loop happen to interleave.
+    first = engine.submit([5] * 10, SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True))
     first_out = await first.__anext__()
     # A request submitted while the first is decoding joins the same batch (continuous batching).
-    second = engine.submit([6] * 10, params)
-    rest = [o async for o in first]
+    second = engine.submit([6] * 10, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     final2 = [o async for o in second][-1]
-    assert rest[-1].finished and len(rest[-1].token_ids) == 24
-    assert final2.finished and len(final2.token_ids) == 24
+    rest = [o async for o in first]
+    assert rest[-1].finished and len(rest[-1].token_ids) == 300
+    assert final2.finished and len(final2.token_ids) == 8
     assert first_out.metrics["first_token_time"] <= final2.metrics["first_token_time"]
-    assert final2.metrics["first_token_time"] < rest[-1].metrics["finish_time"]
+    # the short request started AND finished while the long one was still running
+    assert final2.metrics["finish_time"] < rest[-1].metrics["finish_time"]
 
 
 async def test_abort_frees_blocks_and_ends_stream(engine):
