@@ -12,7 +12,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -160,8 +160,3 @@ def write_json(name: str, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
     return path
 
-
-@dataclass
-class Workload:
-    arrivals: list[Arrival] = field(default_factory=list)
-    description: str = ""

@@ -263,9 +263,10 @@ class KVCacheManager:
     def block_table(self, seq: Sequence) -> list[int]:
         return self.block_tables.get(seq.seq_id, [])
 
-    def slot(self, seq: Sequence, position: int) -> int:
-        table = self.block_tables[seq.seq_id]
-        return table[position // self.block_size] * self.block_size + position % self.block_size
+    def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Flat KV slots (block * block_size + offset) of positions ``start:end`` of ``seq``."""
+        table, bs = self.block_tables[seq.seq_id], self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def stats(self) -> dict:
         used = self.pool.num_blocks - self.pool.num_free

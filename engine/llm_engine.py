@@ -110,9 +110,7 @@ class LLMEngine:
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-            if not prompt:
-                ids = []
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             vocab = self.model_config.vocab_size

@@ -68,9 +68,7 @@ class ModelRunner:
             end = start + chunk.num_tokens
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = kv.block_table(seq)
-            bs = kv.block_size
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            slots.extend(kv.slots(seq, start, end))
             token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
             if chunk.samples:
                 sample_rows.append(len(input_ids) - 1)

@@ -20,40 +20,19 @@ A sequence with ``context_len == 0`` gets a zero output (the reference would giv
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from .triton_common import device_sm_count, dot, dot_in_f32
+
 _LOG2E = 1.4426950408889634
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return device_sm_count(device)
     return 4
-
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    """``tl.dot`` with fp32 accumulation. ``F32``: upcast operands and multiply in IEEE fp32 — for
-    fp32 models (no TF32 rounding) and for bf16 under TRITON_INTERPRET, whose numpy dot cannot
-    multiply bf16 (it stores bf16 as uint16 bit patterns; triton issue #11584). bf16 products are
-    exact in fp32, so the upcast computes what the GPU's bf16 tensor-core dot computes."""
-    if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-def _dot_in_f32(dtype: torch.dtype, device: torch.device) -> bool:
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and device.type != "cuda")
 
 
 # --------------------------------------------------------------------------------------- write_kv
@@ -148,13 +127,13 @@ def _decode_split_kernel(
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * sc_d, mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * sc_d, mask=kv_mask, other=0.0)
-            s = _dot(q, tl.trans(k), PRECISE)
+            s = dot(q, tl.trans(k), PRECISE)
             s = tl.where(n_mask[None, :], s * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every chunk has a valid key
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISE)
+            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISE)
             m_i = m_new
         o = acc / l_i[:, None]
         if ONE_SPLIT:
@@ -260,7 +239,7 @@ def paged_decode_attention(
         *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
         *part_o.stride(), *part_lse.stride(),
         GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        KV_BLOCK=kv_block, ONE_SPLIT=one, PRECISE=_dot_in_f32(q.dtype, q.device),
+        KV_BLOCK=kv_block, ONE_SPLIT=one, PRECISE=dot_in_f32(q.dtype, q.device),
     )
     if not one:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
@@ -287,14 +266,14 @@ def _prefill_inner(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * sc_d, mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * sc_d, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), PRECISE) * sm_scale_log2
+        s = dot(q, tl.trans(k), PRECISE) * sm_scale_log2
         if CAUSAL:
             s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISE)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISE)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -383,7 +362,7 @@ def paged_prefill_attention(
         scale * _LOG2E, head_dim,
         *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
         GROUP=num_q_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        KV_BLOCK=kv_block, PRECISE=_dot_in_f32(q.dtype, q.device),
+        KV_BLOCK=kv_block, PRECISE=dot_in_f32(q.dtype, q.device),
     )
     return out
 

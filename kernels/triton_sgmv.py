@@ -21,27 +21,21 @@ untouched. Nothing here syncs with the host: sizes come from the host-side ``Lor
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from .lora_meta import LoraSegments
+from .triton_common import device_sm_count, dot, dot_in_f32
 
 GEMV_MAX_SEG = 8  # longest segment served by the GEMV-shaped (decode) tiles
 _GEMV_TILE_ELEMS = 8192  # BLOCK_M * BLOCK_R * BLOCK_K of one GEMV step: ~64 fp32 regs/thread at 4 warps
 
 
-@functools.lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _target_programs(device: torch.device) -> int:
     """Programs that keep every SM busy a few times over (CPU/interpreter: a small constant)."""
     if device.type == "cuda":
-        return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return 4 * device_sm_count(device)
     return 8
 
 
@@ -56,22 +50,6 @@ def _offsets_tensor(slice_offsets: tuple[int, ...], device: torch.device) -> tor
         t = torch.tensor(key[0], dtype=torch.int32, device=device)
         _OFFSETS_CACHE[key] = t
     return t
-
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    """``tl.dot`` with fp32 accumulation. ``F32``: upcast operands and multiply in IEEE fp32 — for
-    fp32 models (no TF32 rounding) and for bf16 under TRITON_INTERPRET, whose numpy dot cannot
-    multiply bf16 (it stores bf16 as uint16 bit patterns; triton issue #11584). bf16 products are
-    exact in fp32, so the upcast computes what the GPU's bf16 tensor-core dot computes."""
-    if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-def _dot_in_f32(dtype: torch.dtype, device: torch.device) -> bool:
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and device.type != "cuda")
 
 
 # ----------------------------------------------------------------------------------------- shrink
@@ -118,7 +96,7 @@ def _sgmv_shrink_kernel(
                     mask=r_mask[None, :] & k_mask[:, None], other=0.0,
                 )
                 if USE_DOT:
-                    acc += _dot(xt, at, PRECISE)
+                    acc += dot(xt, at, PRECISE)
                 else:
                     prod = xt.to(tl.float32)[:, :, None] * at.to(tl.float32)[None, :, :]
                     acc += tl.sum(prod, axis=1)
@@ -182,7 +160,7 @@ def sgmv_shrink(
         *lora_a.stride(),
         *t4.stride(),
         BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k,
-        USE_DOT=not gemv, PRECISE=_dot_in_f32(lora_a.dtype, x.device),
+        USE_DOT=not gemv, PRECISE=dot_in_f32(lora_a.dtype, x.device),
     )
     if split_k > 1:
         torch.sum(target, dim=0, out=out)
@@ -234,7 +212,7 @@ def _sgmv_expand_kernel(
             )
             if USE_DOT:
                 # Round the fp32 intermediate to the weights' type: a tensor-core dot for fp16/bf16.
-                acc += _dot(st.to(bt.dtype), bt, PRECISE)
+                acc += dot(st.to(bt.dtype), bt, PRECISE)
             else:
                 prod = st.to(tl.float32)[:, :, None] * bt.to(tl.float32)[None, :, :]
                 acc += tl.sum(prod, axis=1)
@@ -280,6 +258,6 @@ def sgmv_expand(
         *lora_b.stride(),
         y.stride(0), y.stride(1),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        USE_DOT=not gemv, PRECISE=_dot_in_f32(lora_b.dtype, y.device),
+        USE_DOT=not gemv, PRECISE=dot_in_f32(lora_b.dtype, y.device),
     )
     return y
