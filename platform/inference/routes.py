@@ -61,12 +61,9 @@ async def _respond(ctx, prep: generation.Prepared, body, *, chat: bool):
         return StreamingResponse(_sse(ctx, prep, base, obj, chat, include_usage),
                                  media_type="text/event-stream", headers=prep.ticket.headers)
     text, finish, completion = [], None, 0
-    try:
-        async for d in generation.run(ctx, prep):
-            text.append(d.text)
-            finish, completion = d.finish_reason or finish, d.completion_tokens
-    except PlatformError:
-        raise
+    async for d in generation.run(ctx, prep):
+        text.append(d.text)
+        finish, completion = d.finish_reason or finish, d.completion_tokens
     choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}
               if chat else {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": None})
     return JSONResponse({**base, "object": obj, "choices": [choice], "usage": _usage(prep, completion)},
