@@ -82,6 +82,9 @@ class LLMEngine:
         the engine runs (the adapter registry is re-checked when the request is queued), so the
         server calls it on its own thread."""
         request.params.validate()
+        if request.params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n = {request.params.n} samples cannot run together: the batch holds at most "
+                                      f"max_num_seqs = {self.config.max_num_seqs} sequences", param="n")
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
         adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
