@@ -164,6 +164,7 @@ class UsageLedger:
         if not batch:
             return
         rows = [op.row for op in batch]
+        was_spooling = self.spool.has_pending()
         try:
             if self.spool.has_pending():  # keep order: nothing overtakes spooled records
                 raise _SpoolFirst()
@@ -176,6 +177,9 @@ class UsageLedger:
                 try:
                     self.spool.append(rows)
                     self.stats.spooled += len(rows)
+                    if not was_spooling:
+                        log.warning("database unreachable; usage records spooled to %s until it is back (%s)",
+                                    self.spool.active, str(exc).splitlines()[0][:200] if str(exc) else "")
                 except OSError as disk:  # neither DB nor disk: the callers must know
                     for op in batch:
                         op.done.set_exception(disk)
@@ -216,7 +220,7 @@ class UsageLedger:
                     self._commit_one_by_one(chunk)
             Spool.done(path)
             self.stats.replayed += len(rows)
-            log.info("replayed %d spooled usage records", len(rows))
+            log.warning("replayed %d spooled usage records", len(rows))
 
 
 class _SpoolFirst(Exception):

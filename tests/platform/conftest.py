@@ -201,3 +201,12 @@ def live_factory(tmp_path, db_url, gateway):
     yield make
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture
+def db_url_postgres(request):
+    """A fresh, migrated PostgreSQL database (for tests that pick their backend themselves)."""
+    need_postgres()
+    url = pg_create_database(template=request.getfixturevalue("pg_template"))
+    yield url
+    pg_drop_database(url)
