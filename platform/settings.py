@@ -70,6 +70,9 @@ class LedgerSettings(_Table):
     checkpoint_interval_s: float = Field(2.0, gt=0)
     # How often a local spool (kept while the database is unreachable) is retried.
     replay_interval_s: float = Field(1.0, gt=0)
+    # Wait for the admission and final records to be durable before answering. Off = the old
+    # fire-and-forget writer (a crash loses recent records); only for measuring what it costs.
+    durable: bool = True
 
 
 class Settings(BaseSettings):

@@ -55,7 +55,7 @@ async def start(ctx, prep: Prepared, *, streaming: bool) -> "Generation":
     gen = Generation(ctx, prep, stream, streaming)
     ctx.inflight.add(prep.request_id, prep.auth.tenant_id, prep.auth.key_id, prep.adapter_id)
     try:
-        await asyncio.wrap_future(gen.record("running"))
+        await gen.durable(gen.record("running"))
     except BaseException:
         gen.finish("error")
         raise
@@ -71,6 +71,10 @@ class Generation:
         self.delivered = 0  # completion tokens handed to the response
         self.first_token_at: float | None = None
         self._closed = False
+
+    async def durable(self, written) -> None:
+        if self.ctx.settings.ledger.durable:
+            await asyncio.wrap_future(written)
 
     def record(self, status: str):
         """Write this request's record as it stands (a future: durable when resolved)."""
@@ -113,7 +117,7 @@ class Generation:
                 except asyncio.TimeoutError:
                     ctx.gateway.abort(prep.request_id)
                     ended = True
-                    await asyncio.wrap_future(self.finish("timeout"))
+                    await self.durable(self.finish("timeout"))
                     yield Delta("", "length", self.delivered)  # documented: timeout reads as "length"
                     return
                 if out.error:
@@ -130,7 +134,7 @@ class Generation:
                 self.delivered = len(comp.token_ids)
                 if out.finished:
                     ended = True
-                    await asyncio.wrap_future(self.finish("ok"))
+                    await self.durable(self.finish("ok"))
                     yield Delta(delta_text, comp.finish_reason, self.delivered)
                     return
                 if delta_text:
