@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import print_table, write_json  # noqa: E402
+from workload import print_table, write_json
 
 ADMIN_KEY = "soak-admin-key-0123456789abcdef"
 H = {"Authorization": f"Bearer {ADMIN_KEY}"}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import shutil
 
-from sqlalchemy.orm import Session
-
 from loraplex.platform.adapters import repository
 from loraplex.platform.adapters.store import AdapterStore
+from sqlalchemy.orm import Session
 
 
 def cleanup_store(session: Session, store: AdapterStore) -> list[str]:

@@ -35,7 +35,7 @@ class RequestCancelled(PlatformError):
     code = "request_cancelled"
 
 
-async def start(ctx, prep: Prepared, *, streaming: bool) -> "Generation":
+async def start(ctx, prep: Prepared, *, streaming: bool) -> Generation:
     try:
         stream = ctx.gateway.submit(
             prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
@@ -120,6 +120,8 @@ class Generation:
                     await self.durable(self.finish("timeout"))
                     yield Delta("", "length", self.delivered)  # documented: timeout reads as "length"
                     return
+                except Exception as exc:  # the engine died under this request (EngineDeadError)
+                    raise ServiceUnavailable(f"generation failed: {exc}", headers={"retry-after": "5"}) from None
                 if out.error:
                     raise ServiceUnavailable(f"generation failed: {out.error}", headers={"retry-after": "5"})
                 comp = out.outputs[0]

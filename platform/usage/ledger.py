@@ -23,13 +23,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
-
 from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.usage import repository
 from loraplex.platform.usage.spool import REJECTED, Spool
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("loraplex.platform.usage")
 
@@ -103,7 +108,7 @@ class UsageLedger:
             self._drain_once()
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> "UsageLedger":
+    def start(self) -> UsageLedger:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="loraplex-ledger", daemon=True)
             self._thread.start()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from platform_helpers import ADMIN_KEY
 
 

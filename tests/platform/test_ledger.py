@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select
-
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.usage.models import UsageRecord
 from loraplex.platform.usage.spool import Spool
+from sqlalchemy import select
 
 
 def _row(rid: str, status: str = "ok", completion: int = 5, **extra) -> dict:

@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
-
 from billing_helpers import auth, new_tenant, usage_rows
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView

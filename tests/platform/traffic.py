@@ -34,7 +34,7 @@ class Traffic:
             + [threading.Thread(target=self._loop, args=("stream", stream_tokens), daemon=True) for _ in range(streams)]
             + [threading.Thread(target=self._loop, args=("long", 1500), daemon=True) for _ in range(long_streams)])
 
-    def start(self) -> "Traffic":
+    def start(self) -> Traffic:
         for t in self._threads:
             t.start()
         return self
