@@ -52,7 +52,14 @@ def serve(
         typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
         typer.echo(f"  {admin_key}")
         typer.echo("=" * 72)
-    uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info")
+    from loraplex.platform import access_log
+
+    app = create_app(ctx)
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info")
+    server = uvicorn.Server(config)  # config.load() (in run) configures logging; the filter goes after
+    config.load()
+    access_log.install()
+    server.run()
 
 
 @db_app.command("upgrade")

@@ -85,6 +85,24 @@ class AuthSettings(_Table):
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
 
+class LimitsSettings(_Table):
+    # Tenant API request bodies larger than this are refused with 413 before they are read.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # A request generating longer than this is ended (finish_reason "length", usage status
+    # "timeout"); a tenant's quota may set its own (max_generation_s).
+    generation_timeout_s: float = Field(600.0, gt=0)
+
+
+class LedgerSettings(_Table):
+    # A long stream writes its token count this often, so a crash bills it up to here.
+    checkpoint_interval_s: float = Field(2.0, gt=0)
+    # How often a local spool (kept while the database is unreachable) is retried.
+    replay_interval_s: float = Field(1.0, gt=0)
+    # Wait for the admission and final records to be durable before answering. Off = the old
+    # fire-and-forget writer (a crash loses recent records); only for measuring what it costs.
+    durable: bool = True
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LORAPLEX_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -103,6 +121,8 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -121,6 +141,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'loraplex.db').resolve()}"
+
+    @property
+    def usage_spool_dir(self) -> Path:
+        return self.data_dir / "usage-spool"
 
     @property
     def adapter_store_dir(self) -> Path:
