@@ -36,6 +36,10 @@ def serve(
     data_dir: DataDirOpt = None,
     host: Annotated[Optional[str], typer.Option(help="Bind address")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port")] = None,
+    replicas: Annotated[Optional[int], typer.Option(
+        help="Engine replicas; >= 2 runs on Ray Serve (needs loraplex[ray]), 1 = this process")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        help="Join this Ray cluster instead of starting a local one")] = None,
 ) -> None:
     """Migrate the database, start the engine and serve the OpenAI and admin APIs."""
     import uvicorn
@@ -45,13 +49,13 @@ def serve(
     # Flags override the file and the environment, field by field.
     engine = {"model": model} if model is not None else None
     server = {k: v for k, v in (("host", host), ("port", port)) if v is not None} or None
-    settings = _settings(config, data_dir, engine=engine, server=server)
+    cluster = {k: v for k, v in (("replicas", replicas), ("ray_address", ray_address)) if v is not None} or None
+    settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster)
+    if settings.cluster.replicas > 1:
+        _serve_on_ray(settings)
+        return
     ctx, admin_key = build_context(settings)
-    if admin_key:
-        typer.echo("=" * 72)
-        typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
-        typer.echo(f"  {admin_key}")
-        typer.echo("=" * 72)
+    _show_admin_key(admin_key)
     from loraplex.platform import access_log
 
     app = create_app(ctx)
@@ -60,6 +64,27 @@ def serve(
     config.load()
     access_log.install()
     server.run()
+
+
+def _show_admin_key(admin_key: str | None) -> None:
+    if admin_key:
+        typer.echo("=" * 72)
+        typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
+        typer.echo(f"  {admin_key}")
+        typer.echo("=" * 72)
+
+
+def _serve_on_ray(settings: Settings) -> None:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        typer.echo("error: --replicas > 1 runs on Ray Serve: pip install 'loraplex[ray]'", err=True)
+        raise typer.Exit(2) from None
+    from loraplex.platform.cluster import deploy
+
+    _show_admin_key(deploy.prepare_once(settings))
+    deploy.run(settings)
 
 
 @db_app.command("upgrade")

@@ -7,6 +7,8 @@ validation, live stats, tokenizer and generation.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -78,6 +80,11 @@ class EngineGateway:
     @property
     def enabled(self) -> bool:
         return self._engine is not None
+
+    @property
+    def replica_name(self) -> str:
+        """Names this engine in ``x-loraplex-replica`` (one process: host and pid)."""
+        return f"{socket.gethostname()}-{os.getpid()}"
 
     @property
     def model_name(self) -> str:

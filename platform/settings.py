@@ -103,6 +103,32 @@ class LedgerSettings(_Table):
     durable: bool = True
 
 
+class ClusterSettings(_Table):
+    """Scale-out on Ray Serve (docs/scale-out.md). ``replicas = 1`` is the plain process, no Ray."""
+
+    replicas: int = Field(1, ge=1)
+    # Empty = start a local Ray instance; "auto" or "ray://host:10001" / "host:6379" joins a cluster.
+    ray_address: str = ""
+    # Ingress (HTTP app) replicas; more than one turns the tenant key cache off (see the docs).
+    ingress_replicas: int = Field(1, ge=1)
+    # Autoscaling of the engine deployment: off while max_replicas <= replicas.
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(0, ge=0)
+    target_ongoing_requests: float = Field(16.0, gt=0)
+    # Resources of one engine replica: a GPU each on GPU machines, a CPU share on CPU boxes.
+    replica_num_cpus: float = Field(1.0, ge=0)
+    replica_num_gpus: float = Field(0.0, ge=0)
+    ingress_num_cpus: float = Field(0.5, ge=0)
+    # Adapters a replica reports as resident to Serve's multiplexed router (LRU beyond this).
+    max_adapters_per_replica: int = Field(0, ge=0)  # 0 = engine.max_loras (the device slots)
+    # The ingress never waits longer than this for a replica's next chunk (a dead or stuck replica).
+    chunk_timeout_s: float = Field(60.0, gt=0)
+    # Scaling down lets a replica finish its requests for up to this long before it stops.
+    drain_timeout_s: float = Field(120.0, gt=0)
+    # How often a replica pulls the control plane's tenant/adapter state and reports its stats.
+    sync_interval_s: float = Field(0.5, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LORAPLEX_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -123,6 +149,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -3,7 +3,7 @@
 # (started on 127.0.0.1:55432 for the DB tests, stopped afterwards). Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-venv.sh test,bench
+scripts/setup-venv.sh test,bench,ray
 
 # PostgreSQL (a real server on loopback, owned by this run) and Chromium (admin UI tests), from
 # Debian in one apt-get call.

@@ -41,6 +41,9 @@ async def start(ctx, prep: Prepared, *, streaming: bool) -> Generation:
             prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
             tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
         )
+        opened = getattr(stream, "open", None)
+        if opened is not None:  # a remote engine (Ray Serve): wait until a replica accepted it
+            await opened()
     except BaseException as exc:
         ctx.quotas.cancel(prep.reservation)
         if isinstance(exc, ValueError):  # the engine's InvalidRequestError: context length, token ids...
@@ -70,6 +73,11 @@ class Generation:
         self.delivered = 0  # completion tokens handed to the response
         self.first_token_at: float | None = None
         self._closed = False
+
+    @property
+    def replica(self) -> str:
+        """x-loraplex-replica: the engine replica serving it (a remote stream knows it once opened)."""
+        return getattr(self._stream, "replica", "") or self.ctx.gateway.replica_name
 
     async def durable(self, written) -> None:
         if self.ctx.settings.ledger.durable:

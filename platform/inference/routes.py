@@ -66,7 +66,7 @@ async def _respond(ctx, prep: admission.Prepared, body, *, chat: bool):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(gen, base, obj, chat, include_usage),
-                                 media_type="text/event-stream", headers=prep.headers)
+                                 media_type="text/event-stream", headers=_headers(prep, gen))
     text, finish, completion = [], None, 0
     async for d in gen.deltas():
         text.append(d.text)
@@ -74,7 +74,11 @@ async def _respond(ctx, prep: admission.Prepared, body, *, chat: bool):
     choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}
               if chat else {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": None})
     return JSONResponse({**base, "object": obj, "choices": [choice], "usage": _usage(prep, completion)},
-                        headers=prep.headers)
+                        headers=_headers(prep, gen))
+
+
+def _headers(prep: admission.Prepared, gen: generation.Generation) -> dict[str, str]:
+    return {**prep.headers, "x-loraplex-replica": gen.replica}
 
 
 async def _sse(gen: generation.Generation, base, obj, chat, include_usage) -> AsyncIterator[str]:

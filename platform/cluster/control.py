@@ -1,0 +1,133 @@
+"""The one control plane of a Ray Serve deployment: a single Ray actor every ingress and engine
+replica talks to.
+
+It holds three facts that must mean the same thing on every replica:
+- the quota counters (``InProcessQuotaStore``, the billing issue's reservations): an actor runs its
+  methods one at a time, so "check rpm/tpm/concurrency/budget and reserve" is atomic across all
+  ingress replicas without a database round trip or a row lock per request;
+- the desired engine state (tenant priority/weight/cap, adapter key -> path in the shared store),
+  with a version number: engine replicas pull it (at start, on a timer, and whenever a request
+  carries a newer version than they have applied), so an upload, a new version, a deletion or a
+  weight change reaches every replica, including one Serve starts later to replace a dead one;
+- the replica registry: each engine replica reports its pid and live stats (heartbeats), which
+  ``/admin/v1/engine`` shows.
+
+Why an actor and not the database: see docs/scale-out.md.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from loraplex.platform.errors import RateLimited
+from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
+
+ACTOR_NAME = "loraplex-control"
+NAMESPACE = "loraplex"
+
+
+class ControlPlane:
+    """Plain class (tests can drive it without Ray); ``ray.remote`` makes it the actor."""
+
+    def __init__(self, db_url: str, replica_ttl_s: float = 5.0) -> None:
+        self._db_url = db_url
+        self._sessions: Any = None
+        self._quotas = InProcessQuotaStore(self._tokens_since)
+        self._reservations: dict[str, Reservation] = {}
+        self._version = 0
+        self._tenants: dict[str, tuple[int, float, int | None]] = {}
+        self._adapters: dict[str, str] = {}
+        self._replicas: dict[str, dict[str, Any]] = {}
+        self._replica_ttl_s = replica_ttl_s
+
+    # -- quotas (the QuotaStore calls, by reservation key) ---------------------------------
+    def precheck(self, tenant_id: str, quota: QuotaView) -> dict[str, Any] | None:
+        try:
+            self._quotas.precheck(tenant_id, quota)
+        except RateLimited as exc:
+            return _refusal(exc)
+        return None
+
+    def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> dict[str, Any]:
+        try:
+            res = self._quotas.reserve(tenant_id, quota, tokens)
+        except RateLimited as exc:
+            return {"refused": _refusal(exc)}
+        key = uuid.uuid4().hex
+        self._reservations[key] = res
+        return {"key": key, "tokens": res.tokens, "headers": res.headers, "admitted_at": res.admitted_at}
+
+    def settle(self, key: str, used_tokens: int) -> None:
+        res = self._reservations.pop(key, None)
+        if res is not None:
+            self._quotas.settle(res, used_tokens)
+
+    def cancel(self, key: str) -> None:
+        res = self._reservations.pop(key, None)
+        if res is not None:
+            self._quotas.cancel(res)
+
+    def running(self, tenant_id: str) -> int:
+        return self._quotas.running(tenant_id)
+
+    def _tokens_since(self, tenant_id: str, since: datetime) -> int:
+        """Tokens already billed this budget period (read once per tenant and period)."""
+        from loraplex.platform.db.session import make_db_engine, make_session_factory
+        from loraplex.platform.usage.repository import tokens_since
+
+        if self._sessions is None:
+            self._sessions = make_session_factory(make_db_engine(self._db_url))
+        with self._sessions() as session:
+            return int(tokens_since(session, tenant_id, since))
+
+    # -- desired engine state ----------------------------------------------------------------
+    def set_tenant(self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None) -> int:
+        value = (priority, weight, max_running_seqs)
+        if self._tenants.get(tenant_id) != value:
+            self._tenants[tenant_id] = value
+            self._version += 1
+        return self._version
+
+    def add_adapter(self, key: str, path: str) -> int:
+        if self._adapters.get(key) != path:
+            self._adapters[key] = path
+            self._version += 1
+        return self._version
+
+    def remove_adapter(self, key: str) -> int:
+        if self._adapters.pop(key, None) is not None:
+            self._version += 1
+        return self._version
+
+    def version(self) -> int:
+        return self._version
+
+    def state(self, known_version: int = -1) -> dict[str, Any] | None:
+        """The whole desired state (it is small), or None when the caller is up to date."""
+        if known_version == self._version:
+            return None
+        return {"version": self._version, "tenants": dict(self._tenants), "adapters": dict(self._adapters)}
+
+    # -- replica registry --------------------------------------------------------------------
+    def report(self, replica: str, info: dict[str, Any]) -> int:
+        self._replicas[replica] = {**info, "replica": replica, "seen": time.time()}
+        return self._version
+
+    def forget(self, replica: str) -> None:
+        self._replicas.pop(replica, None)
+
+    def replicas(self) -> list[dict[str, Any]]:
+        now = time.time()
+        for name in [n for n, r in self._replicas.items() if now - r["seen"] > self._replica_ttl_s]:
+            del self._replicas[name]  # no heartbeat: dead, or stopped by a scale-down
+        return sorted(self._replicas.values(), key=lambda r: r["replica"])
+
+
+def _refusal(exc: RateLimited) -> dict[str, Any]:
+    return {"message": exc.message, "code": exc.code, "headers": exc.headers}
+
+
+def raise_refusal(refusal: dict[str, Any]) -> None:
+    raise RateLimited(refusal["message"], code=refusal["code"], headers=refusal["headers"])

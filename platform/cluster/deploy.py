@@ -1,0 +1,140 @@
+"""``loraplex serve --replicas N``: Ray, the control-plane actor and the two Serve deployments.
+
+The driver (this process) does what must happen once per start: migrate the database, create the
+first admin key, recover the usage ledger of a previous run and clean the adapter store. Then the
+ingress replicas (the same FastAPI app as the single process) and the engine replicas start, and
+the driver waits for a signal.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlPlane
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger("loraplex.platform.cluster")
+APP_NAME = "loraplex"
+
+
+class Ingress:
+    """The HTTP app as Serve's ingress: routes, auth, admission and billing run here; generation
+    goes to the engine deployment through its handle."""
+
+    def __init__(self, settings: dict[str, Any], engine_handle: Any) -> None:
+        self.settings = Settings(**settings)
+        self.engine_handle = engine_handle
+
+    def __serve_build_asgi_app__(self) -> Any:
+        import ray
+
+        from loraplex.platform.app import create_app
+        from loraplex.platform.cluster.quota_store import ActorQuotaStore
+        from loraplex.platform.cluster.remote_gateway import RemoteEngineGateway
+        from loraplex.platform.context import PlatformContext
+        from loraplex.platform.db.session import unit_of_work
+        from loraplex.platform.engine_gateway import resolve_model_dir
+        from loraplex.platform.engine_sync import sync_all
+
+        settings = self.settings
+        control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+        gateway = RemoteEngineGateway(settings, self.engine_handle, control, resolve_model_dir(settings))
+        ctx = PlatformContext.build(settings, gateway)
+        ctx.quotas = ActorQuotaStore(control)
+        ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
+        with unit_of_work(ctx.sessions) as session:
+            sync_all(session, gateway, ctx.store.root)  # idempotent: the same state from every ingress
+        return create_app(ctx, owns_engine=False)
+
+
+def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
+    """Settings for the replicas: absolute paths (Ray workers run in another directory), the key
+    cache off when several ingress replicas could each hold a revoked key."""
+    data = settings.model_dump(mode="json")
+    data["data_dir"] = str(Path(settings.data_dir).resolve())
+    data["database_url"] = settings.db_url
+    from loraplex.platform.engine_gateway import resolve_model_dir
+
+    data["engine"]["model"] = str(resolve_model_dir(settings))  # the demo model is built once, here
+    if settings.cluster.ingress_replicas > 1:
+        data["auth"]["key_cache_ttl_s"] = 0.0
+    return data
+
+
+def start(settings: Settings) -> Any:
+    """Start (or join) Ray and deploy. Returns the control actor's handle."""
+    import ray
+    from ray import serve
+
+    from loraplex.platform.cluster import replica
+
+    cl = settings.cluster
+    init: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": True}
+    if cl.ray_address:
+        init["address"] = cl.ray_address
+    else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
+        need = cl.replicas * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
+        init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
+        if cl.replica_num_gpus:
+            init["num_gpus"] = None  # let Ray detect them
+    ray.init(**init)
+    dump = cluster_settings_dump(settings)
+    control = ray.remote(num_cpus=0, max_restarts=0)(ControlPlane).options(
+        name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, max_concurrency=1,
+    ).remote(dump["database_url"], replica_ttl_s=max(5.0, 6 * cl.sync_interval_s))
+    serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
+    engine = replica.deployment(settings).bind(dump)
+    ingress = serve.deployment(
+        name="ingress", num_replicas=cl.ingress_replicas, max_ongoing_requests=1000,
+        ray_actor_options={"num_cpus": cl.ingress_num_cpus},
+    )(serve.ingress()(Ingress)).bind(dump, engine)
+    serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
+    log.info("loraplex is serving on http://%s:%d with %d engine replica(s)",
+             settings.server.host, settings.server.port, cl.replicas)
+    return control
+
+
+def prepare_once(settings: Settings) -> str | None:
+    """What one start does once, before any replica: migrate, first admin key, recover the usage
+    ledger of a previous run (records left running become interrupted), clean the adapter store."""
+    from loraplex.platform.adapters.housekeeping import cleanup_store
+    from loraplex.platform.auth.admin import ensure_admin_key
+    from loraplex.platform.context import PlatformContext
+    from loraplex.platform.db import migrate
+    from loraplex.platform.db.session import unit_of_work
+
+    migrate.upgrade(settings.db_url)
+    ctx = PlatformContext.build(settings)
+    try:
+        with unit_of_work(ctx.sessions) as session:
+            admin_key = ensure_admin_key(session, ctx.hasher, settings.admin_key)
+        ctx.ledger.recover()
+        with unit_of_work(ctx.sessions) as session:
+            cleanup_store(session, ctx.store)
+    finally:
+        ctx.close()
+    return admin_key
+
+
+def run(settings: Settings) -> None:
+    """Deploy and block until SIGINT/SIGTERM, then take the deployments down."""
+    import ray
+    from ray import serve
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    start(settings)
+    print(f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
+          f"({settings.cluster.replicas} engine replicas on Ray Serve)", flush=True)
+    stop.wait()
+    try:
+        serve.delete(APP_NAME)
+        serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,166 @@
+"""One engine replica of the Ray Serve deployment: owns one ``AsyncEngine`` (through the ordinary
+``EngineGateway``) and streams a request's DELTA outputs back to the ingress as plain dicts.
+
+The adapter is Serve's multiplexed model id: ``get_adapter`` is the ``serve.multiplexed`` loader,
+so Serve's router sends an adapter's requests to the replicas that report it loaded and a
+base-model request (no id) to the least loaded one. The engine keeps its own LRU of device slots
+(``max_loras``) and CPU copies; loading reads the shared adapter store on first use.
+
+Tenant and adapter changes come from the control-plane actor: pulled at start, on a timer, and
+before a request that was admitted under a newer version than this replica has applied.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
+from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.errors import PlatformError
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger("loraplex.platform.cluster")
+
+
+class EngineReplica:
+    def __init__(self, settings: dict[str, Any]) -> None:
+        import ray
+        from ray import serve
+
+        self.settings = Settings(**settings)
+        ctx = serve.get_replica_context()
+        self.name = f"engine-{ctx.replica_id.unique_id}"
+        self.control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+        self.gateway = EngineGateway.start(self.settings)
+        self._applied = -1
+        self._adapters: dict[str, str] = {}
+        self._sync_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.sync()  # before the first request: every tenant and adapter of the control plane
+        # serve.multiplexed with this deployment's own bound (from settings), hence built here.
+        per_replica = self.settings.cluster.max_adapters_per_replica or int(self.settings.engine.max_loras)
+
+        async def load_adapter(adapter_id: str) -> str:
+            return await self._multiplexed_adapter(adapter_id)
+
+        self.get_adapter = serve.multiplexed(max_num_models_per_replica=per_replica)(load_adapter)
+        self._thread = threading.Thread(target=self._loop, name="loraplex-replica-sync", daemon=True)
+        self._thread.start()
+        log.info("engine replica %s up (pid %d)", self.name, os.getpid())
+
+    # -- control-plane state -----------------------------------------------------------------
+    def sync(self) -> None:
+        import ray
+
+        with self._sync_lock:
+            state = ray.get(self.control.state.remote(self._applied), timeout=30)
+            if state is None:
+                return
+            for tenant_id, (priority, weight, cap) in state["tenants"].items():
+                self.gateway.set_tenant(tenant_id, priority, weight, cap)
+            wanted: dict[str, str] = state["adapters"]
+            for key in [k for k in self._adapters if k not in wanted or wanted[k] != self._adapters[k]]:
+                self.gateway.remove_adapter(key)
+                del self._adapters[key]
+            for key, path in wanted.items():
+                if key not in self._adapters:
+                    try:
+                        self.gateway.add_adapter(key, Path(path))
+                        self._adapters[key] = path
+                    except PlatformError as exc:  # reported to the request that asks for it
+                        log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
+            self._applied = state["version"]
+
+    def _loop(self) -> None:
+        interval = self.settings.cluster.sync_interval_s
+        while not self._stop.wait(interval):
+            try:
+                self.sync()
+                self.control.report.remote(self.name, self.report())
+            except Exception as exc:  # noqa: BLE001 - the control plane restarting: try again next tick
+                log.warning("replica %s: sync failed: %s", self.name, exc)
+
+    def report(self) -> dict[str, Any]:
+        stats = self.gateway.stats()
+        stats.pop("enabled", None)
+        return {"pid": os.getpid(), "applied_version": self._applied, **stats}
+
+    # -- requests ----------------------------------------------------------------------------
+    async def _multiplexed_adapter(self, adapter_id: str) -> str:
+        # The engine loads the weights itself on first use (LRU within max_loras); what Serve
+        # caches here is only the fact "this replica serves adapter X", which steers its router.
+        if adapter_id not in self._adapters:
+            await asyncio.to_thread(self.sync)
+        return adapter_id
+
+    async def generate(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yields ``{"replica"}`` once accepted, then one dict per DELTA output; a platform error
+        is a dict too (``{"error": ...}``), so the ingress re-raises the same 4xx/503."""
+        from ray import serve
+
+        adapter = serve.get_multiplexed_model_id() or None
+        if req["version"] > self._applied:
+            await asyncio.to_thread(self.sync)
+        if adapter:
+            await self.get_adapter(adapter)
+        rid = req["request_id"]
+        finished = False
+        try:
+            stream = self.gateway.submit(req["prompt_ids"], req["params"], request_id=rid, adapter=adapter,
+                                         tenant_id=req["tenant_id"], cache_salt=req["cache_salt"])
+            yield {"replica": self.name}
+            async for out in stream:
+                comp = out.outputs[0]
+                finished = bool(out.finished)
+                yield {"text": comp.text, "token_ids": list(comp.token_ids), "finished": finished,
+                       "finish_reason": str(comp.finish_reason) if comp.finish_reason is not None else None,
+                       "error": out.error}
+        except PlatformError as exc:
+            finished = True
+            yield {"error_class": type(exc).__name__, "status": exc.status_code, "message": exc.message,
+                   "param": exc.param, "code": exc.code, "headers": exc.headers}
+        finally:
+            if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
+                self.gateway.abort(rid)
+
+    def check_health(self) -> None:
+        if not self.gateway.alive:
+            raise RuntimeError(f"engine loop of {self.name} is not running")
+
+    def __del__(self) -> None:
+        self._stop.set()
+        try:
+            self.control.forget.remote(self.name)
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            pass
+        self.gateway.shutdown()
+
+
+def deployment(settings: Settings) -> Any:
+    """The Serve deployment of ``EngineReplica`` configured from ``[cluster]``."""
+    from ray import serve
+
+    cl = settings.cluster
+    options: dict[str, Any] = {
+        "name": "engine",
+        "ray_actor_options": {"num_cpus": cl.replica_num_cpus, "num_gpus": cl.replica_num_gpus},
+        # the engine batches: let it see its whole batch plus a queue, not Serve's default of 5
+        "max_ongoing_requests": max(16, 2 * int(settings.engine.max_num_seqs)),
+        "graceful_shutdown_timeout_s": cl.drain_timeout_s,  # scale-down drains
+        "graceful_shutdown_wait_loop_s": 1.0,
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 10.0,
+    }
+    if cl.max_replicas > cl.replicas:
+        options["autoscaling_config"] = {
+            "min_replicas": min(cl.min_replicas, cl.replicas), "initial_replicas": cl.replicas,
+            "max_replicas": cl.max_replicas, "target_ongoing_requests": cl.target_ongoing_requests,
+        }
+    else:
+        options["num_replicas"] = cl.replicas
+    return serve.deployment(**options)(EngineReplica)
