@@ -129,10 +129,11 @@ def run(settings: Settings) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    start(settings)
+    control = start(settings)  # this reference keeps the control-plane actor alive
     print(f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
           f"({settings.cluster.replicas} engine replicas on Ray Serve)", flush=True)
     stop.wait()
+    del control
     try:
         serve.delete(APP_NAME)
         serve.shutdown()
