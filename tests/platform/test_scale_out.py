@@ -1,0 +1,317 @@
+"""``loraplex serve --replicas 2`` on a real local Ray: two ingress replicas (the FastAPI app) and two
+engine replicas, one real process tree, hit over HTTP by the official ``openai`` client and httpx.
+
+One cluster for the module (Ray and four replicas take ~40-60 s to start on 2 cores); the test
+that SIGKILLs a replica runs last. Quota exactness is checked by admission counts under 40
+simultaneous requests and against the usage ledger (an independent record of what was served)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
+from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
+from procs import free_port
+
+pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
+
+CONFIG = """
+[engine]
+kv_cache_memory_gb = 0.05
+max_num_seqs = 16
+max_loras = 4
+max_cpu_loras = 8
+max_lora_rank = 16
+[cluster]
+replicas = 2
+ingress_replicas = 2
+replica_num_cpus = 0.5
+ingress_num_cpus = 0.25
+sync_interval_s = 0.5
+chunk_timeout_s = 30
+"""
+
+
+class Cluster:
+    def __init__(self, root: Path, model_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (root / "cluster.toml").write_text(CONFIG)
+        self.log = root / "cluster.log"
+        env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(model_dir), "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+               "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(root / "cluster.toml"),
+             "--data-dir", str(root / "data"), "--port", str(self.port)],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve --replicas 2 exited ({self.proc.returncode}):\n{self.output()[-4000:]}")
+            if "loraplex serving on" in self.output() and len(self.replicas()) == 2:
+                return
+            time.sleep(0.5)
+        self.stop()
+        pytest.fail("the cluster did not come up in 180 s:\n" + self.output()[-4000:])
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def engine(self) -> dict:
+        return httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=10).json()
+
+    def replicas(self) -> list[dict]:
+        try:
+            return self.engine().get("replicas", [])
+        except (httpx.HTTPError, ValueError):
+            return []
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever is left of this run's Ray processes (same process group, not other runs')
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def cluster(demo_model_dir, tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir)
+    yield c
+    c.stop()
+
+
+def _replica_of(r: httpx.Response) -> str:
+    name = r.headers.get("x-loraplex-replica", "")
+    assert name.startswith("engine-"), r.headers
+    return name
+
+
+def _post(url: str, key: str, body: dict, timeout: float = 60) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json=body, headers=auth(key), timeout=timeout)
+
+
+async def _burst(url: str, key: str, body: dict, n: int) -> list[tuple[int, str, dict]]:
+    """n simultaneous streaming requests; each reads only its status (and error body) and then
+    holds its stream open until all n have answered, so no admitted request ends during the burst."""
+    answered = asyncio.Event()
+    count = [0]
+    results: list[tuple[int, str, dict]] = []
+
+    async def one(c: httpx.AsyncClient) -> None:
+        async with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            err = {}
+            if r.status_code != 200:
+                await r.aread()
+                err = r.json()["error"]
+            results.append((r.status_code, r.headers.get("x-loraplex-replica", ""), err))
+            count[0] += 1
+            if count[0] == n:
+                answered.set()
+            await answered.wait()  # closing the stream then aborts the generation (billed as delivered)
+
+    async with httpx.AsyncClient(base_url=url, headers=auth(key), timeout=120,
+                                 limits=httpx.Limits(max_connections=n + 4)) as c:
+        await asyncio.wait_for(asyncio.gather(*[one(c) for _ in range(n)]), timeout=120)
+    return results
+
+
+def test_openai_client_against_two_replicas(cluster):
+    from openai import OpenAI
+
+    tid, key = new_tenant(cluster.url, "openai")
+    client = OpenAI(base_url=cluster.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    models = [m.id for m in client.models.list().data]
+    assert len(models) == 1
+    raw = client.completions.with_raw_response.create(model=models[0], prompt="Hello", max_tokens=6, temperature=0)
+    comp = raw.parse()
+    assert comp.usage.completion_tokens == 6 and comp.choices[0].finish_reason == "length"
+    assert raw.headers["x-loraplex-replica"].startswith("engine-")
+    chat = client.chat.completions.create(model=models[0], messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=5, temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
+    with client.chat.completions.with_streaming_response.create(
+            model=models[0], messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0,
+            stream=True, stream_options={"include_usage": True}) as resp:
+        assert resp.headers["x-loraplex-replica"].startswith("engine-")
+        chunks = list(resp.parse())
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == chat.choices[0].message.content  # greedy: the same text on either replica
+    # bad input is a 4xx with an OpenAI error body, coming back from the replica through the ingress
+    bad = _post(cluster.url, key, {"model": models[0], "prompt": [10**9], "max_tokens": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    missing = _post(cluster.url, key, {"model": "no-such-adapter", "prompt": "x", "max_tokens": 2})
+    assert missing.status_code == 404
+    # usage from both ingress replicas lands in the one database
+    rows = usage_rows(cluster.url, tid)
+    assert sorted(r["completion_tokens"] for r in rows.values() if r["status"] == "ok")[-1] == 6
+
+
+def test_adapter_affinity_and_state_reach_every_replica(cluster, demo_model_dir, tmp_path):
+    tid, key = new_tenant(cluster.url, "affinity")
+    names = [f"ad{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        files = adapter_files(make_peft_adapter(demo_model_dir, tmp_path / name, seed=i + 1))
+        new_adapter(cluster.url, name, tid, files)
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    for name in names:  # warm-up: each adapter is loaded somewhere, and Serve learns where
+        assert _post(cluster.url, key, {**body, "model": name}).status_code == 200
+    time.sleep(2.0)
+    seen: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
+
+    async def rounds() -> list[tuple[str, httpx.Response]]:
+        out = []
+        async with httpx.AsyncClient(base_url=cluster.url, headers=auth(key), timeout=60) as c:
+            for _ in range(5):  # 5 rounds x 6 adapters x 2 = 60 requests, 12 in flight at a time
+                batch = [n for n in names for _ in range(2)]
+                rs = await asyncio.gather(*[c.post("/v1/completions", json={**body, "model": n}) for n in batch])
+                out += list(zip(batch, rs))
+        return out
+
+    for name, r in asyncio.run(rounds()):
+        assert r.status_code == 200, r.text
+        seen[name][_replica_of(r)] += 1
+    for name, counter in seen.items():
+        top = counter.most_common(1)[0][1]
+        assert top / sum(counter.values()) >= 0.9, (name, counter)
+    base = asyncio.run(_many(cluster.url, key, {**body, "model": "demo"}, 16))
+    used = {rep for c in seen.values() for rep in c} | {_replica_of(r) for r in base}
+    assert len(used) == 2, seen  # adapters and base-model load spread over both replicas
+
+    # a tenant weight change and an adapter deletion reach every replica, at once or nearly
+    assert httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"weight": 3.0}, headers=H).status_code == 200
+    victim = httpx.get(cluster.url + "/admin/v1/adapters", headers=H).json()["data"][0]
+    assert httpx.delete(f"{cluster.url}/admin/v1/adapters/{victim['id']}", headers=H).status_code in (200, 204)
+    gone = _post(cluster.url, key, {**body, "model": victim["name"]})
+    assert gone.status_code == 404
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        reps = cluster.replicas()
+        if len(reps) == 2 and all(r["scheduler"]["tenants"].get(tid, {}).get("weight") == 3.0
+                                  and victim["id"] not in r["lora"]["registered"] for r in reps):
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"replicas did not all apply the change: {cluster.replicas()}")
+
+
+async def _many(url: str, key: str, body: dict, n: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, headers=auth(key), timeout=60) as c:
+        return list(await asyncio.gather(*[c.post("/v1/completions", json=body) for _ in range(n)]))
+
+
+def test_quotas_are_exact_across_replicas_under_40_concurrent_requests(cluster):
+    long = {"model": "demo", "prompt": [5, 6, 7, 8], "max_tokens": 400, "temperature": 0}
+    # rpm: 20 of 40, whichever ingress replica and engine replica each one reached
+    _t, key = new_tenant(cluster.url, "rpm", quota={"rpm": 20})
+    codes = [code for code, _, _ in asyncio.run(_burst(cluster.url, key, {**long, "max_tokens": 4}, 40))]
+    assert codes.count(200) == 20 and codes.count(429) == 20
+    # concurrency: 3 running at once, held open while the other 37 arrive
+    _t, key = new_tenant(cluster.url, "conc", quota={"max_concurrent": 3})
+    res = asyncio.run(_burst(cluster.url, key, long, 40))
+    assert [c for c, _, _ in res].count(200) == 3, res
+    assert {e["message"] for c, _, e in res if c == 429} == {"too many concurrent requests (max_concurrent=3)"}
+    deadline = time.time() + 10  # the closed streams gave their slots back (settled in the control plane)
+    while _post(cluster.url, key, {**long, "max_tokens": 2}).status_code != 200:
+        assert time.time() < deadline, "concurrency slots were not returned"
+        time.sleep(0.2)
+    # tpm: each request reserves prompt + max_tokens = 404; a limit of 10 of them admits 10
+    tid, key = new_tenant(cluster.url, "tpm", quota={"tpm": 4040})
+    res = asyncio.run(_burst(cluster.url, key, long, 40))
+    assert [c for c, _, _ in res].count(200) == 10, res
+    assert len({rep for c, rep, _ in res if c == 200}) == 2  # admitted ones ran on both replicas
+    time.sleep(1.5)
+    rows = usage_rows(cluster.url, tid)
+    assert len(rows) == 10 and sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values()) <= 4040
+
+
+def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
+    tid, key = new_tenant(cluster.url, "revoke")
+    body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
+    assert {r.status_code for r in asyncio.run(_many(cluster.url, key, body, 8))} == {200}
+    key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
+    assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
+    # immediately after: 16 requests spread over both ingress replicas, all refused
+    assert {r.status_code for r in asyncio.run(_many(cluster.url, key, body, 16))} == {401}
+    # a suspended tenant likewise, on its other key
+    key2 = httpx.post(f"{cluster.url}/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"]
+    assert _post(cluster.url, key2, body).status_code == 200
+    assert httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"},
+                       headers=H).status_code == 200
+    assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
+
+
+def test_replica_killed_mid_load_service_keeps_answering(cluster):
+    tid, key = new_tenant(cluster.url, "faults")
+    reps = cluster.replicas()
+    assert len(reps) == 2
+    victim = reps[0]
+    results: list = [None] * 12
+    started = threading.Barrier(2, timeout=60)
+    streamed = [0]
+    lock = threading.Lock()
+
+    def on_chunk(res):
+        with lock:
+            streamed[0] += 1
+            if streamed[0] == 12:
+                try:
+                    started.wait()
+                except threading.BrokenBarrierError:
+                    pass
+
+    def client(i: int) -> None:
+        results[i] = stream(cluster.url, key, "demo", prompt=f"Story {i}", max_tokens=120, timeout=90,
+                            on_chunk=on_chunk)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    started.wait()  # a dozen chunks are out: requests are mid-generation on both replicas
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a request hung on the dead replica"
+    ok = [r for r in results if r.status == 200 and r.finish_reason and not r.error]
+    failed = [r for r in results if r not in ok]
+    assert ok, "no request survived"
+    for r in failed:  # a clean error event (or a 503 before the stream began), never a hang
+        assert r.error is not None and r.error["type"] == "service_unavailable", r
+    # the service keeps answering while Serve replaces the dead replica
+    for _ in range(4):
+        r = _post(cluster.url, key, {"model": "demo", "prompt": "after", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert _replica_of(r) != victim["replica"]
+    # usage rows equal what was delivered: completed ones exactly, cut ones at least their chunks
+    time.sleep(1.0)
+    rows = usage_rows(cluster.url, tid)
+    for r in ok:
+        assert rows[r.request_id]["completion_tokens"] == r.usage["completion_tokens"]
+        assert rows[r.request_id]["status"] == "ok"
+    for r in failed:
+        if r.request_id:
+            row = rows[r.request_id]
+            assert row["status"] == "error" and r.chunks <= row["completion_tokens"] <= 120
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        now = cluster.replicas()
+        if len(now) == 2 and victim["pid"] not in {x["pid"] for x in now}:
+            break
+        time.sleep(1.0)
+    else:
+        pytest.fail(f"Serve did not replace the killed replica: {cluster.replicas()}")
