@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +22,6 @@ import httpx
 import pytest
 from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
-from procs import free_port
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
 
@@ -41,9 +42,24 @@ chunk_timeout_s = 30
 """
 
 
+def _serve_port() -> int:
+    """A free port below the kernel's ephemeral range (32768+) and above Ray's worker ports
+    (10002-19999): Ray's own processes take ephemeral ports while Serve's proxy starts, and one of
+    them could take a port picked from that range before the proxy binds it."""
+    for _ in range(200):
+        port = random.randint(20000, 30000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-30000")
+
+
 class Cluster:
     def __init__(self, root: Path, model_dir: Path) -> None:
-        self.port = free_port()
+        self.port = _serve_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (root / "cluster.toml").write_text(CONFIG)
         self.log = root / "cluster.log"
