@@ -119,6 +119,9 @@ class ClusterSettings(_Table):
     replica_num_cpus: float = Field(1.0, ge=0)
     replica_num_gpus: float = Field(0.0, ge=0)
     ingress_num_cpus: float = Field(0.5, ge=0)
+    # "affinity": the adapter is Serve's multiplexed model id (requests go where it is resident);
+    # "load": no affinity, every request to the least loaded replica (a baseline to measure against).
+    routing: Literal["affinity", "load"] = "affinity"
     # Adapters a replica reports as resident to Serve's multiplexed router (LRU beyond this).
     max_adapters_per_replica: int = Field(0, ge=0)  # 0 = engine.max_loras (the device slots)
     # The ingress never waits longer than this for a replica's next chunk (a dead or stuck replica).

@@ -14,6 +14,7 @@ It holds three facts that must mean the same thing on every replica:
 
 Why an actor and not the database: see docs/scale-out.md.
 """
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ first admin key, recover the usage ledger of a previous run and clean the adapte
 ingress replicas (the same FastAPI app as the single process) and the engine replicas start, and
 the driver waits for a signal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,18 +85,31 @@ def start(settings: Settings) -> Any:
             init["num_gpus"] = None  # let Ray detect them
     ray.init(**init)
     dump = cluster_settings_dump(settings)
-    control = ray.remote(num_cpus=0, max_restarts=0)(ControlPlane).options(
-        name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, max_concurrency=1,
-    ).remote(dump["database_url"], replica_ttl_s=max(5.0, 6 * cl.sync_interval_s))
+    control = (
+        ray.remote(num_cpus=0, max_restarts=0)(ControlPlane)
+        .options(
+            name=ACTOR_NAME,
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            max_concurrency=1,
+        )
+        .remote(dump["database_url"], replica_ttl_s=max(5.0, 6 * cl.sync_interval_s))
+    )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
     engine = replica.deployment(settings).bind(dump)
     ingress = serve.deployment(
-        name="ingress", num_replicas=cl.ingress_replicas, max_ongoing_requests=1000,
+        name="ingress",
+        num_replicas=cl.ingress_replicas,
+        max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": cl.ingress_num_cpus},
     )(serve.ingress()(Ingress)).bind(dump, engine)
     serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
-    log.info("loraplex is serving on http://%s:%d with %d engine replica(s)",
-             settings.server.host, settings.server.port, cl.replicas)
+    log.info(
+        "loraplex is serving on http://%s:%d with %d engine replica(s)",
+        settings.server.host,
+        settings.server.port,
+        cl.replicas,
+    )
     return control
 
 
@@ -130,8 +144,11 @@ def run(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     control = start(settings)  # this reference keeps the control-plane actor alive
-    print(f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
-          f"({settings.cluster.replicas} engine replicas on Ray Serve)", flush=True)
+    print(
+        f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
+        f"({settings.cluster.replicas} engine replicas on Ray Serve)",
+        flush=True,
+    )
     stop.wait()
     del control
     try:

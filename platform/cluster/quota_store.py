@@ -1,5 +1,6 @@
 """``QuotaStore`` backed by the control-plane actor: the same four calls as the in-process store,
 exact across every ingress replica (the actor serialises them)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ class ActorQuotaStore:
         try:
             return ray.get(ref, timeout=CALL_TIMEOUT_S)
         except Exception as exc:  # actor gone or stuck: refuse rather than admit unmetered
-            raise ServiceUnavailable(f"the quota coordinator is unavailable: {type(exc).__name__}",
-                                     headers={"retry-after": "5"}) from None
+            raise ServiceUnavailable(
+                f"the quota coordinator is unavailable: {type(exc).__name__}", headers={"retry-after": "5"}
+            ) from None
 
     def precheck(self, tenant_id: str, quota: QuotaView) -> None:
         refusal = self._get(self._actor.precheck.remote(tenant_id, quota))

@@ -9,11 +9,11 @@ deployment. Same calls as the local gateway, so admission, billing and the admin
 - Tenant and adapter changes go to the control-plane actor (which every replica pulls from); the
   version each request was admitted under travels with it, so no replica serves it on older state.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class RemoteEngineGateway(EngineGateway):
         self._handle = engine_handle
         self._control = control
         self._chunk_timeout_s = settings.cluster.chunk_timeout_s
+        self._affinity = settings.cluster.routing == "affinity"
         self._version = 0
         self._live: dict[str, RemoteStream] = {}
         self._tokenizer: Any = None
@@ -74,16 +75,18 @@ class RemoteEngineGateway(EngineGateway):
         try:
             return ray.get(ref, timeout=timeout)
         except Exception as exc:
-            raise ServiceUnavailable(f"the cluster control plane is unavailable: {type(exc).__name__}",
-                                     headers={"retry-after": "5"}) from None
+            raise ServiceUnavailable(
+                f"the cluster control plane is unavailable: {type(exc).__name__}", headers={"retry-after": "5"}
+            ) from None
 
     def _replicas(self) -> list[dict[str, Any]]:
         return list(self._get(self._control.replicas.remote()))
 
     # -- tenants and adapters: into the control plane, pulled by every replica ---------------
     def set_tenant(self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None) -> None:
-        self._version = max(self._version, self._get(
-            self._control.set_tenant.remote(tenant_id, priority, weight, max_running_seqs)))
+        self._version = max(
+            self._version, self._get(self._control.set_tenant.remote(tenant_id, priority, weight, max_running_seqs))
+        )
 
     def add_adapter(self, key: str, path: Path) -> None:
         with self._lock:
@@ -98,15 +101,36 @@ class RemoteEngineGateway(EngineGateway):
     def stats(self) -> dict[str, Any]:
         replicas = self._replicas()
         first = replicas[0] if replicas else {}
-        return {"enabled": True, "model": self.model_name, "mode": "ray-serve", **first,
-                "replica_count": len(replicas), "replicas": replicas}
+        return {
+            "enabled": True,
+            "model": self.model_name,
+            "mode": "ray-serve",
+            **first,
+            "replica_count": len(replicas),
+            "replicas": replicas,
+        }
 
     # -- generation --------------------------------------------------------------------------
-    def submit(self, prompt_token_ids: list[int], params: Any, *, request_id: str, adapter: str | None,
-               tenant_id: str, cache_salt: str | None) -> RemoteStream:
-        req = {"prompt_ids": list(prompt_token_ids), "params": params, "request_id": request_id,
-               "tenant_id": tenant_id, "cache_salt": cache_salt, "version": self._version}
-        stream = RemoteStream(self, req, adapter or "", self._chunk_timeout_s)
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        *,
+        request_id: str,
+        adapter: str | None,
+        tenant_id: str,
+        cache_salt: str | None,
+    ) -> RemoteStream:
+        req = {
+            "prompt_ids": list(prompt_token_ids),
+            "params": params,
+            "request_id": request_id,
+            "tenant_id": tenant_id,
+            "cache_salt": cache_salt,
+            "version": self._version,
+        }
+        req["adapter"] = adapter  # with affinity routing it also travels as the multiplexed model id
+        stream = RemoteStream(self, req, (adapter or "") if self._affinity else "", self._chunk_timeout_s)
         self._live[request_id] = stream
         return stream
 
@@ -164,12 +188,14 @@ class RemoteStream:
             except _ReplicaLost as exc:
                 self._drop_call()
                 if self._attempts < 2 and not self._cancelled:
-                    log.warning("request %s: %s before it started; retrying on another replica",
-                                self._req["request_id"], exc)
+                    log.warning(
+                        "request %s: %s before it started; retrying on another replica", self._req["request_id"], exc
+                    )
                     continue
                 self.close()
-                raise ServiceUnavailable(f"no engine replica could take the request: {exc}",
-                                         headers={"retry-after": "5"}) from None
+                raise ServiceUnavailable(
+                    f"no engine replica could take the request: {exc}", headers={"retry-after": "5"}
+                ) from None
             except BaseException:
                 self.close()
                 raise
@@ -193,13 +219,15 @@ class RemoteStream:
         except _ReplicaLost as exc:
             self._drop_call()
             if not self._streamed and self._attempts < 2 and not self._cancelled:
-                log.warning("request %s: %s before its first token; retrying on another replica",
-                            self._req["request_id"], exc)
+                log.warning(
+                    "request %s: %s before its first token; retrying on another replica", self._req["request_id"], exc
+                )
                 await self.open()  # raises 503 if that fails too
                 return await self.__anext__()
             self.close()
-            raise ServiceUnavailable(f"the engine replica {self.replica} failed mid-generation: {exc}",
-                                     headers={"retry-after": "5"}) from None
+            raise ServiceUnavailable(
+                f"the engine replica {self.replica} failed mid-generation: {exc}", headers={"retry-after": "5"}
+            ) from None
         except BaseException:
             self.close()
             raise

@@ -9,6 +9,7 @@ base-model request (no id) to the least loaded one. The engine keeps its own LRU
 Tenant and adapter changes come from the control-plane actor: pulled at start, on a timer, and
 before a request that was admitted under a newer version than this replica has applied.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -103,27 +104,46 @@ class EngineReplica:
         is a dict too (``{"error": ...}``), so the ingress re-raises the same 4xx/503."""
         from ray import serve
 
-        adapter = serve.get_multiplexed_model_id() or None
+        routed_by = serve.get_multiplexed_model_id()
+        adapter = routed_by or req.get("adapter") or None
         if req["version"] > self._applied:
             await asyncio.to_thread(self.sync)
-        if adapter:
-            await self.get_adapter(adapter)
+        if routed_by:
+            await self.get_adapter(routed_by)
+        elif adapter:
+            await self._multiplexed_adapter(adapter)
         rid = req["request_id"]
         finished = False
         try:
-            stream = self.gateway.submit(req["prompt_ids"], req["params"], request_id=rid, adapter=adapter,
-                                         tenant_id=req["tenant_id"], cache_salt=req["cache_salt"])
+            stream = self.gateway.submit(
+                req["prompt_ids"],
+                req["params"],
+                request_id=rid,
+                adapter=adapter,
+                tenant_id=req["tenant_id"],
+                cache_salt=req["cache_salt"],
+            )
             yield {"replica": self.name}
             async for out in stream:
                 comp = out.outputs[0]
                 finished = bool(out.finished)
-                yield {"text": comp.text, "token_ids": list(comp.token_ids), "finished": finished,
-                       "finish_reason": str(comp.finish_reason) if comp.finish_reason is not None else None,
-                       "error": out.error}
+                yield {
+                    "text": comp.text,
+                    "token_ids": list(comp.token_ids),
+                    "finished": finished,
+                    "finish_reason": str(comp.finish_reason) if comp.finish_reason is not None else None,
+                    "error": out.error,
+                }
         except PlatformError as exc:
             finished = True
-            yield {"error_class": type(exc).__name__, "status": exc.status_code, "message": exc.message,
-                   "param": exc.param, "code": exc.code, "headers": exc.headers}
+            yield {
+                "error_class": type(exc).__name__,
+                "status": exc.status_code,
+                "message": exc.message,
+                "param": exc.param,
+                "code": exc.code,
+                "headers": exc.headers,
+            }
         finally:
             if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
                 self.gateway.abort(rid)
@@ -158,8 +178,10 @@ def deployment(settings: Settings) -> Any:
     }
     if cl.max_replicas > cl.replicas:
         options["autoscaling_config"] = {
-            "min_replicas": min(cl.min_replicas, cl.replicas), "initial_replicas": cl.replicas,
-            "max_replicas": cl.max_replicas, "target_ongoing_requests": cl.target_ongoing_requests,
+            "min_replicas": min(cl.min_replicas, cl.replicas),
+            "initial_replicas": cl.replicas,
+            "max_replicas": cl.max_replicas,
+            "target_ongoing_requests": cl.target_ongoing_requests,
         }
     else:
         options["num_replicas"] = cl.replicas

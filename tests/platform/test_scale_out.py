@@ -4,6 +4,7 @@ engine replicas, one real process tree, hit over HTTP by the official ``openai``
 One cluster for the module (Ray and four replicas take ~40-60 s to start on 2 cores); the test
 that SIGKILLs a replica runs last. Quota exactness is checked by admission counts under 40
 simultaneous requests and against the usage ledger (an independent record of what was served)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -63,12 +64,32 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         (root / "cluster.toml").write_text(CONFIG)
         self.log = root / "cluster.log"
-        env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(model_dir), "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-               "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {
+            **os.environ,
+            "LORAPLEX_ENGINE__MODEL": str(model_dir),
+            "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+            "PYTHONUNBUFFERED": "1",
+            "RAY_DEDUP_LOGS": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(root / "cluster.toml"),
-             "--data-dir", str(root / "data"), "--port", str(self.port)],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "loraplex.platform.cli",
+                "serve",
+                "--config",
+                str(root / "cluster.toml"),
+                "--data-dir",
+                str(root / "data"),
+                "--port",
+                str(self.port),
+            ],
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -140,8 +161,9 @@ async def _burst(url: str, key: str, body: dict, n: int) -> list[tuple[int, str,
                 answered.set()
             await answered.wait()  # closing the stream then aborts the generation (billed as delivered)
 
-    async with httpx.AsyncClient(base_url=url, headers=auth(key), timeout=120,
-                                 limits=httpx.Limits(max_connections=n + 4)) as c:
+    async with httpx.AsyncClient(
+        base_url=url, headers=auth(key), timeout=120, limits=httpx.Limits(max_connections=n + 4)
+    ) as c:
         await asyncio.wait_for(asyncio.gather(*[one(c) for _ in range(n)]), timeout=120)
     return results
 
@@ -157,12 +179,18 @@ def test_openai_client_against_two_replicas(cluster):
     comp = raw.parse()
     assert comp.usage.completion_tokens == 6 and comp.choices[0].finish_reason == "length"
     assert raw.headers["x-loraplex-replica"].startswith("engine-")
-    chat = client.chat.completions.create(model=models[0], messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=5, temperature=0)
+    chat = client.chat.completions.create(
+        model=models[0], messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0
+    )
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
     with client.chat.completions.with_streaming_response.create(
-            model=models[0], messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0,
-            stream=True, stream_options={"include_usage": True}) as resp:
+        model=models[0],
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as resp:
         assert resp.headers["x-loraplex-replica"].startswith("engine-")
         chunks = list(resp.parse())
     assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
@@ -218,8 +246,10 @@ def test_adapter_affinity_and_state_reach_every_replica(cluster, demo_model_dir,
     deadline = time.time() + 10
     while time.time() < deadline:
         reps = cluster.replicas()
-        if len(reps) == 2 and all(r["scheduler"]["tenants"].get(tid, {}).get("weight") == 3.0
-                                  and victim["id"] not in r["lora"]["registered"] for r in reps):
+        if len(reps) == 2 and all(
+            r["scheduler"]["tenants"].get(tid, {}).get("weight") == 3.0 and victim["id"] not in r["lora"]["registered"]
+            for r in reps
+        ):
             break
         time.sleep(0.3)
     else:
@@ -267,8 +297,9 @@ def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     # a suspended tenant likewise, on its other key
     key2 = httpx.post(f"{cluster.url}/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"]
     assert _post(cluster.url, key2, body).status_code == 200
-    assert httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"},
-                       headers=H).status_code == 200
+    assert (
+        httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"}, headers=H).status_code == 200
+    )
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
 
 
@@ -292,8 +323,9 @@ def test_replica_killed_mid_load_service_keeps_answering(cluster):
                     pass
 
     def client(i: int) -> None:
-        results[i] = stream(cluster.url, key, "demo", prompt=f"Story {i}", max_tokens=120, timeout=90,
-                            on_chunk=on_chunk)
+        results[i] = stream(
+            cluster.url, key, "demo", prompt=f"Story {i}", max_tokens=120, timeout=90, on_chunk=on_chunk
+        )
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
     for t in threads:

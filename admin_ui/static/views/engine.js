@@ -33,15 +33,30 @@ export function render(main) {
       out.replaceChildren(h("p", {}, "The inference engine is disabled on this server."));
       return;
     }
+    if (Array.isArray(s.replicas)) {
+      // Ray Serve: one block per engine replica (docs/scale-out.md)
+      out.replaceChildren(
+        h("p", {}, `${s.replicas.length} engine replica(s) on Ray Serve.`),
+        ...s.replicas.map((r) => h("section", { class: "replica", "aria-label": `Replica ${r.replica}` },
+          h("h3", {}, `Replica ${r.replica} (pid ${r.pid})`),
+          ...engineBody({ ...r, model: s.model, registered_adapters: s.registered_adapters }))),
+      );
+      return;
+    }
+    out.replaceChildren(...engineBody(s));
+  }
+
+  function engineBody(s) {
     const sch = s.scheduler || {};
     const kv = s.kv_cache || {};
     const lora = s.lora || {};
     const kvPct = Math.round((kv.usage || 0) * 1000) / 10;
-    const kvBar = h("progress", { id: "kv-usage", max: kv.num_blocks || 1, value: kv.used_blocks || 0 });
+    const kvId = s.replica ? `kv-usage-${s.replica}` : "kv-usage";
+    const kvBar = h("progress", { id: kvId, max: kv.num_blocks || 1, value: kv.used_blocks || 0 });
     const tenants = Object.entries(sch.tenants || {}).map(([id, v]) => ({ id, ...v }));
     const hasVtc = tenants.some((t) => t.vtc_counter !== undefined);
     const resident = Object.entries(lora.resident || {});
-    out.replaceChildren(
+    return [
       h("div", { class: "stats" },
         stat("Model", s.model || "—"),
         stat("Policy", sch.policy || "—"),
@@ -52,7 +67,7 @@ export function render(main) {
         stat("Prefix cache hit rate", kv.prefix_caching ? `${Math.round((kv.prefix_cache_hit_rate || 0) * 1000) / 10}%` : "off"),
         stat("Resident adapters", `${resident.length} / ${lora.max_loras ?? "—"}`),
       ),
-      h("div", { class: "field" }, h("label", { for: "kv-usage" }, "KV blocks in use"), kvBar),
+      h("div", { class: "field" }, h("label", { for: kvId }, "KV blocks in use"), kvBar),
       section("Tenants in the engine", table("Per-tenant scheduling", [
         { label: "Tenant", cell: (t) => tName(t.id) },
         { label: "Priority", cell: (t) => (t.priority ?? "—").toString(), class: "num" },
@@ -72,7 +87,7 @@ export function render(main) {
       h("p", {}, `Registered with the engine: ${(s.registered_adapters || []).map(aName).join(", ") || "none"}`),
       h("p", {}, `In the CPU cache: ${(lora.cpu_cached || []).map(aName).join(", ") || "none"}`)),
       section("Counters", h("dl", { class: "counters" }, Object.entries(s.counters || {}).flatMap(([k, v]) => [h("dt", {}, k.replaceAll("_", " ")), h("dd", {}, fmtNumber(v))]))),
-    );
+    ];
   }
 
   async function refresh() {
