@@ -23,10 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from loraplex.platform.db.base import utcnow
-from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.usage import repository
-from loraplex.platform.usage.spool import REJECTED, Spool
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -35,6 +31,11 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.usage import repository
+from loraplex.platform.usage.spool import REJECTED, Spool
 
 log = logging.getLogger("loraplex.platform.usage")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from platform_helpers import ADMIN_KEY
 
 

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+
 from billing_helpers import H, auth, new_adapter, new_tenant, usage_rows
 from procs import PgCluster, ServeProcess
 from traffic import Traffic
