@@ -89,11 +89,11 @@ class UsageLedger:
         row.setdefault("created_at", now)
         op = _Op(row)
         with self._cond:
-            if self._stopping and self._thread is None:
-                op.done.set_exception(RuntimeError("the usage ledger is closed"))
-                return op.done
             self._queue.append(op)
             self._cond.notify_all()
+            closed = self._stopping and self._thread is None
+        if closed:  # a request ending after shutdown began: write it here and now
+            self._drain_once()
         return op.done
 
     def flush(self, timeout: float = 30.0) -> None:
