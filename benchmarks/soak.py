@@ -18,6 +18,10 @@ Configurations (one process runs them in turn, each on a fresh data dir):
 record at all. "tokens delivered" = completion tokens of complete responses + content chunks of
 cut streams (a lower bound: a chunk is >= 1 token). Latency columns are client-side time to first
 token of streams (p50/p99, ms); "admission +ms" is the ledger's p50/p99 minus the writer's.
+
+First, an in-process table measures the durable wait itself (queue → committed), the latency the
+ledger adds twice per request, at 1/16/64 concurrent writers (SQLite, and PostgreSQL with
+--postgres-url); it is far less noisy than the end-to-end TTFT difference.
 """
 from __future__ import annotations
 
@@ -244,6 +248,51 @@ def soak(name: str, args, model: Path, *, durable: bool, kill_every: float, outa
     }
 
 
+def ledger_latency(name: str, url: str, concurrency: int, per_thread: int) -> dict:
+    """What durability adds to a request: the time from queuing a record to it being durable (the
+    wait at admission and again before the final chunk), with ``concurrency`` requests writing at
+    once through one group-committing ledger. The old writer's wait was 0 by construction."""
+    from loraplex.platform.db import migrate
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+    from loraplex.platform.usage.ledger import UsageLedger
+
+    migrate.upgrade(url)
+    engine = make_db_engine(url)
+    spool = Path(tempfile.mkdtemp(prefix="soak-spool-"))
+    ledger = UsageLedger(make_session_factory(engine), spool).start()
+    waits: list[float] = []
+    lock = threading.Lock()
+
+    def worker(w: int) -> None:
+        mine = []
+        for i in range(per_thread):
+            rid = f"bench-{w}-{i}-{time.time_ns()}"
+            for status in ("running", "ok"):
+                t0 = time.perf_counter()
+                ledger.write(request_id=rid, tenant_id="ten_bench", api_key_id=None, adapter_id=None,
+                             adapter_name=None, endpoint="completions", prompt_tokens=12, completion_tokens=48,
+                             ttft_ms=None, latency_ms=None, status=status).result(60)
+                mine.append(time.perf_counter() - t0)
+        with lock:
+            waits.extend(mine)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    stats = ledger.stats
+    ledger.close()
+    engine.dispose()
+    shutil.rmtree(spool, ignore_errors=True)
+    waits.sort()
+    return {"backend": name, "concurrency": concurrency, "writes": len(waits),
+            "writes_per_s": len(waits) / elapsed, "commits": stats.batches,
+            "durable_wait_p50_ms": _pct(waits, 50) * 1000, "durable_wait_p99_ms": _pct(waits, 99) * 1000}
+
+
 def _pct(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
@@ -260,9 +309,22 @@ def main() -> int:
     ap.add_argument("--kill-every", type=float, default=0.0, help="kill -9 + restart every S seconds")
     ap.add_argument("--db-outage", type=float, default=0.0, help="stop PostgreSQL for S seconds (root)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ledger-only", action="store_true", help="only the in-process durable-write latency table")
+    ap.add_argument("--postgres-url", default="", help="also measure the ledger on this (empty) PostgreSQL database")
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.streams = 10, 6
+    micro_dir = Path(tempfile.mkdtemp(prefix="soak-ledger-"))
+    targets = [("sqlite", f"sqlite:///{micro_dir / 'ledger.db'}")] + (
+        [("postgres", args.postgres_url)] if args.postgres_url else [])
+    micro = [ledger_latency(n, u, c, 25 if args.quick else 100) for n, u in targets for c in (1, 16, 64)]
+    shutil.rmtree(micro_dir, ignore_errors=True)
+    print_table(micro, ["backend", "concurrency", "writes", "writes_per_s", "commits", "durable_wait_p50_ms",
+                        "durable_wait_p99_ms"])
+    print()
+    if args.ledger_only:
+        write_json("soak_ledger", {"args": vars(args), "ledger": micro})
+        return 0
     from loraplex.engine.demo_model import ensure_demo_model
 
     model = Path(ensure_demo_model(Path(tempfile.gettempdir()) / "loraplex-soak-model"))
@@ -278,7 +340,7 @@ def main() -> int:
     print_table(rows, ["config", "restarts", "outages", "sent", "succeeded", "failed", "http_503", "cut_streams",
                        "tokens_delivered", "tokens_billed", "records_lost", "ttft_p50_ms", "ttft_p99_ms",
                        "admission_p50_+ms", "admission_p99_+ms"])
-    path = write_json("soak", {"args": vars(args), "results": rows})
+    path = write_json("soak", {"args": vars(args), "results": rows, "ledger": micro})
     print(f"\nwrote {path}")
     return 1 if any(r["records_lost"] for r in rows if r["config"] != "writer") else 0
 

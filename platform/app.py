@@ -1,6 +1,7 @@
 """The HTTP application: admin API (and the tenant API when present) over one PlatformContext."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from loraplex.platform.adapters.housekeeping import cleanup_store
+from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
@@ -52,7 +53,9 @@ def build_context(settings: Settings, gateway: EngineGateway | None = None, *, u
 def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
         yield
+        sweeper.cancel()
         if owns_engine:
             ctx.gateway.shutdown()
         ctx.close()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy.orm import Session
+
 from loraplex.platform.adapters import repository as adapters_repo
 from loraplex.platform.db.session import on_commit
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.tenants import repository as tenants_repo
 from loraplex.platform.tenants.models import Tenant
-from sqlalchemy.orm import Session
 
 log = logging.getLogger("loraplex.platform.engine")
 

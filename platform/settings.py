@@ -78,6 +78,8 @@ class UploadSettings(_Table):
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_members: int = Field(16, ge=1)
     max_unpacked_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    # Leftover staging / unreferenced store folders older than this are swept this often (and at start).
+    sweep_interval_s: float = Field(3600.0, gt=0)
 
 
 class AuthSettings(_Table):

@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
 from loraplex.platform.errors import PlatformError
 from loraplex.platform.http_errors import error_body
 from loraplex.platform.inference import admission, generation, service
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
 from loraplex.platform.inference.schemas import ModelList
-from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -2,11 +2,12 @@
 the tenant may use."""
 from __future__ import annotations
 
+from sqlalchemy.orm import Session
+
 from loraplex.platform.adapters import repository as adapters_repo
 from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.errors import NotFound, ServiceUnavailable
 from loraplex.platform.inference.schemas import ModelCard
-from sqlalchemy.orm import Session
 
 
 def list_models(session: Session, ctx, tenant_id: str) -> list[ModelCard]:

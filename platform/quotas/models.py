@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from loraplex.platform.db.base import Base, UTCDateTime, utcnow
 from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
+
+from loraplex.platform.db.base import Base, UTCDateTime, utcnow
 
 
 class Quota(Base):

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from loraplex.platform.quotas.models import Quota
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+
+from loraplex.platform.quotas.models import Quota
 
 
 def get(session: Session, tenant_id: str) -> Quota | None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.quotas import service
 from loraplex.platform.quotas.schemas import QuotaIn, QuotaOut

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from sqlalchemy.orm import Session
+
 from loraplex.platform.audit import service as audit
 from loraplex.platform.auth.admin import Actor
 from loraplex.platform.db.snapshot import snapshot
 from loraplex.platform.quotas import repository
 from loraplex.platform.quotas.models import Quota
 from loraplex.platform.tenants.service import get_tenant
-from sqlalchemy.orm import Session
 
 
 def get_quota(session: Session, tenant_id: str) -> Quota:

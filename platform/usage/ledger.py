@@ -23,10 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from loraplex.platform.db.base import utcnow
-from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.usage import repository
-from loraplex.platform.usage.spool import REJECTED, Spool
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -35,6 +31,11 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.usage import repository
+from loraplex.platform.usage.spool import REJECTED, Spool
 
 log = logging.getLogger("loraplex.platform.usage")
 
@@ -88,11 +89,11 @@ class UsageLedger:
         row.setdefault("created_at", now)
         op = _Op(row)
         with self._cond:
-            if self._stopping and self._thread is None:
-                op.done.set_exception(RuntimeError("the usage ledger is closed"))
-                return op.done
             self._queue.append(op)
             self._cond.notify_all()
+            closed = self._stopping and self._thread is None
+        if closed:  # a request ending after shutdown began: write it here and now
+            self._drain_once()
         return op.done
 
     def flush(self, timeout: float = 30.0) -> None:

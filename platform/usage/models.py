@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from loraplex.platform.db.base import Base, UTCDateTime, utcnow
 from sqlalchemy import BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
+
+from loraplex.platform.db.base import Base, UTCDateTime, utcnow
 
 # A record is "running" while its request streams (checkpointed every few seconds) and takes one
 # final status when it ends; "interrupted" = the server died while it ran (closed at the next start).

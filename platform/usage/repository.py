@@ -3,10 +3,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
-from loraplex.platform.usage.models import UsageRecord
 from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+
+from loraplex.platform.usage.models import UsageRecord
 
 # Columns a later write of the same request may change (the rest are fixed at admission).
 _MUTABLE = ("completion_tokens", "prompt_tokens", "ttft_ms", "latency_ms", "status", "updated_at")

@@ -8,11 +8,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
+from pydantic import AwareDatetime
+
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.usage import service
 from loraplex.platform.usage.schemas import GroupBy, UsageReport
-from pydantic import AwareDatetime
 
 router = APIRouter(tags=["usage"])
 

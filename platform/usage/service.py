@@ -3,11 +3,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
+from sqlalchemy.orm import Session
+
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.tenants.service import get_tenant
 from loraplex.platform.usage import repository
 from loraplex.platform.usage.schemas import UsageBucket, UsageReport
-from sqlalchemy.orm import Session
 
 
 def report(

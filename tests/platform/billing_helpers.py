@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
 from platform_helpers import admin_headers, zip_bytes
 
 H = admin_headers()

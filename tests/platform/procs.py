@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from platform_helpers import ADMIN_KEY
 
 
@@ -115,3 +116,25 @@ class PgCluster:
         except subprocess.CalledProcessError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def statuses_on_one_connection(url: str, path: str, token: str, n: int = 2) -> list[int | None]:
+    """Send ``n`` GETs over ONE keep-alive connection (a raw socket, so nothing reconnects behind
+    our back); None where the server had closed the connection instead of answering."""
+    host, port = url.removeprefix("http://").split(":")
+    out: list[int | None] = []
+    with socket.create_connection((host, int(port)), timeout=15) as sock, sock.makefile("rb") as f:
+        for _ in range(n):
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+            status = f.readline()
+            if not status:
+                out.append(None)
+                break
+            length = 0
+            while (line := f.readline().strip()):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            f.read(length)
+            out.append(int(status.split()[1]))
+    return out

@@ -12,6 +12,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
 
 

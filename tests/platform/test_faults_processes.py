@@ -12,8 +12,10 @@ import time
 
 import httpx
 import pytest
+
 from billing_helpers import H, auth, new_adapter, new_tenant, usage_rows
-from procs import PgCluster, ServeProcess
+from platform_helpers import ADMIN_KEY
+from procs import PgCluster, ServeProcess, statuses_on_one_connection
 from traffic import Traffic
 
 CHECKPOINT_S = 0.3
@@ -118,6 +120,9 @@ def test_postgres_outage_under_load(tmp_path, demo_model_dir):
         time.sleep(1.0)
         during = httpx.get(server.url + "/ready")
         assert during.status_code == 503 and during.json()["database"].startswith("unreachable")
+        # 503 (not 500), and the keep-alive connection survives it
+        assert statuses_on_one_connection(server.url, "/v1/models", key) == [503, 503]
+        assert statuses_on_one_connection(server.url, "/admin/v1/tenants", ADMIN_KEY) == [503, 503]
         time.sleep(2.0)
         pg.start()
         deadline = time.time() + 30

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import select
+
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.usage.models import UsageRecord
 from loraplex.platform.usage.spool import Spool
-from sqlalchemy import select
 
 
 def _row(rid: str, status: str = "ok", completion: int = 5, **extra) -> dict:
@@ -114,3 +115,26 @@ def test_recover_leaves_its_own_running_records_alone(sessions, tmp_path):
     assert _records(sessions)["mine"].status == "running"
     assert UsageLedger(sessions, tmp_path / "spool").recover() == 1  # another instance: the old one died
     assert _records(sessions)["mine"].status == "interrupted"
+
+
+def test_store_sweep_removes_only_old_leftovers(platform, tmp_path):
+    """Start-up/periodic housekeeping: staging leftovers and unreferenced store folders go, but only
+    once older than the sweep's age (an upload in progress is never touched)."""
+    import os
+    import time
+
+    from loraplex.platform.adapters.housekeeping import cleanup_store
+    from loraplex.platform.db.session import unit_of_work
+
+    store = platform.ctx.store
+    old, fresh = store.staging_root / "old", store.staging_root / "fresh"
+    orphan = store.root / "ab" / ("ab" * 32)
+    for d in (old, fresh, orphan):
+        d.mkdir(parents=True)
+    past = time.time() - 7200
+    os.utime(old, (past, past))
+    os.utime(orphan, (past, past))
+    with unit_of_work(platform.ctx.sessions) as s:
+        removed = cleanup_store(s, store, min_age_s=3600)
+    assert sorted(removed) == sorted([".staging/old", f"ab/{'ab' * 32}"])
+    assert fresh.exists() and not old.exists() and not orphan.exists()

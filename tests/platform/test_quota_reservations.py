@@ -9,9 +9,11 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
-from billing_helpers import auth, new_tenant, usage_rows
+
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView
+
+from billing_helpers import auth, new_tenant, usage_rows
 
 
 async def _burst(url: str, key: str, model: str, n: int, max_tokens: int) -> list[httpx.Response]:
