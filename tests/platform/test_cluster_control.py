@@ -1,6 +1,7 @@
 """The control-plane actor's logic, driven as a plain object (Ray only makes it remote): quota
 reservations keyed for remote callers, the versioned desired engine state replicas pull, and the
 replica registry that forgets silent replicas."""
+
 from __future__ import annotations
 
 import time
