@@ -59,8 +59,8 @@ class EngineReplica:
         import ray
 
         with self._sync_lock:
-            ref = self.control.state.remote(self._applied)
-            state: dict[str, Any] | None = ray.get(ref, timeout=30)  # type: ignore[assignment]
+            ref: Any = self.control.state.remote(self._applied)
+            state: dict[str, Any] | None = ray.get(ref, timeout=30)
             if state is None:
                 return
             for tenant_id, (priority, weight, cap) in state["tenants"].items():
