@@ -337,6 +337,7 @@ def test_replica_killed_mid_load_service_keeps_answering(cluster):
     assert not any(t.is_alive() for t in threads), "a request hung on the dead replica"
     ok = [r for r in results if r.status == 200 and r.finish_reason and not r.error]
     failed = [r for r in results if r not in ok]
+    print(f"replica killed mid-load: {len(ok)} completed, {len(failed)} cut")
     assert ok, "no request survived"
     for r in failed:  # a clean error event (or a 503 before the stream began), never a hang
         assert r.error is not None and r.error["type"] == "service_unavailable", r
