@@ -157,9 +157,9 @@ def run(settings: Settings) -> None:
         flush=True,
     )
     stop.wait()
-    del control
     try:
-        serve.delete(APP_NAME)
+        serve.delete(APP_NAME)  # replicas first (they drain), the control plane they talk to last
         serve.shutdown()
     finally:
+        del control
         ray.shutdown()
