@@ -88,8 +88,10 @@ def start(settings: Settings) -> Any:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and settings.db_url.startswith("sqlite"):
         ray.shutdown()
-        raise RuntimeError(f"this Ray cluster has {len(nodes)} nodes: replicas on other nodes cannot share a "
-                           "SQLite file; set database_url to PostgreSQL (docs/scale-out.md)")
+        raise RuntimeError(
+            f"this Ray cluster has {len(nodes)} nodes: replicas on other nodes cannot share a "
+            "SQLite file; set database_url to PostgreSQL (docs/scale-out.md)"
+        )
     dump = cluster_settings_dump(settings)
     control = (
         ray.remote(num_cpus=0, max_restarts=0)(ControlPlane)

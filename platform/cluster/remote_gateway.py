@@ -202,6 +202,10 @@ class RemoteStream:
             if "replica" in first:
                 self.replica = first["replica"]
                 return
+            if first.get("code") == "engine_unavailable" and self._attempts < 2 and not self._cancelled:
+                # that replica's engine loop is dead (Serve's health check will replace it)
+                self._drop_call()
+                continue
             self.close()
             _raise_chunk_error(first)
 

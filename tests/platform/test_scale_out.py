@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
+from billing_helpers import H, StreamResult, auth, new_adapter, new_tenant, stream, usage_rows
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
@@ -39,7 +40,7 @@ ingress_replicas = 2
 replica_num_cpus = 0.5
 ingress_num_cpus = 0.25
 sync_interval_s = 0.5
-chunk_timeout_s = 30
+chunk_timeout_s = 10
 """
 
 
@@ -303,44 +304,144 @@ def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
 
 
-def test_replica_killed_mid_load_service_keeps_answering(cluster):
-    tid, key = new_tenant(cluster.url, "faults")
+def test_frozen_replica_never_hangs_the_ingress(cluster):
+    """SIGSTOP a replica (alive to Ray, silent): its streams end with a clean error after
+    chunk_timeout_s (10 s here), the other replica's streams complete, new requests are answered."""
+    _tid, key = new_tenant(cluster.url, "frozen")
     reps = cluster.replicas()
     assert len(reps) == 2
-    victim = reps[0]
-    results: list = [None] * 12
-    started = threading.Barrier(2, timeout=60)
-    streamed = [0]
-    lock = threading.Lock()
-
-    def on_chunk(res):
-        with lock:
-            streamed[0] += 1
-            if streamed[0] == 12:
-                try:
-                    started.wait()
-                except threading.BrokenBarrierError:
-                    pass
+    frozen = reps[1]
+    results: list = [None] * 8
+    first_chunks = threading.Semaphore(0)
 
     def client(i: int) -> None:
-        results[i] = stream(
-            cluster.url, key, "demo", prompt=f"Story {i}", max_tokens=120, timeout=90, on_chunk=on_chunk
-        )
+        seen = [False]
+
+        def on_chunk(res):
+            if not seen[0]:
+                seen[0] = True
+                first_chunks.release()
+
+        results[i] = stream(cluster.url, key, "demo", prompt=f"Tale {i}", max_tokens=200, timeout=90, on_chunk=on_chunk)
+        if not seen[0]:
+            first_chunks.release()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert first_chunks.acquire(timeout=60)
+    t0 = time.monotonic()
+    os.kill(int(frozen["pid"]), signal.SIGSTOP)
+    try:
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a stream hung on the frozen replica"
+        assert time.monotonic() - t0 < 45
+        for r in results:
+            assert (r.finish_reason and not r.error) or (r.error and r.error["type"] == "service_unavailable"), r
+        for _ in range(3):  # new requests: retried elsewhere if routed to the frozen one
+            r = _post(cluster.url, key, {"model": "demo", "prompt": "next", "max_tokens": 2}, timeout=45)
+            assert r.status_code == 200 and _replica_of(r) != frozen["replica"], r.text
+    finally:
+        os.kill(int(frozen["pid"]), signal.SIGCONT)
+    deadline = time.time() + 120  # back to two reporting replicas (the same one, or Serve's replacement)
+    while not (len(reps := cluster.replicas()) == 2 and all(time.time() - r["seen"] < 2 for r in reps)):
+        assert time.time() < deadline, f"not two healthy replicas again: {reps}"
+        time.sleep(0.5)
+
+
+def _tracked_stream(url: str, key: str, prompt: str, max_tokens: int, on_first) -> tuple[StreamResult, str]:
+    """A streamed completion that also returns the x-loraplex-replica it was served by;
+    ``on_first(replica)`` runs once, at the first content chunk (or at the end if there is none)."""
+    body = {
+        "model": "demo",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    called = [False]
+    replica = ""
+
+    def first() -> None:
+        if not called[0]:
+            called[0] = True
+            on_first(replica)
+
+    try:
+        with (
+            httpx.Client(timeout=90) as c,
+            c.stream("POST", url + "/v1/completions", json=body, headers=auth(key)) as r,
+        ):
+            res, replica = StreamResult(r.status_code), r.headers.get("x-loraplex-replica", "")
+            if r.status_code != 200:
+                r.read()
+                res.error = r.json().get("error")
+                return res, replica
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    res.done = res.done or line == "data: [DONE]"
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    res.error = event["error"]
+                    continue
+                res.request_id = event["id"].removeprefix("cmpl-")
+                res.usage = event.get("usage") or res.usage
+                for ch in event.get("choices", []):
+                    if ch.get("text"):
+                        res.text += ch["text"]
+                        res.chunks += 1
+                        first()
+                    res.finish_reason = ch.get("finish_reason") or res.finish_reason
+            res.ended_at = time.monotonic()
+            return res, replica
+    finally:
+        first()
+
+
+def test_replica_killed_mid_load_service_keeps_answering(cluster):
+    tid, key = new_tenant(cluster.url, "faults")
+    reps = {r["replica"]: r for r in cluster.replicas()}
+    assert len(reps) == 2
+    results: list = [None] * 12
+    serving: list[str] = [""] * 12
+    first_chunks = threading.Semaphore(0)
+
+    def client(i: int) -> None:
+        def on_first(replica: str) -> None:
+            serving[i] = replica
+            first_chunks.release()
+
+        results[i] = _tracked_stream(cluster.url, key, f"Story {i}", 160, on_first)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
-    started.wait()  # a dozen chunks are out: requests are mid-generation on both replicas
+    for _ in threads:  # every request is streaming (or done): now kill the replica with most of them
+        assert first_chunks.acquire(timeout=60)
+    live = collections.Counter(serving[i] for i, t in enumerate(threads) if t.is_alive() and serving[i])
+    victim = reps[live.most_common(1)[0][0]] if live else next(iter(reps.values()))
+    killed_at = time.monotonic()
     os.kill(int(victim["pid"]), signal.SIGKILL)
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a request hung on the dead replica"
-    ok = [r for r in results if r.status == 200 and r.finish_reason and not r.error]
-    failed = [r for r in results if r not in ok]
-    print(f"replica killed mid-load: {len(ok)} completed, {len(failed)} cut")
+    ok = [r for r, _ in results if r.status == 200 and r.finish_reason and not r.error]
+    failed = [r for r, _ in results if r not in ok]
+    on_victim = [r for r, rep in results if rep == victim["replica"]]
+    print(f"replica killed mid-load: {len(ok)} completed, {len(failed)} cut, {len(on_victim)} on the victim")
     assert ok, "no request survived"
-    for r in failed:  # a clean error event (or a 503 before the stream began), never a hang
-        assert r.error is not None and r.error["type"] == "service_unavailable", r
+    for r, rep in results:
+        if rep != victim["replica"]:
+            assert r in ok, r  # the other replica's requests are untouched
+        elif r not in ok:  # a clean error event after what it had streamed, never a hang
+            assert r.error is not None and r.error["type"] == "service_unavailable" and r.done, r
+        else:
+            assert r.ended_at < killed_at + 1, r  # finished just before the kill
+    assert any(r not in ok for r in on_victim), "the kill cut nothing: not mid-load"
     # the service keeps answering while Serve replaces the dead replica
     for _ in range(4):
         r = _post(cluster.url, key, {"model": "demo", "prompt": "after", "max_tokens": 3})
@@ -355,7 +456,7 @@ def test_replica_killed_mid_load_service_keeps_answering(cluster):
     for r in failed:
         if r.request_id:
             row = rows[r.request_id]
-            assert row["status"] == "error" and r.chunks <= row["completion_tokens"] <= 120
+            assert row["status"] == "error" and r.chunks <= row["completion_tokens"] <= 160
     deadline = time.time() + 150
     while time.time() < deadline:
         now = cluster.replicas()
