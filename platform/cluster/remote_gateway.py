@@ -36,6 +36,9 @@ class RemoteEngineGateway(EngineGateway):
         self._live: dict[str, RemoteStream] = {}
         self._tokenizer: Any = None
         self._tokenizer_path = getattr(settings.engine, "tokenizer", None)
+        # Loaded now, at the ingress's start: a lazy first load from several request threads at
+        # once races inside transformers' lazy imports ("cannot import name AutoTokenizer").
+        _ = self.tokenizer
 
     # -- what the platform reads --------------------------------------------------------------
     @property
