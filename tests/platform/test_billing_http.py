@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 import time
 
@@ -47,23 +48,40 @@ def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
     assert len(usage_rows(live.url, tid)) == 2  # refused requests are not billed
 
 
+def _fastest(send, attempts: int = 3) -> tuple[httpx.Response, float]:
+    """The quickest of a few tries: a cheap refusal is fast at least once even on a loaded machine,
+    an expensive one (seconds of tokenizing) never is."""
+    best: tuple[httpx.Response, float] | None = None
+    for _ in range(attempts):
+        t0 = time.monotonic()
+        r = send()
+        took = time.monotonic() - t0
+        if best is None or took < best[1]:
+            best = (r, took)
+        if took < 1.0:
+            break
+    assert best is not None
+    return best
+
+
 def test_huge_and_invalid_prompts_are_refused_cheaply(live):
     _tid, key = new_tenant(live.url, "acme")
     base = _model(live)
-    with httpx.Client(base_url=live.url, headers=auth(key), timeout=30) as c:
-        t0 = time.monotonic()
-        r = c.post("/v1/completions", json={"model": base, "prompt": "a" * (15 * 1024 * 1024), "max_tokens": 1})
+    huge = json.dumps({"model": base, "prompt": "a" * (15 * 1024 * 1024), "max_tokens": 1})
+    beyond = json.dumps({"model": base, "prompt": "ab " * (1024 * 1024), "max_tokens": 1})
+    with httpx.Client(base_url=live.url, headers={**auth(key), "content-type": "application/json"}, timeout=30) as c:
+        r, took = _fastest(lambda: c.post("/v1/completions", content=huge))
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
-        assert time.monotonic() - t0 < 1.0
-        t0 = time.monotonic()  # under the body limit but beyond any context: refused without tokenizing
-        r = c.post("/v1/completions", json={"model": base, "prompt": "ab " * (1024 * 1024), "max_tokens": 1})
+        assert took < 1.0
+        # under the body limit but beyond any context: refused without tokenizing
+        r, took = _fastest(lambda: c.post("/v1/completions", content=beyond))
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-        assert time.monotonic() - t0 < 1.0
+        assert took < 1.0
         chat = {"model": base, "max_tokens": 1,
                 "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
         assert c.post("/v1/chat/completions", json=chat).status_code == 400
         raw = b'{"model": "%s", "prompt": "bad \\ud800 text", "max_tokens": 2}' % base.encode()
-        r = c.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        r = c.post("/v1/completions", content=raw)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text"
         # the connection is still usable after refusals, and normal requests work
         assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 2}).status_code == 200
@@ -74,10 +92,10 @@ def test_over_rpm_tenant_is_refused_before_tokenizing(live):
     base = _model(live)
     with httpx.Client(base_url=live.url, headers=auth(key), timeout=30) as c:
         assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 1}).status_code == 200
-        big = {"model": base, "prompt": "word " * 700_000, "max_tokens": 1}  # 3.5 MB: seconds to tokenize
-        t0 = time.monotonic()
-        r = c.post("/v1/completions", json=big)
-        assert r.status_code == 429 and time.monotonic() - t0 < 1.0
+        big = json.dumps({"model": base, "prompt": "word " * 700_000, "max_tokens": 1})  # seconds to tokenize
+        r, took = _fastest(lambda: c.post("/v1/completions", content=big,
+                                          headers={"content-type": "application/json"}))
+        assert r.status_code == 429 and took < 1.0
         assert int(r.headers["retry-after"]) >= 1
 
 
@@ -109,9 +127,9 @@ def test_lifecycle_change_aborts_in_flight_within_a_second(live, good_files, act
     def on_chunk(res):
         if res.chunks == 5 and not fired:
             t.start()
-            fired["at"] = time.monotonic()
             with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
                 assert ACTIONS[action](c, tid, kid, ada).status_code == 200
+            fired["at"] = time.monotonic()  # the change is committed: from here on it must bite
 
     res = stream(live.url, key, "bot", max_tokens=1500, on_chunk=on_chunk)
     assert fired, f"stream ended before the action: {res}"

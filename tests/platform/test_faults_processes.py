@@ -39,7 +39,14 @@ def test_kill9_under_streaming_load_then_restart(backend, request, tmp_path, dem
                     if a["name"] == "gone")
         base = httpx.get(server.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
         traffic = Traffic(server.url, key, "bot", short=2, streams=1, long_streams=3).start()
-        time.sleep(3.0)
+        # kill once every long stream is well under way and a few requests completed (bounded)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            longs = [s for s in list(traffic.seen) if s.kind == "long"]
+            if len(traffic.completed()) >= 3 and len(longs) == 3 and all(len(s.chunk_times) >= 10 for s in longs):
+                break
+            time.sleep(0.1)
+        time.sleep(4 * CHECKPOINT_S)
         killed_at = time.monotonic()
         server.kill()
         traffic.stop()
