@@ -9,6 +9,7 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCHING_MODES = ("continuous", "static")
 POLICIES = ("fcfs", "priority", "fair", "sjf")
+QUANTIZATION_METHODS = (None, "int8")
 
 
 @dataclass
@@ -27,6 +28,9 @@ class EngineConfig:
     kernel_backend: str = "auto"  # auto | torch | triton
     scheduling_policy: str = "fair"
     enable_prefix_caching: bool = False
+    # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
+    # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.
+    quantization: str | None = None
     # multi-LoRA
     max_loras: int = 8  # distinct adapters resident on the device (and per step)
     max_cpu_loras: int = 32  # adapters kept in host memory (LRU)
@@ -58,6 +62,8 @@ class EngineConfig:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
         if self.kernel_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"kernel_backend must be auto, torch or triton, got {self.kernel_backend!r}")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_cpu_loras", "max_lora_rank"):

@@ -9,6 +9,7 @@ from .config import EngineConfig
 from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
+from .models.quantization import quantize_model_int8
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
 
@@ -30,7 +31,12 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
-        self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
+        if config.quantization == "int8":
+            # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
+            self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
+            quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
+        else:
+            self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
         shape = (num_kv_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import reference
+from . import int8, reference
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -24,6 +24,7 @@ class KernelOps:
     paged_prefill_attention: Callable
     sgmv_shrink: Callable
     sgmv_expand: Callable
+    int8_linear: Callable  # (x, qweight int8 [N, K], scales f32 [N], bias) -> x @ (q*s).T + bias
 
 
 TORCH_OPS = KernelOps(
@@ -33,6 +34,7 @@ TORCH_OPS = KernelOps(
     paged_prefill_attention=reference.paged_prefill_attention,
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
+    int8_linear=int8.int8_linear_cpu,
 )
 
 
