@@ -10,6 +10,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 BATCHING_MODES = ("continuous", "static")
 POLICIES = ("fcfs", "priority", "fair", "sjf")
 QUANTIZATION_METHODS = (None, "int8")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
 @dataclass
@@ -31,6 +32,16 @@ class EngineConfig:
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
     # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.
     quantization: str | None = None
+    # Speculative decoding (docs/speculative.md): "ngram" (prompt lookup) or "draft" (draft_model,
+    # a smaller checkpoint with the same tokenizer, with its own small paged KV cache).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4  # k: proposals verified per sequence per step (the maximum, if adaptive)
+    speculative_adaptive: bool = True  # per-sequence k from its acceptance rate; off when it stays low
+    draft_model: str | None = None
+    draft_kv_cache_memory_gb: float = 0.25
+    draft_num_kv_blocks: int | None = None
+    ngram_max_n: int = 4
+    ngram_min_n: int = 1
     # multi-LoRA
     max_loras: int = 8  # distinct adapters resident on the device (and per step)
     max_cpu_loras: int = 32  # adapters kept in host memory (LRU)
@@ -64,6 +75,17 @@ class EngineConfig:
             raise ValueError(f"kernel_backend must be auto, torch or triton, got {self.kernel_backend!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, got {self.speculative_method!r}")
+        if not isinstance(self.num_speculative_tokens, int) or not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}")
+        if self.speculative_method == "draft":
+            if not self.draft_model or not (Path(self.draft_model) / "config.json").is_file():
+                raise ValueError(f"speculative_method='draft' needs draft_model, a local checkpoint directory; got {self.draft_model!r}")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ValueError("need 1 <= ngram_min_n <= ngram_max_n")
+        if self.draft_num_kv_blocks is not None and self.draft_num_kv_blocks < 2:
+            raise ValueError(f"draft_num_kv_blocks must be >= 2, got {self.draft_num_kv_blocks}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_cpu_loras", "max_lora_rank"):

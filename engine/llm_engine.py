@@ -24,6 +24,7 @@ from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, SequenceStatus, TenantInfo
+from .spec_decode import SpeculativeDecoder
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("loraplex.engine")
@@ -52,6 +53,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv, self.policy)
         # Always present; device slots are allocated on the first add_adapter (base-only pays nothing).
         self.lora = LoRAManager(config, mc, self.runner.model)
+        self.spec = (SpeculativeDecoder(config, mc, self.kv, self.max_model_len)
+                     if config.speculative_method else None)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self._detok: dict[int, DetokState] = {}
@@ -171,7 +174,11 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
+        spec = self.spec  # speculative decoding: hooks around the same step (spec_decode/decoder.py)
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         out = self.scheduler.schedule()
+        logit_rows = spec.plan(out) if spec is not None else None
         self.counters["preemptions"] += len(out.preempted)
         if not out:
             if self.scheduler.has_work() and not self.scheduler.running:
@@ -180,11 +187,18 @@ class LLMEngine:
         self.counters["steps"] += 1
         try:
             adapter_slots = self.lora.prepare(out.adapters) if self.lora is not None else {}
-            seqs, logits = self.runner.execute(out, self.kv, adapter_slots)
+            seqs, logits = self.runner.execute(out, self.kv, adapter_slots, logit_rows=logit_rows)
+            verified: list[tuple[Sequence, list[int]]] = []
+            if spec is not None:
+                seqs, logits, verified = spec.verify(seqs, logits, self._generator)
         except Exception as exc:  # a bad step must not take the engine down with it
             log.exception("engine step failed")
+            if spec is not None:
+                spec.cancel()
             return self._fail_step(out, exc)
         self.scheduler.update(out)
+        if spec is not None:
+            spec.rollback()
         tokens = sample(logits, seqs, self._generator) if seqs else []
         now = time.monotonic()
         touched: dict[str, Request] = {}
@@ -198,6 +212,15 @@ class LLMEngine:
             self.policy.on_tokens_generated(seq, 1)
             self._start_forks(seq, logits[i])
             self._check_stop(seq, token)
+        for seq, new_tokens in verified:  # speculative: accepted drafts + the target's own token
+            touched[seq.request.request_id] = seq.request
+            for token in new_tokens:
+                seq.token_ids.append(token)
+                self.counters["generated_tokens"] += 1
+                self.policy.on_tokens_generated(seq, 1)  # fairness charges emitted tokens only
+                self._check_stop(seq, token)
+                if seq.is_finished:
+                    break
         results = []
         for req in touched.values():
             if req.finished:
@@ -297,5 +320,6 @@ class LLMEngine:
             "kv_cache": self.kv.stats(),
             "counters": dict(self.counters),
             "lora": self.lora.stats() if self.lora is not None else None,
+            "speculative": self.spec.stats() if self.spec is not None else None,
             "max_model_len": self.max_model_len,
         }

@@ -45,11 +45,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None
+        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None,
+        logit_rows: dict[int, int] | None = None,
     ) -> tuple[list[Sequence], torch.Tensor | None]:
         """Run one step. Returns the sequences that sample a token this step and their logits
-        (float32 [num_sampling, vocab]), in the same order."""
+        (float32 [num_sampling, vocab]), in the same order. ``logit_rows`` (speculative decoding:
+        seq_id -> r) asks for the logits of a sampling chunk's last r rows; that sequence then
+        appears r times in a row in the returned list, once per logits row."""
         adapter_slots = adapter_slots or {}
+        logit_rows = logit_rows or {}
         if out.block_copies:
             self._copy_blocks(out.block_copies)
 
@@ -77,8 +81,9 @@ class ModelRunner:
             slots.extend(kv.slots(seq, start, end))
             token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
             if chunk.samples:
-                sample_rows.append(len(input_ids) - 1)
-                sample_seqs.append(seq)
+                r = logit_rows.get(seq.seq_id, 1)
+                sample_rows.extend(range(len(input_ids) - r, len(input_ids)))
+                sample_seqs.extend([seq] * r)
 
         dev = self.device
         batch = ForwardBatch(

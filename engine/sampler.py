@@ -3,7 +3,24 @@ from __future__ import annotations
 
 import torch
 
+from .sampling_params import SamplingParams
 from .sequence import Sequence
+
+
+def sampling_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy request samples from: temperature, then top-k, then top-p.
+    Speculative decoding's rejection rule needs these same probabilities."""
+    row = row / p.temperature
+    if p.top_k > 0 and p.top_k < row.shape[-1]:
+        kth = torch.topk(row, p.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
+        drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+        row = row.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return torch.softmax(row, dim=-1)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.Generator) -> list[int]:
@@ -15,17 +32,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.
         p = seq.request.params
         if p.greedy:
             continue
-        row = logits[i] / p.temperature
-        if p.top_k > 0 and p.top_k < row.shape[-1]:
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-            # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
-            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
-            row = row.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        probs = torch.softmax(row, dim=-1)
+        probs = sampling_probs(logits[i], p)
         gen = seq.generator or default_generator
         tokens[i] = int(torch.multinomial(probs, 1, generator=gen).item())
     return tokens

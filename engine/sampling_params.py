@@ -18,6 +18,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    speculative: bool = True  # False: this request opts out of the engine's speculative decoding
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
