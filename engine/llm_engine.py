@@ -188,7 +188,7 @@ class LLMEngine:
         try:
             adapter_slots = self.lora.prepare(out.adapters) if self.lora is not None else {}
             seqs, logits = self.runner.execute(out, self.kv, adapter_slots, logit_rows=logit_rows)
-            verified: list[tuple[Sequence, list[int]]] = []
+            verified: list[tuple[Sequence, list[int], int]] = []
             if spec is not None:
                 seqs, logits, verified = spec.verify(seqs, logits, self._generator)
         except Exception as exc:  # a bad step must not take the engine down with it
@@ -212,8 +212,9 @@ class LLMEngine:
             self.policy.on_tokens_generated(seq, 1)
             self._start_forks(seq, logits[i])
             self._check_stop(seq, token)
-        for seq, new_tokens in verified:  # speculative: accepted drafts + the target's own token
+        for seq, new_tokens, base in verified:  # speculative: accepted drafts + the target's own token
             touched[seq.request.request_id] = seq.request
+            del seq.token_ids[base:]  # re-appended one by one: a stop inside the accepted run ends there
             for token in new_tokens:
                 seq.token_ids.append(token)
                 self.counters["generated_tokens"] += 1

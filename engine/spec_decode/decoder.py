@@ -8,7 +8,7 @@
                        runner must keep (k+1 per speculating sequence);
     verify(...)        after the ONE target forward (paged attention over each sequence's k+1 query
                        tokens, each token's own adapter through SGMV): acceptance per sequence; the
-                       drafts leave ``token_ids`` again and each chunk is cut to the tokens whose KV
+                       rejected drafts leave ``token_ids`` and each chunk is cut to the tokens whose KV
                        is verified (the last one plus the accepted drafts), BEFORE ``Scheduler.update``
                        advances ``num_computed_tokens`` and registers full blocks with the prefix cache:
                        a block hash never covers an unverified token;
@@ -133,13 +133,16 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ after the target forward
     def verify(self, seqs: list[Sequence], logits: torch.Tensor | None, generator: torch.Generator
-               ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, list[int]]]]:
-        """Split the runner's rows: plain sampling rows (returned with their sequences) and the
-        speculating sequences' verified tokens."""
+               ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, list[int], int]]]:
+        """Split the runner's rows: plain sampling rows (returned with their sequences) and, per
+        speculating sequence, (seq, new tokens, verified length before them). The accepted drafts
+        stay in ``token_ids`` (``Scheduler.update`` hashes computed blocks from it, and their KV is
+        computed); the engine re-appends the new tokens one by one from that length with its stop
+        checks."""
         if not self._pending:
             return seqs, logits, []
         plain_rows: list[int] = []
-        verified: list[tuple[Sequence, list[int]]] = []
+        verified: list[tuple[Sequence, list[int], int]] = []
         i = 0
         while i < len(seqs):
             seq = seqs[i]
@@ -158,7 +161,7 @@ class SpeculativeDecoder:
                 target = torch.stack([sampling_probs(r, p) for r in rows])
                 tokens = verify_sampled(pend.tokens, pend.probs, target, seq.generator or generator)
             accepted = len(tokens) - 1
-            del seq.token_ids[pend.base:]
+            del seq.token_ids[pend.base + accepted:]  # rejected drafts out
             pend.chunk.num_tokens = 1 + accepted  # KV of rejected drafts is not "computed"
             self.adaptive.update(self._states.setdefault(seq.seq_id, SpecState()), d, accepted)
             c = self.counters
@@ -166,7 +169,7 @@ class SpeculativeDecoder:
             c["accepted_tokens"] += accepted
             c["emitted_tokens"] += len(tokens)
             c["verifications"] += 1
-            verified.append((seq, tokens))
+            verified.append((seq, tokens, pend.base))
         plain_seqs = [seqs[r] for r in plain_rows]
         plain_logits = logits[plain_rows] if plain_rows else None
         return plain_seqs, plain_logits, verified
