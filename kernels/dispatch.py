@@ -7,24 +7,60 @@ set before triton is first imported; that is how CI exercises the kernels).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 import torch
 
 from . import int8, reference
+from .lora_meta import LoraSegments
 
 BACKENDS = ("auto", "torch", "triton")
 
 
+class WriteKV(Protocol):
+    def __call__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None: ...
+
+
+class PagedDecodeAttention(Protocol):
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+
+class PagedPrefillAttention(Protocol):
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+
+class SgmvShrink(Protocol):
+    def __call__(self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments,
+                 ranks: torch.Tensor) -> torch.Tensor: ...
+
+
+class SgmvExpand(Protocol):
+    def __call__(self, y: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor, segments: LoraSegments,
+                 ranks: torch.Tensor, scales: torch.Tensor, slice_offsets: tuple[int, ...]) -> torch.Tensor: ...
+
+
+class Int8Linear(Protocol):
+    """INT8 weight-only matmul: x @ (qweight * scales[:, None]).T + bias, in x's dtype."""
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class KernelOps:
+    """One implementation of every op; each field's Protocol is the op's exact signature, so a
+    backend that drifts from the reference is a type error, not a runtime surprise."""
+
     name: str
-    write_kv: Callable
-    paged_decode_attention: Callable
-    paged_prefill_attention: Callable
-    sgmv_shrink: Callable
-    sgmv_expand: Callable
-    int8_linear: Callable  # (x, qweight int8 [N, K], scales f32 [N], bias) -> x @ (q*s).T + bias
+    write_kv: WriteKV
+    paged_decode_attention: PagedDecodeAttention
+    paged_prefill_attention: PagedPrefillAttention
+    sgmv_shrink: SgmvShrink
+    sgmv_expand: SgmvExpand
+    int8_linear: Int8Linear
 
 
 TORCH_OPS = KernelOps(

@@ -13,8 +13,10 @@
                        advances ``num_computed_tokens`` and registers full blocks with the prefix cache:
                        a block hash never covers an unverified token;
     rollback(out)      after ``Scheduler.update``: blocks past the verified KV go back to the pool.
-The engine then appends the returned tokens one by one with its usual stop checks and charges the
-fair-share policy for them: only accepted (emitted) tokens are ever charged.
+The engine books the accepted drafts (already in the text) and the target's own token through
+``Scheduler.update_from_output`` with the usual stop checks, and charges the fair-share policy for
+emitted tokens only. Requests with stop strings do not speculate (those are matched on text after
+the step, and several tokens at once could run past where plain decoding stops).
 """
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ class _Pending:
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, kv: KVCacheManager, max_model_len: int):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, kv: KVCacheManager, max_model_len: int,
+                 eos_token_ids: frozenset[int] = frozenset()):
+        self.eos_token_ids = eos_token_ids
         self.method = config.speculative_method
         self.k = config.num_speculative_tokens
         self.adaptive = AdaptiveK(self.k, enabled=config.speculative_adaptive)
@@ -74,7 +78,9 @@ class SpeculativeDecoder:
         free = self.kv.num_free_blocks - self.kv.watermark_blocks
         for seq in running:
             p = seq.request.params
-            if not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING):
+            # Stop strings are matched on text after the step, per sequence: several tokens at once
+            # could run past the point where plain decoding stops, so those requests decode plainly.
+            if not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING) or p.stop:
                 continue
             state = self._states.setdefault(seq.seq_id, SpecState())
             k = min(self.adaptive.next_k(state), p.max_tokens - seq.num_output_tokens - 1,
@@ -133,16 +139,18 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ after the target forward
     def verify(self, seqs: list[Sequence], logits: torch.Tensor | None, generator: torch.Generator
-               ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, list[int], int]]]:
+               ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, int, int]]]:
         """Split the runner's rows: plain sampling rows (returned with their sequences) and, per
-        speculating sequence, (seq, new tokens, verified length before them). The accepted drafts
-        stay in ``token_ids`` (``Scheduler.update`` hashes computed blocks from it, and their KV is
-        computed); the engine re-appends the new tokens one by one from that length with its stop
-        checks."""
+        speculating sequence, (seq, the target's own token, number of accepted drafts). Accepted
+        drafts stay in ``token_ids`` (their KV is computed and the update hashes full blocks from
+        the text); the target's token is booked by ``Scheduler.update_from_output`` like any
+        sampled token. A stop token among the accepted drafts ends the run there, as plain
+        decoding would: that token becomes the booked one."""
         if not self._pending:
             return seqs, logits, []
+        assert logits is not None
         plain_rows: list[int] = []
-        verified: list[tuple[Sequence, list[int], int]] = []
+        verified: list[tuple[Sequence, int, int]] = []
         i = 0
         while i < len(seqs):
             seq = seqs[i]
@@ -161,15 +169,19 @@ class SpeculativeDecoder:
                 target = torch.stack([sampling_probs(r, p) for r in rows])
                 tokens = verify_sampled(pend.tokens, pend.probs, target, seq.generator or generator)
             accepted = len(tokens) - 1
-            del seq.token_ids[pend.base + accepted:]  # rejected drafts out
-            pend.chunk.num_tokens = 1 + accepted  # KV of rejected drafts is not "computed"
             self.adaptive.update(self._states.setdefault(seq.seq_id, SpecState()), d, accepted)
             c = self.counters
             c["proposed_tokens"] += d
             c["accepted_tokens"] += accepted
             c["emitted_tokens"] += len(tokens)
             c["verifications"] += 1
-            verified.append((seq, tokens, pend.base))
+            for j, token in enumerate(tokens[:-1]):
+                if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+                    tokens, accepted = tokens[:j + 1], j
+                    break
+            del seq.token_ids[pend.base + accepted:]  # rejected drafts out
+            pend.chunk.num_tokens = 1 + accepted  # KV of rejected drafts is not "computed"
+            verified.append((seq, tokens[-1], accepted))
         plain_seqs = [seqs[r] for r in plain_rows]
         plain_logits = logits[plain_rows] if plain_rows else None
         return plain_seqs, plain_logits, verified

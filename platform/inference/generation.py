@@ -62,28 +62,21 @@ async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
     status = "error"
     finished = False
     try:
-        try:
-            stream = ctx.gateway.submit(
-                prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
-                tenant_id=prep.auth.tenant_id, priority=prep.auth.priority, weight=prep.auth.weight,
-                cache_salt=prep.auth.tenant_id,
-            )
-        except ValueError as exc:  # the engine's InvalidRequestError
-            raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-        except RuntimeError as exc:
-            raise ServiceUnavailable(f"the engine cannot take requests: {exc}") from None
-        sent = 0
-        async for out in stream:
+        stream = ctx.gateway.submit(
+            prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
+            tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
+        )
+        async for out in stream:  # DELTA outputs: only what is new since the last one
             if out.error:
                 raise ServiceUnavailable(f"generation failed: {out.error}")
             comp = out.outputs[0]
-            completion_tokens = len(comp.token_ids)
+            completion_tokens += len(comp.token_ids)
             if completion_tokens and first_token_at is None:
                 first_token_at = time.monotonic()
-            delta, sent = comp.text[sent:], len(comp.text)
             finished = out.finished
-            if delta or finished:
-                yield Delta(delta, comp.finish_reason if finished else None, completion_tokens)
+            if comp.text or finished:
+                reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
+                yield Delta(comp.text, reason, completion_tokens)
         status = "ok"
     finally:
         if not finished:
