@@ -69,11 +69,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--preset", default=None, help="random target preset: bench (default) or demo")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32)")
     args = ap.parse_args()
     torch.manual_seed(0)
     batches = [1, 8] if args.quick else [1, 8, 32]
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
     tokens = 12 if args.quick else args.tokens
-    preset = "demo" if args.quick else "bench"
+    preset = args.preset or ("demo" if args.quick else "bench")
     with tempfile.TemporaryDirectory() as tmp:
         target = args.model or str(create_random_checkpoint(Path(tmp) / "target", preset=preset, seed=3,
                                                             initializer_range=0.05))
