@@ -62,8 +62,8 @@ def op_micro(rows: list[int], k: int, n: int, reps: int) -> list[dict]:
         for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             x = torch.randn(m, k).to(dt)
             wd = w.to(dt)
-            row[f"dense {name} us"] = _time(lambda: F.linear(x, wd), reps)
-            row[f"int8 {name} us"] = _time(lambda: int8_linear_cpu(x, q, s), reps)
+            row[f"dense {name} us"] = _time(lambda x=x, wd=wd: F.linear(x, wd), reps)
+            row[f"int8 {name} us"] = _time(lambda x=x: int8_linear_cpu(x, q, s), reps)
         out.append(row)
     return out
 

@@ -11,7 +11,7 @@ row per token (dequantized on the fly), the head is one more int8 matmul.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from loraplex.engine import LLM
-from loraplex.kernels import make_lora_segments
 from loraplex.engine.models.forward_batch import ForwardBatch
+from loraplex.kernels import make_lora_segments
 
 
 @torch.inference_mode()

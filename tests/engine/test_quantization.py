@@ -12,13 +12,12 @@ import random
 
 import pytest
 import torch
-
-from loraplex.engine import LLM, EngineConfig, SamplingParams
-from loraplex.engine.models.quantization import weight_bytes
-
 from lora_testlib import PeftOracle, make_peft_adapter
 from quant_testlib import hf_logits, prefill_logits
 from test_hf_parity import hf_greedy
+
+from loraplex.engine import LLM, EngineConfig, SamplingParams
+from loraplex.engine.models.quantization import weight_bytes
 
 VARIANTS = ["llama_gqa", "llama_mha", "llama3_rope_tied", "qwen2_bias", "mistral"]
 LOGIT_TOL = 0.06

@@ -8,6 +8,7 @@ import torch
 
 from loraplex.engine.spec_decode import AdaptiveK, NgramProposer, SpecState, verify_greedy, verify_sampled
 
+
 # ---------------------------------------------------------------------------------- n-gram
 def test_ngram_proposes_continuation_of_latest_longest_match():
     prop = NgramProposer(max_n=3, min_n=1)

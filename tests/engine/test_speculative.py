@@ -7,12 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from lora_testlib import make_peft_adapter
 
 from loraplex.engine import LLM, EngineConfig, SamplingParams
 from loraplex.engine.demo_model import create_random_checkpoint
 from loraplex.engine.prefix_cache import SeqBlockHashes, extra_key
-
-from lora_testlib import make_peft_adapter
 
 ADAPTERS = {"attn": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
             "mlp": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])}
