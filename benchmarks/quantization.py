@@ -114,6 +114,7 @@ def main() -> None:
                 "tok/s b32": decode_tok_s(llm, prompts, tokens),
                 "greedy = fp32": same, "lead tokens = fp32": lead,
             })
+            print(rows[-1], flush=True)
             del llm
         cols = ["config", "weight MiB", "x fp32", "KV blocks bought", "tok/s b1", "tok/s b32",
                 "greedy = fp32", "lead tokens = fp32"]
