@@ -173,12 +173,12 @@ class SpeculativeDecoder:
             c = self.counters
             c["proposed_tokens"] += d
             c["accepted_tokens"] += accepted
-            c["emitted_tokens"] += len(tokens)
             c["verifications"] += 1
             for j, token in enumerate(tokens[:-1]):
                 if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
                     tokens, accepted = tokens[:j + 1], j
                     break
+            c["emitted_tokens"] += len(tokens)
             del seq.token_ids[pend.base + accepted:]  # rejected drafts out
             pend.chunk.num_tokens = 1 + accepted  # KV of rejected drafts is not "computed"
             verified.append((seq, tokens[-1], accepted))
