@@ -20,7 +20,7 @@ from .config import EngineConfig
 from .errors import EngineDeadError
 from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.engine")
 
@@ -149,6 +149,11 @@ class AsyncEngine:
         async for out in self.submit(prompt, params, **kwargs):
             final = out
         return final
+
+    def compile_structured(self, spec: StructuredOutputSpec) -> None:
+        """Compile (and cache) a structured-output grammar WITHOUT the step lock: call it from a
+        worker thread before ``submit`` so the request waits for its grammar and the batch does not."""
+        self.engine.structured.compile(spec)
 
     def abort(self, request_id: str) -> bool:
         with self._cond:

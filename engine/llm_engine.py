@@ -20,9 +20,10 @@ from .model_runner import ModelRunner, default_num_kv_blocks
 from .models import ModelConfig
 from .outputs import CompletionOutput, RequestOutput
 from .policies import make_policy
-from .sampler import sample
+from .sampler import SamplerOutput, sample_batch
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .structured_output import StructuredOutputManager
 from .sequence import Request, Sequence, SequenceStatus, TenantInfo
 from .tokenizer import load_tokenizer
 
@@ -60,6 +61,7 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.counters = {"requests": 0, "finished": 0, "aborted": 0, "errors": 0,
                          "prompt_tokens": 0, "generated_tokens": 0, "preemptions": 0, "steps": 0}
 
@@ -85,6 +87,8 @@ class LLMEngine:
         self._check_fits(token_ids, params)
         if adapter is not None and (self.lora is None or not self.lora.has(adapter)):
             raise UnknownAdapterError(f"unknown adapter {adapter!r}", param="model")
+        self._check_vocab(params)
+        grammar = self.structured.compile(params.structured_output) if params.structured_output else None
         tenant = self.set_tenant(tenant_id, priority=priority, weight=weight)
         req = Request(
             request_id=request_id, prompt_token_ids=token_ids, params=params, adapter=adapter,
@@ -98,6 +102,8 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.sequences.append(seq)
+        if grammar is not None:
+            self.structured.add_sequences(req.sequences, grammar)
         self.requests[request_id] = req
         for seq in req.sequences:
             self._detok[seq.seq_id] = DetokState()
@@ -133,6 +139,13 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt + max_tokens = {total} tokens needs {self.kv.blocks_for_tokens(total)} KV blocks but the "
                 f"KV cache holds only {self.kv.usable_blocks} usable blocks", param="max_tokens")
+
+    def _check_vocab(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.logit_bias if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                                      param="logit_bias")
 
     def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
                    max_running_seqs: int | None | object = UNCHANGED) -> TenantInfo:
@@ -185,7 +198,8 @@ class LLMEngine:
             log.exception("engine step failed")
             return self._fail_step(out, exc)
         self.scheduler.update(out)
-        tokens = sample(logits, seqs, self._generator) if seqs else []
+        sampled = self._sample(logits, seqs)
+        tokens = sampled.tokens
         now = time.monotonic()
         touched: dict[str, Request] = {}
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
@@ -193,11 +207,8 @@ class LLMEngine:
             touched[req.request_id] = req
             if req.first_token_time is None:
                 req.first_token_time = now
-            seq.token_ids.append(token)
-            self.counters["generated_tokens"] += 1
-            self.policy.on_tokens_generated(seq, 1)
+            self._append(seq, token, sampled, i)
             self._start_forks(seq, logits[i])
-            self._check_stop(seq, token)
         results = []
         for req in touched.values():
             if req.finished:
@@ -212,12 +223,24 @@ class LLMEngine:
         followers = self.scheduler.fork_followers(leader)
         if not followers:
             return
-        tokens = sample(logits_row.unsqueeze(0).expand(len(followers), -1), followers, self._generator)
-        for child, token in zip(followers, tokens):
-            child.token_ids.append(token)
-            self.counters["generated_tokens"] += 1
-            self.policy.on_tokens_generated(child, 1)
-            self._check_stop(child, token)
+        sampled = self._sample(logits_row.unsqueeze(0).expand(len(followers), -1), followers)
+        for j, (child, token) in enumerate(zip(followers, sampled.tokens)):
+            self._append(child, token, sampled, j)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        bitmask = self.structured.bitmask_for(seqs) if self.structured.active else None
+        return sample_batch(logits, seqs, self._generator, bitmask)
+
+    def _append(self, seq: Sequence, token: int, sampled: SamplerOutput, row: int) -> None:
+        seq.token_ids.append(token)
+        if sampled.logprobs[row] is not None:
+            seq.logprobs.append(sampled.logprobs[row])
+        self.counters["generated_tokens"] += 1
+        self.policy.on_tokens_generated(seq, 1)
+        grammar_done = self.structured.accept(seq, token)
+        self._check_stop(seq, token)
+        if grammar_done:  # the grammar admits nothing more (e.g. ignore_eos after a complete JSON)
+            self.scheduler.finish(seq, "stop")
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         p = seq.request.params
@@ -243,6 +266,7 @@ class LLMEngine:
             if not (self.stream_text or req.params.stop):
                 seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
             self._detok.pop(seq.seq_id, None)
+            self.structured.release(seq)
         self.requests.pop(req.request_id, None)
         self.counters["finished"] += 1
         self.counters["prompt_tokens"] += len(req.prompt_token_ids)
@@ -253,7 +277,8 @@ class LLMEngine:
     def _snapshot(self, req: Request) -> RequestOutput:
         outputs = [
             CompletionOutput(index=s.index, token_ids=list(s.output_token_ids), text=s.text,
-                             finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+                             finish_reason=s.finish_reason, stop_reason=s.stop_reason,
+                             logprobs=list(s.logprobs) if req.params.logprobs is not None else None)
             for s in req.sequences
         ]
         metrics = {"arrival_time": req.arrival_time, "first_token_time": req.first_token_time,

@@ -11,6 +11,7 @@ class CompletionOutput:
     text: str
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    logprobs: list | None = None  # sampler.TokenLogprobs per token when the request asked for them
 
 
 @dataclass

@@ -71,6 +71,7 @@ class Sequence:
     text: str = ""
     text_emitted: int = 0  # chars of ``text`` already sent to a stream
     tokens_emitted: int = 0
+    logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
 
     @property
     def num_tokens(self) -> int:
