@@ -31,9 +31,13 @@ class Prepared:
 
 @dataclass
 class Delta:
+    """New text of one choice; ``completion_tokens`` counts every choice of the request so far."""
+
     text: str
     finish_reason: str | None
     completion_tokens: int
+    index: int = 0
+    logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
 
 
 def prepare(ctx, auth: TenantAuth, model: str, endpoint: str,
@@ -72,18 +76,28 @@ async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
             raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
         except RuntimeError as exc:
             raise ServiceUnavailable(f"the engine cannot take requests: {exc}") from None
-        sent = 0
+        sent: dict[int, int] = {}
+        lp_sent: dict[int, int] = {}
+        done: set[int] = set()
         async for out in stream:
             if out.error:
                 raise ServiceUnavailable(f"generation failed: {out.error}")
-            comp = out.outputs[0]
-            completion_tokens = len(comp.token_ids)
+            completion_tokens = sum(len(c.token_ids) for c in out.outputs)
             if completion_tokens and first_token_at is None:
                 first_token_at = time.monotonic()
-            delta, sent = comp.text[sent:], len(comp.text)
             finished = out.finished
-            if delta or finished:
-                yield Delta(delta, comp.finish_reason if finished else None, completion_tokens)
+            for comp in out.outputs:  # n > 1: one delta per choice that moved
+                if comp.index in done:
+                    continue
+                s = sent.get(comp.index, 0)
+                delta, sent[comp.index] = comp.text[s:], len(comp.text)
+                lps = comp.logprobs[lp_sent.get(comp.index, 0):] if comp.logprobs else []
+                lp_sent[comp.index] = len(comp.logprobs or [])
+                ended = comp.finish_reason is not None or finished
+                if ended:
+                    done.add(comp.index)
+                if delta or ended or lps:
+                    yield Delta(delta, comp.finish_reason if ended else None, completion_tokens, comp.index, lps)
         status = "ok"
     finally:
         if not finished:
