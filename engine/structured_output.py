@@ -30,6 +30,26 @@ log = logging.getLogger("loraplex.engine.structured")
 _XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[07:40:14] /project/cpp/x.cc:94: "
 
 
+# xgrammar 0.2.9 lets raw control characters (U+0000-U+001F) into strings that carry minLength /
+# maxLength, which makes json.loads reject the output; its pattern path excludes them, so such
+# strings are rewritten as an equivalent character-class pattern (escape sequences are then not
+# generated inside those strings, a narrower but valid language).
+_JSON_CHAR = '[^"\\\\\\u0000-\\u001f]'
+
+
+def _bounded_strings_as_patterns(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_bounded_strings_as_patterns(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_strings_as_patterns(v) for k, v in node.items()}
+    if (out.get("type") == "string" and ("maxLength" in out or "minLength" in out)
+            and "pattern" not in out and "format" not in out and "enum" not in out and "const" not in out):
+        lo, hi = int(out.pop("minLength", 0)), out.pop("maxLength", None)
+        out["pattern"] = f"^{_JSON_CHAR}{{{lo},{'' if hi is None else int(hi)}}}$"
+    return out
+
+
 class StructuredOutputManager:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Seq[int], cache_size: int = 256,
                  compile_threads: int = 2):
@@ -87,7 +107,8 @@ class StructuredOutputManager:
                 except ValueError as exc:
                     raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from None
                 # Compact JSON: a model free to emit whitespace can pad forever before max_tokens.
-                return compiler.compile_json_schema(spec.value, any_whitespace=False)
+                schema = _bounded_strings_as_patterns(json.loads(spec.value))
+                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.value)
             return compiler.compile_grammar(spec.value)
