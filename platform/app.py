@@ -20,6 +20,7 @@ from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.routes import router as tenant_router
+from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform")
@@ -58,6 +59,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.include_router(admin_router)
     app.include_router(tenant_router)
+    app.include_router(tokenize_router)
 
     @app.get("/health", tags=["health"])
     def health() -> dict:

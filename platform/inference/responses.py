@@ -160,6 +160,22 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
+def _byte_decoder() -> dict[str, int]:
+    # GPT-2's reversible byte <-> printable-char table, as every byte-level BPE uses it.
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
 class _Logprobs:
     """Engine TokenLogprobs -> the chat (``content`` list) or legacy completions layout."""
 
@@ -173,10 +189,17 @@ class _Logprobs:
             s = self._cache[tid] = self._tok.decode([tid])
         return s
 
+    def _bytes(self, tid: int) -> list[int]:
+        """The token's real bytes: a byte-level BPE piece maps back char by char (a piece that
+        splits a UTF-8 character decodes to U+FFFD, its bytes do not); other vocabularies decode."""
+        piece = self._tok.convert_ids_to_tokens(tid)
+        if isinstance(piece, str) and piece and all(ch in _BYTE_DECODER for ch in piece):
+            return [_BYTE_DECODER[ch] for ch in piece]
+        return list(self._s(tid).encode("utf-8"))
+
     def chat(self, lps: list) -> dict:
         def entry(tid: int, lp: float) -> dict:
-            s = self._s(tid)
-            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"token": self._s(tid), "logprob": lp, "bytes": self._bytes(tid)}
 
         return {"content": [{**entry(x.token_id, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
                             for x in lps], "refusal": None}
