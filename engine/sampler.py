@@ -5,9 +5,10 @@ repetition penalties, then greedy, or temperature -> top-k -> top-p -> min-p -> 
 stage runs as one tensor operation over the rows that need it (a batch that mixes 64 different
 parameter sets costs one pass, not 64); rows that need nothing skip the stage entirely.
 
-Draws use the exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly from p:
-rows with a seed fill their own E from their own generator, so a seeded sequence gives the same
-tokens whatever else is in the batch; the other rows share one vectorised fill.
+Draws invert each row's CDF at one uniform number: rows with a seed take theirs from their own
+generator, so a seeded sequence gives the same tokens whatever else is in the batch; the other
+rows share one vectorised draw. (An exponential race over the whole vocabulary costs V random
+numbers per row; the CDF costs one.)
 
 Logprobs are the model's own distribution (log-softmax of the raw logits, before penalties, bias,
 grammar mask and temperature; vLLM's ``raw_logprobs``), computed only for the rows that ask.
@@ -15,6 +16,7 @@ grammar mask and temperature; vLLM's ``raw_logprobs``), computed only for the ro
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from itertools import chain
 from dataclasses import dataclass
 
 import torch
@@ -61,13 +63,19 @@ def sample_batch(logits: torch.Tensor, seqs: Seq[Sequence], default_generator: t
     tokens = x.argmax(dim=-1)
     draw_rows = [i for i, p in enumerate(params) if not p.greedy]
     if draw_rows:
-        probs = truncated_probs(x[draw_rows], [params[i] for i in draw_rows])
-        noise = torch.empty_like(probs).exponential_(generator=default_generator)
+        # One uniform per row (a seeded row draws it from its own generator), then inverse CDF.
+        u = torch.rand(len(draw_rows), generator=default_generator, device=x.device)
         for j, i in enumerate(draw_rows):
             gen = seqs[i].generator
             if gen is not None:
-                noise[j].exponential_(generator=gen)
-        tokens[draw_rows] = probs.div_(noise).argmax(dim=-1)
+                u[j] = torch.rand(1, generator=gen, device=x.device)
+        for rows, probs, ids in _draw_groups(x[draw_rows], [params[i] for i in draw_rows]):
+            cdf = probs.cumsum(dim=-1)
+            picked = torch.searchsorted(cdf, (u[rows] * cdf[:, -1]).unsqueeze(1), right=True)
+            picked = picked.clamp_(max=probs.shape[-1] - 1)
+            if ids is not None:
+                picked = ids.gather(1, picked)
+            tokens[[draw_rows[r] for r in rows]] = picked.squeeze(1)
     token_list = tokens.tolist()
     logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
     if lp_rows:
@@ -89,33 +97,86 @@ def process_logits(logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: Tok
                      torch.tensor(b, dtype=x.dtype, device=x.device), accumulate=True)
     pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
     if pen_rows:
-        x[pen_rows] = _apply_penalties(x[pen_rows], [seqs[i] for i in pen_rows])
+        _apply_penalties(x, pen_rows, seqs)
     return x
 
 
+TOP_P_CANDIDATES = 256  # top-p rows first look at this many best tokens (enough for real peaked distributions)
+
+
 def truncated_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Softmax of x / temperature after top-k, top-p and min-p (rows that disable one skip it)."""
+    """The full-vocabulary distribution each draw row samples from (tests compare it)."""
+    out = torch.zeros_like(x)
+    for rows, probs, ids in _draw_groups(x, params):
+        out[rows] = probs if ids is None else torch.zeros(len(rows), x.shape[-1], device=x.device).scatter_add_(1, ids, probs)
+    return out
+
+
+def _draw_groups(x: torch.Tensor, params: list[SamplingParams]) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+    """Softmax of x / temperature after top-k, top-p and min-p, as (rows, probs, token ids or None).
+
+    Rows with top-k or top-p live in candidate space (their k best, or the best
+    ``TOP_P_CANDIDATES`` for top-p rows, widened 16x at a time while the nucleus is larger): they
+    never sort, exponentiate or draw over the whole vocabulary. Other rows use the full row."""
     dev = x.device
     vocab = x.shape[-1]
-    x = x / torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
-    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        kth = sorted_x.gather(1, (top_k - 1).unsqueeze(1))
-        sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
-        sorted_p = sorted_x.softmax(dim=-1)
-        # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
-        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p.unsqueeze(1)
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.empty_like(x).scatter_(1, order, sorted_x)
-    probs = x.softmax(dim=-1)
-    min_p = torch.tensor([p.min_p for p in params], device=dev)
+    k_rows = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    trunc = [i for i, p in enumerate(params) if k_rows[i] < vocab or p.top_p < 1.0]
+    full = [i for i in range(len(params)) if i not in set(trunc)]
+    groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+    if full:
+        t = torch.tensor([params[i].temperature for i in full], device=dev).unsqueeze(1)
+        groups.append((full, _min_p((x[full] / t).softmax(dim=-1), [params[i] for i in full]), None))
+    if trunc:
+        sub = [params[i] for i in trunc]
+        cand = [k_rows[i] if k_rows[i] < vocab else min(vocab, TOP_P_CANDIDATES) for i in trunc]
+        vals, ids = _truncate(x[trunc], cand, sub, [k_rows[i] == vocab for i in trunc])
+        groups.append((trunc, _min_p(vals.softmax(dim=-1), sub), ids))
+    return groups
+
+
+def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    min_p = torch.tensor([p.min_p for p in params], device=probs.device)
     if bool((min_p > 0).any()):
         floor = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
         probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _truncate(x: torch.Tensor, cand: list[int], params: list[SamplingParams],
+              full_mass: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-``cand`` tokens, then its top-p nucleus among them: (scaled logits with
+    dropped ones at -inf, token ids), both [rows, max(cand)]. Rows flagged ``full_mass`` (top-p
+    only) measure mass against the whole row; if their candidates hold less than top_p of it, the
+    nucleus may lie beyond them and they are redone with 16x more candidates."""
+    dev = x.device
+    vocab = x.shape[-1]
+    k = max(cand)
+    temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+    vals, ids = x.topk(k, dim=-1)  # sorted, best first; temperature keeps the order
+    vals = vals / temp
+    vals = vals.masked_fill(torch.arange(k, device=dev).unsqueeze(0) >= torch.tensor(cand, device=dev).unsqueeze(1),
+                            float("-inf"))
+    fm = torch.tensor(full_mass, device=dev)
+    lse = vals.logsumexp(dim=-1)
+    wide = fm.nonzero().flatten()
+    if len(wide):
+        lse[wide] = (x[wide] / temp[wide]).logsumexp(dim=-1)
+    p_sorted = (vals - lse.unsqueeze(1)).exp()
+    tp = torch.tensor([p.top_p for p in params], device=dev)
+    # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
+    drop = (p_sorted.cumsum(dim=-1) - p_sorted) >= tp.unsqueeze(1)
+    vals = vals.masked_fill(drop, float("-inf"))
+    short = (fm & (p_sorted.sum(dim=-1) < tp)).nonzero().flatten().tolist()
+    if short and k < vocab:
+        wider = min(vocab, k * 16)
+        v2, i2 = _truncate(x[short], [wider] * len(short), [params[i] for i in short], [True] * len(short))
+        pad = v2.shape[1] - k
+        vals = torch.cat([vals, vals.new_full((len(vals), pad), float("-inf"))], dim=1)
+        ids = torch.cat([ids, ids.new_zeros((len(ids), pad))], dim=1)
+        vals[short], ids[short] = v2, i2
+    return vals, ids
 
 
 def _apply_bitmask(x: torch.Tensor, tb: TokenBitmask) -> None:
@@ -130,30 +191,33 @@ def _apply_bitmask(x: torch.Tensor, tb: TokenBitmask) -> None:
     x[rows] = x[rows].masked_fill(~allowed, float("-inf"))
 
 
-def _apply_penalties(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> None:
+    """In place, touching only the (row, token) pairs that occurred: O(tokens seen), not O(vocab)."""
     dev = x.device
-    rows, vocab = x.shape
-    outs = [s.token_ids[s.num_prompt_tokens:] for s in seqs]
-    prompts = [s.token_ids[: s.num_prompt_tokens] for s in seqs]
-    counts = _bincount_rows(outs, rows, vocab, dev)
-    params = [s.request.params for s in seqs]
-    rep = torch.tensor([p.repetition_penalty for p in params], device=dev).unsqueeze(1)
-    if bool((rep != 1.0).any()):
-        seen = (counts > 0) | (_bincount_rows(prompts, rows, vocab, dev) > 0)
-        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-    freq = torch.tensor([p.frequency_penalty for p in params], device=dev).unsqueeze(1)
-    pres = torch.tensor([p.presence_penalty for p in params], device=dev).unsqueeze(1)
-    return x - freq * counts - pres * (counts > 0).float()
-
-
-def _bincount_rows(token_lists: list[list[int]], rows: int, vocab: int, dev: torch.device) -> torch.Tensor:
-    counts = torch.zeros(rows, vocab, device=dev)
-    flat = [t for ts in token_lists for t in ts]
-    if flat:
-        row_ids = torch.repeat_interleave(torch.arange(rows, device=dev),
-                                          torch.tensor([len(ts) for ts in token_lists], device=dev))
-        counts.index_put_((row_ids, torch.tensor(flat, device=dev)), torch.ones(len(flat), device=dev), accumulate=True)
-    return counts
+    vocab = x.shape[-1]
+    outs = [seqs[r].token_ids[seqs[r].num_prompt_tokens:] for r in rows]
+    prompts = [seqs[r].token_ids[: seqs[r].num_prompt_tokens] for r in rows]
+    row_t = torch.tensor(rows, device=dev)
+    out_len = torch.tensor([len(t) for t in outs], device=dev)
+    prompt_len = torch.tensor([len(t) for t in prompts], device=dev)
+    n_out = int(out_len.sum())
+    flat = torch.tensor(list(chain.from_iterable(outs)) + list(chain.from_iterable(prompts)), dtype=torch.long, device=dev)
+    if flat.numel() == 0:
+        return
+    flat_rows = torch.cat([row_t.repeat_interleave(out_len), row_t.repeat_interleave(prompt_len)])
+    keys, inverse = torch.unique(flat_rows * vocab + flat, return_inverse=True)
+    counts = torch.zeros(len(keys), device=dev).index_add_(0, inverse[:n_out], torch.ones(n_out, device=dev))
+    r_idx, t_idx = keys // vocab, keys % vocab
+    per_row = torch.zeros(3, x.shape[0], device=dev)
+    per_row[0].fill_(1.0)
+    for r in rows:
+        p = seqs[r].request.params
+        per_row[0, r], per_row[1, r], per_row[2, r] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
+    rep, freq, pres = per_row[0, r_idx], per_row[1, r_idx], per_row[2, r_idx]
+    v = x[r_idx, t_idx]
+    v = torch.where(v > 0, v / rep, v * rep)  # repetition: prompt and output tokens alike
+    v = v - freq * counts - pres * (counts > 0).float()  # frequency/presence: output tokens only
+    x[r_idx, t_idx] = v
 
 
 def _fill_logprobs(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], tokens: list[int],

@@ -143,7 +143,7 @@ def test_seeded_rows_ignore_the_rest_of_the_batch():
     assert draw([0]) == draw([0, 1, 2, 3]) == draw([0, 5, 6, 7, 1, 2, 3])
 
 
-def test_exponential_race_frequencies_follow_the_truncated_distribution():
+def test_draw_frequencies_follow_the_truncated_distribution():
     logits = torch.tensor([[0.0, 1.0, 2.0, 0.5, -3.0]])
     p = SamplingParams(temperature=1.0, top_k=3)
     seqs = [_seq(p, [0], []) for _ in range(4000)]
@@ -153,3 +153,29 @@ def test_exponential_race_frequencies_follow_the_truncated_distribution():
     want[0] = 0.0  # top-3 keeps {2, 1, 3}
     want = want / want.sum()
     assert torch.allclose(counts, want, atol=0.03)
+
+
+def test_wide_nucleus_widens_the_candidate_set_to_the_exact_distribution():
+    """Flat logits over a large vocabulary: the top-p nucleus holds thousands of tokens, beyond the
+    first candidate set; the result must still equal a full-sort reference."""
+    torch.manual_seed(0)
+    vocab = 6000
+    logits = torch.randn(3, vocab) * 0.5
+    params = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.7, top_p=0.3, min_p=0.2),
+              SamplingParams(temperature=1.2, top_k=3000, top_p=0.95)]
+    got = truncated_probs(logits.clone(), params)
+    for row, p in enumerate(params):
+        x = logits[row].double() / p.temperature
+        order = x.argsort(descending=True)
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        kk = p.top_k if p.top_k > 0 else vocab
+        cand = order[:kk]
+        probs = torch.softmax(x[cand], -1)
+        before = probs.cumsum(-1) - probs
+        keep[cand[before < p.top_p]] = True
+        ref = torch.softmax(x.masked_fill(~keep, float("-inf")), -1)
+        if p.min_p:
+            ref = ref.masked_fill(ref < ref.max() * p.min_p, 0.0)
+            ref = ref / ref.sum()
+        assert int(keep.sum()) > 256 or row == 1
+        assert torch.allclose(got[row].double(), ref, atol=1e-6), row
