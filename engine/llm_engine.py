@@ -64,6 +64,8 @@ class LLMEngine:
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.counters = {"requests": 0, "finished": 0, "aborted": 0, "errors": 0,
                          "prompt_tokens": 0, "generated_tokens": 0, "preemptions": 0, "steps": 0}
+        # Cumulative wall time of the step's phases (forward includes adapter loading).
+        self.step_seconds = {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
 
     # ------------------------------------------------------------------ requests in
     def add_request(
@@ -184,7 +186,10 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        self.step_seconds["schedule"] += t1 - t0
         self.counters["preemptions"] += len(out.preempted)
         if not out:
             if self.scheduler.has_work() and not self.scheduler.running:
@@ -197,8 +202,11 @@ class LLMEngine:
         except Exception as exc:  # a bad step must not take the engine down with it
             log.exception("engine step failed")
             return self._fail_step(out, exc)
+        t2 = time.perf_counter()
+        self.step_seconds["forward"] += t2 - t1
         self.scheduler.update(out)
         sampled = self._sample(logits, seqs)
+        self.step_seconds["sample"] += time.perf_counter() - t2
         tokens = sampled.tokens
         now = time.monotonic()
         touched: dict[str, Request] = {}
@@ -321,6 +329,8 @@ class LLMEngine:
             "scheduler": self.scheduler.stats(),
             "kv_cache": self.kv.stats(),
             "counters": dict(self.counters),
+            "step_seconds": dict(self.step_seconds),
+            "structured_output": dict(self.structured.stats),
             "lora": self.lora.stats() if self.lora is not None else None,
             "max_model_len": self.max_model_len,
         }

@@ -6,7 +6,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
@@ -60,6 +61,13 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     app.include_router(admin_router)
     app.include_router(tenant_router)
     app.include_router(tokenize_router)
+
+    if ctx.observer is not None and ctx.observer.metrics is not None:
+        metrics = ctx.observer.metrics
+
+        @app.get("/metrics", tags=["health"], include_in_schema=False)
+        def prometheus_metrics() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
     def health() -> dict:

@@ -57,6 +57,14 @@ class AuthSettings(_Table):
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
 
+class ObservabilitySettings(_Table):
+    metrics: bool = True  # serve /metrics (Prometheus text format)
+    tenant_labels: bool = False  # label request metrics by tenant and adapter (bounded, see below)
+    max_label_values: int = Field(100, ge=1)  # distinct tenants / adapters per label; the rest are "other"
+    json_logs: bool = False  # one JSON object per log line (request id, tenant, adapter, timings)
+    otlp_endpoint: str = ""  # e.g. http://collector:4318/v1/traces: one span per request when set
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LORAPLEX_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -75,6 +83,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

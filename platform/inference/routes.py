@@ -34,12 +34,13 @@ def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec |
 
 
 async def _prepare_all(ctx, tenant, model: str, endpoint: str, tokenizers: list[Callable[[Any], list[int]]],
-                       sampling: dict) -> list[generation.Prepared]:
+                       sampling: dict, user: str | None) -> list[generation.Prepared]:
     """Admit one engine request per prompt; if a later one is refused, free the earlier ones."""
     preps: list[generation.Prepared] = []
     try:
         for tokenize in tokenizers:
             preps.append(await run_in_threadpool(generation.prepare, ctx, tenant, model, endpoint, tokenize, sampling))
+            preps[-1].user = user
     except BaseException:
         for p in preps:
             p.ticket.finish(0)
@@ -61,7 +62,8 @@ async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDe
         return (lambda tok: list(p)) if isinstance(p, list) else (lambda tok: tok.encode(p))
 
     sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
-    preps = await _prepare_all(ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling)
+    preps = await _prepare_all(ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling,
+                                 body.user)
     tok = ctx.gateway.tokenizer
     echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
     return await respond(ctx, preps, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), tok)
@@ -83,7 +85,7 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
         return tok.encode(text, add_special_tokens=False)
 
     sampling = _sampling(body, body.token_limit(), logprobs, spec)
-    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [tokenize], sampling)
+    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [tokenize], sampling, body.user)
     return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 
 
