@@ -7,7 +7,8 @@ from .config import EngineConfig
 from .errors import EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
 from .llm import LLM
 from .llm_engine import LLMEngine
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
+from .request import EngineRequest
 from .sampling_params import SamplingParams
 
 __all__ = [
@@ -17,6 +18,9 @@ __all__ = [
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
+    "EngineRequest",
+    "FinishReason",
+    "OutputKind",
     "InvalidRequestError",
     "LLMEngine",
     "RequestOutput",

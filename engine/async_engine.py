@@ -1,28 +1,40 @@
-"""AsyncEngine: the step loop in a background thread, requests as async iterators (for servers).
+"""AsyncEngine: the step loop on its own thread, requests as async iterators (for servers).
 
-    engine = AsyncEngine(EngineConfig(model=...)); engine.start()
-    async for out in engine.submit(prompt_ids, SamplingParams(max_tokens=64), tenant_id="acme"):
-        ...   # cumulative RequestOutput after every step that changed it; the last has finished=True
+    engine = AsyncEngine(EngineConfig(model=...)).start()
+    async for out in engine.submit(EngineRequest(prompt_ids, SamplingParams(max_tokens=64), tenant_id="acme")):
+        ...   # RequestOutput after every step that changed it; the last has finished=True
     engine.shutdown()
 
-The loop thread and callers share the LLMEngine under one lock, held for a whole step, so admin
-calls (add_adapter, set_tenant) land between two steps and affect the very next one.
+The engine thread alone touches the ``LLMEngine``. Callers never wait on a step: ``submit`` validates
+on the caller's thread (a bad request raises there, before any iteration) and puts the request in an
+inbox; ``abort`` and admin calls go through the same inbox, which the engine thread drains between
+two steps, so an admin change affects the very next step. Outputs travel back through each stream's
+asyncio queue (``call_soon_threadsafe``); with ``OutputKind.DELTA`` a stream that fell behind
+coalesces what queued up instead of dropping it.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import queue
 import threading
-import uuid
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 from .config import EngineConfig
-from .errors import EngineDeadError
+from .errors import EngineDeadError, InvalidRequestError
 from .llm_engine import UNCHANGED, LLMEngine
-from .outputs import RequestOutput
+from .outputs import OutputKind, RequestOutput
+from .request import EngineRequest
 from .sampling_params import SamplingParams, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.engine")
+T = TypeVar("T")
+# Admin calls wait at most this long for the engine thread (a step is milliseconds to seconds).
+CALL_TIMEOUT_S = 120.0
 
 
 class RequestStream:
@@ -32,29 +44,34 @@ class RequestStream:
         self.request_id = request_id
         self._engine = engine
         self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
 
     def _push(self, item: RequestOutput | BaseException) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            pass
 
-    def __aiter__(self):
+    def __aiter__(self) -> "RequestStream":
         return self
 
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
         item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        # Several steps may have queued up: skip to the newest (outputs are cumulative).
-        while not item.finished and not self._queue.empty():
-            nxt = self._queue.get_nowait()
-            if isinstance(nxt, BaseException):
+        while True:
+            if isinstance(item, BaseException):
                 self.finished = True
-                raise nxt
-            item = nxt
+                raise item
+            if item.finished or self._queue.empty():
+                break
+            # Several steps queued up: cumulative outputs supersede, deltas add up.
+            nxt = self._queue.get_nowait()
+            if isinstance(nxt, RequestOutput) and item.kind is OutputKind.DELTA:
+                item.merge(nxt)
+            else:
+                item = nxt
         if item.finished:
             self.finished = True
         return item
@@ -64,11 +81,28 @@ class RequestStream:
             self.finished = True
             self._engine.abort(self.request_id)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "RequestStream":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+@dataclass
+class _Add:
+    request: EngineRequest
+    stream: RequestStream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
 
 
 class AsyncEngine:
@@ -78,15 +112,15 @@ class AsyncEngine:
                 raise ValueError("AsyncEngine needs an EngineConfig or an LLMEngine")
             engine = LLMEngine(config)
         self.engine = engine
-        self.engine.stream_text = True
-        self._cond = threading.Condition()
-        self._streams: dict[str, RequestStream] = {}
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # request id -> stream, guarded by _streams_lock
+        self._streams_lock = threading.Lock()  # held for dict operations only, never across a step
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead: BaseException | None = None
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     @property
@@ -101,120 +135,168 @@ class AsyncEngine:
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self._stopping = True
+        self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        with self._cond:
-            for rid in list(self._streams):
-                out = self.engine.abort_request(rid)
-                stream = self._streams.pop(rid)
-                stream._push(out if out is not None else EngineDeadError("engine shut down"))
+        # The loop is gone: this thread may touch the engine now.
+        with self._streams_lock:
+            streams, self._streams = self._streams, {}
+        for rid, stream in streams.items():
+            out = self.engine.abort_request(rid)
+            stream._push(out if out is not None else EngineDeadError("engine shut down"))
 
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead is None
 
     # ------------------------------------------------------------------ requests
-    def submit(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        adapter: str | None = None,
-        tenant_id: str = "default",
-        priority: int | None = None,
-        weight: float | None = None,
-        cache_salt: str | None = None,
-    ) -> RequestStream:
-        """Validate and queue a request now (errors raise here, before any iteration); must be
-        called from a running event loop. Returns the stream of its outputs."""
+    def submit(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
+               **fields: Any) -> RequestStream:
+        """Validate and queue a request (an ``EngineRequest``, or its fields). Bad requests raise
+        here, on the caller's thread, before any iteration; must be called from a running event
+        loop. Never waits for the engine's step."""
+        if not isinstance(request, EngineRequest):
+            request = EngineRequest(request, params or SamplingParams(), **fields)
+        elif params is not None or fields:
+            raise TypeError("pass either an EngineRequest or its fields, not both")
         loop = asyncio.get_running_loop()
-        request_id = request_id or uuid.uuid4().hex
-        with self._cond:
-            if self.dead is not None or self._stopping:
-                raise EngineDeadError(f"engine is not running: {self.dead or 'shut down'}")
-            stream = RequestStream(self, request_id, loop)
-            self.engine.add_request(prompt, params, request_id=request_id, adapter=adapter, tenant_id=tenant_id,
-                                    priority=priority, weight=weight, cache_salt=cache_salt)
-            self._streams[request_id] = stream
-            self._cond.notify_all()
+        if self.dead is not None or self._stopping:
+            raise EngineDeadError(f"engine is not running: {self.dead or 'shut down'}")
+        token_ids, _adapter = self.engine.validate(request)
+        if not isinstance(request.prompt, list):
+            request.prompt = token_ids  # tokenized once, here
+        stream = RequestStream(self, request.request_id, loop)
+        with self._streams_lock:
+            if request.request_id in self._streams:
+                raise InvalidRequestError(f"request id {request.request_id!r} is already in use", param="request_id")
+            self._streams[request.request_id] = stream
+        self._inbox.put(_Add(request, stream))
         return stream
 
-    async def generate(self, prompt, params=None, **kwargs) -> RequestOutput:
+    async def generate(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
+                       **fields: Any) -> RequestOutput:
         """Submit and wait for the final output."""
         final = None
-        async for out in self.submit(prompt, params, **kwargs):
+        async for out in self.submit(request, params, **fields):
             final = out
+        assert final is not None
         return final
 
     def compile_structured(self, spec: StructuredOutputSpec) -> None:
-        """Compile (and cache) a structured-output grammar WITHOUT the step lock: call it from a
-        worker thread before ``submit`` so the request waits for its grammar and the batch does not."""
+        """Compile (and cache) a structured-output grammar on the caller's thread: call it from a
+        worker thread before ``submit`` so the request waits for its grammar and neither the event
+        loop nor the batch does (``submit``'s validation then finds it in the cache)."""
         self.engine.structured.compile(spec)
 
     def abort(self, request_id: str) -> bool:
-        with self._cond:
-            out = self.engine.abort_request(request_id)
-            stream = self._streams.pop(request_id, None)
-        if stream is not None and out is not None:
-            stream._push(out)
-        return out is not None
+        """Abort a request between two steps; its stream then ends with finish_reason "abort".
+        False if no such request is in flight."""
+        with self._streams_lock:
+            known = request_id in self._streams
+        if known:
+            self._inbox.put(_Abort(request_id))
+        return known
 
     # ------------------------------------------------------------------ admin (between steps)
-    def _call(self, fn, *args, **kwargs) -> Any:
-        with self._cond:
-            return fn(*args, **kwargs)
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread between two steps and wait for its result (directly,
+        when no loop runs). Call from a worker thread, not from an event loop."""
+        if self._thread is None or threading.current_thread() is self._thread:
+            return fn()
+        if not self.is_running:
+            raise EngineDeadError(f"engine is not running: {self.dead or 'shut down'}")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(_Call(fn, future))
+        return future.result(timeout=CALL_TIMEOUT_S)
 
     def add_adapter(self, name: str, path: str) -> None:
-        self._call(self._lora().add_adapter, name, path)
+        lora = self.engine.lora
+        loaded = lora.load(name, path)  # the slow part, on this thread
+        self._call(lambda: lora.register(name, Path(path), loaded))
 
     def remove_adapter(self, name: str) -> None:
-        self._call(self._lora().remove_adapter, name)
+        self._call(lambda: self.engine.lora.remove_adapter(name))
 
     def list_adapters(self) -> list[str]:
-        return self._call(self._lora().list_adapters) if self.engine.lora is not None else []
-
-    def _lora(self):
-        if self.engine.lora is None:
-            raise RuntimeError("this engine was built without LoRA support")
-        return self.engine.lora
+        return self._call(self.engine.lora.list_adapters)
 
     def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
-                   max_running_seqs: int | None | object = UNCHANGED) -> None:
+                   max_running_seqs: int | None = UNCHANGED) -> None:
         """Update a tenant's scheduling fields; ``max_running_seqs=None`` removes its own cap."""
-        self._call(self.engine.set_tenant, tenant_id, priority=priority, weight=weight,
-                   max_running_seqs=max_running_seqs)
+        self._call(lambda: self.engine.set_tenant(tenant_id, priority=priority, weight=weight,
+                                                  max_running_seqs=max_running_seqs))
 
     def stats(self) -> dict:
         return self._call(self.engine.stats)
 
     # ------------------------------------------------------------------ the loop
+    def _drain(self, block: bool) -> None:
+        """Apply everything in the inbox; with ``block``, wait for the first item."""
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, item: _Add | _Abort | _Call | None) -> None:
+        if item is None:
+            return  # shutdown's wake-up
+        if isinstance(item, _Add):
+            try:
+                self.engine.add_request(item.request)
+            except Exception as exc:  # e.g. its adapter was removed since submit
+                self._pop_stream(item.request.request_id)
+                item.stream._push(exc)
+        elif isinstance(item, _Abort):
+            out = self.engine.abort_request(item.request_id)
+            stream = self._pop_stream(item.request_id)
+            if stream is not None and out is not None:
+                stream._push(out)
+        elif item.future.set_running_or_notify_cancel():
+            try:
+                item.future.set_result(item.fn())
+            except BaseException as exc:
+                item.future.set_exception(exc)
+
+    def _pop_stream(self, request_id: str) -> RequestStream | None:
+        with self._streams_lock:
+            return self._streams.pop(request_id, None)
+
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    while not self._stopping and not self.engine.has_unfinished_requests():
-                        self._cond.wait()
-                    if self._stopping:
-                        return
-                    outputs = self.engine.step()
-                    deliveries = []
-                    for out in outputs:
-                        stream = self._streams.get(out.request_id)
-                        if stream is None:
-                            continue
-                        if out.finished:
-                            self._streams.pop(out.request_id, None)
-                        deliveries.append((stream, out))
-                for stream, out in deliveries:
-                    stream._push(out)
+            while not self._stopping:
+                self._drain(block=not self.engine.has_unfinished_requests())
+                if self._stopping or not self.engine.has_unfinished_requests():
+                    continue
+                for out in self.engine.step():
+                    with self._streams_lock:
+                        stream = (self._streams.pop(out.request_id, None) if out.finished
+                                  else self._streams.get(out.request_id))
+                    if stream is not None:
+                        stream._push(out)
         except BaseException as exc:  # a bug in the loop: fail every stream, refuse new work
             log.exception("engine loop died")
-            with self._cond:
-                self.dead = exc
+            self.dead = exc
+            with self._streams_lock:
                 streams, self._streams = self._streams, {}
             for stream in streams.values():
                 stream._push(EngineDeadError(f"engine loop died: {exc!r}"))
+            self._fail_pending_calls(exc)
+
+    def _fail_pending_calls(self, exc: BaseException) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call) and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineDeadError(f"engine loop died: {exc!r}"))
+            elif isinstance(item, _Add):
+                item.stream._push(EngineDeadError(f"engine loop died: {exc!r}"))

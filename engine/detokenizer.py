@@ -28,6 +28,18 @@ def append_text(tokenizer, seq, state: DetokState) -> str:
     return ""
 
 
+def flush_text(tokenizer, seq, state: DetokState) -> str:
+    """At the end of a sample: append whatever is still pending (an incomplete UTF-8 tail decodes
+    to U+FFFD, as a one-shot decode of the same tokens spells it). Returns the delta."""
+    ids = seq.output_token_ids
+    prefix = tokenizer.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(ids[state.prefix_offset:], skip_special_tokens=True)
+    delta = full[len(prefix):] if len(full) > len(prefix) else ""
+    seq.text += delta
+    state.prefix_offset = state.read_offset = len(ids)
+    return delta
+
+
 def find_stop_string(text: str, stops: list[str], new_chars: int) -> tuple[int, str] | None:
     """Earliest stop string that overlaps the last ``new_chars`` characters: (index, stop)."""
     if not stops or new_chars <= 0:

@@ -136,7 +136,7 @@ class KVCacheManager:
             # The engine keys an adapter by name + content hash: KV computed under one adapter, or
             # one version of it, is never reused under another.
             req = seq.request
-            key = req.adapter_cache_key or req.adapter
+            key = req.adapter.cache_key if req.adapter is not None else None
             state = self._hashes[seq.seq_id] = SeqBlockHashes(extra_key(key, req.cache_salt))
         return state.upto(seq.token_ids, num_blocks, self.block_size)
 

@@ -6,35 +6,32 @@
 """
 from __future__ import annotations
 
+from typing import Any
 from typing import Sequence as Seq
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import OutputKind, RequestOutput
+from .request import EngineRequest
 from .sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str, **engine_args):
+    def __init__(self, model: str, **engine_args: Any):
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     def add_adapter(self, name: str, path: str) -> None:
-        self._lora().add_adapter(name, path)
+        self.engine.lora.add_adapter(name, path)
 
     def remove_adapter(self, name: str) -> None:
-        self._lora().remove_adapter(name)
+        self.engine.lora.remove_adapter(name)
 
     def list_adapters(self) -> list[str]:
-        return self._lora().list_adapters()
-
-    def _lora(self):
-        if self.engine.lora is None:
-            raise RuntimeError("this engine was built without LoRA support")
-        return self.engine.lora
+        return self.engine.lora.list_adapters()
 
     def generate(
         self,
@@ -53,7 +50,8 @@ class LLM:
         ids = []
         try:
             for i, prompt in enumerate(prompts):
-                req = self.engine.add_request(prompt, params[i], adapter=adapters[i], tenant_id=tenants[i])
+                req = self.engine.add_request(EngineRequest(prompt, params[i], adapter=adapters[i], tenant_id=tenants[i],
+                                                            output_kind=OutputKind.FINAL_ONLY))
                 ids.append(req.request_id)
         except Exception:
             for rid in ids:  # all-or-nothing: don't leave half a batch running
@@ -67,7 +65,7 @@ class LLM:
         return [done[rid] for rid in ids]
 
 
-def _per_prompt(value, n: int, name: str) -> list:
+def _per_prompt(value: Any, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} entries for {n} prompts")

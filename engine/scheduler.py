@@ -12,8 +12,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .config import EngineConfig
+from .config import SchedulerConfig
 from .kv_cache import KVCacheManager
+from .outputs import FinishReason
 from .policies import SchedulingPolicy
 from .sequence import Sequence, SequenceStatus
 
@@ -48,13 +49,26 @@ class SchedulerOutput:
     def adapters(self) -> set[str]:
         return {c.seq.adapter for c in self.chunks if c.seq.adapter is not None}
 
+    @property
+    def sampling_seqs(self) -> list[Sequence]:
+        """Sequences that produce a token this step, in chunk order (a model-free driver samples
+        these; the model runner returns its own order, see ``Scheduler.expand_forks``)."""
+        return [c.seq for c in self.chunks if c.samples]
+
     def __bool__(self) -> bool:
         return bool(self.chunks)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: SchedulingPolicy):
+    """Owns the step: ``schedule()`` plans it, ``update_from_output()`` books what it produced
+    (computed KV, sampled tokens, forks, token-level stops, policy accounting). Text-level work —
+    detokenizing, stop strings, outputs — belongs to the OutputProcessor."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, *,
+                 max_model_len: int | None = None, eos_token_ids: frozenset[int] = frozenset()):
         self.config = config
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.kv = kv
         self.policy = policy
         self.running: list[Sequence] = []
@@ -77,20 +91,29 @@ class Scheduler:
         if followers:
             self._followers[leader.seq_id] = list(followers)
 
-    def fork_followers(self, leader: Sequence) -> list[Sequence]:
-        """The leader just computed its prompt: its followers join the running set, sharing its
-        blocks. The caller samples their first tokens from the leader's logits."""
-        followers = self._followers.pop(leader.seq_id, [])
-        for child in followers:
-            self.kv.fork(leader, child)
-            child.num_computed_tokens = leader.num_computed_tokens
-            child.num_cached_tokens = leader.num_cached_tokens
-            child.status = SequenceStatus.RUNNING
-            self.running.append(child)
-            self.policy.on_admitted(child, 0)  # the prompt was charged to the leader
-        return followers
+    def expand_forks(self, sampling: list[Sequence]) -> list[tuple[int, Sequence]]:
+        """(logits row, sequence) for every token this step samples: each sampling sequence on its
+        own row, and a leader's not-yet-forked followers (n > 1) on the leader's row — they draw
+        their first tokens from the same distribution, each with its own generator."""
+        rows: list[tuple[int, Sequence]] = []
+        for i, seq in enumerate(sampling):
+            rows.append((i, seq))
+            rows.extend((i, child) for child in self._followers.get(seq.seq_id, ()))
+        return rows
 
-    def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+    def _fork(self, leader: Sequence, child: Sequence) -> None:
+        """The leader just computed its prompt: the child joins the running set, sharing its blocks."""
+        self._followers[leader.seq_id].remove(child)
+        if not self._followers[leader.seq_id]:
+            del self._followers[leader.seq_id]
+        self.kv.fork(leader, child)
+        child.num_computed_tokens = leader.num_computed_tokens
+        child.num_cached_tokens = leader.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        self.policy.on_admitted(child, 0)  # the prompt was charged to the leader
+
+    def finish(self, seq: Sequence, reason: FinishReason, stop_reason: str | int | None = None) -> None:
         """Remove ``seq`` from wherever it is and free its blocks."""
         if seq.status is SequenceStatus.FINISHED:
             return
@@ -278,11 +301,39 @@ class Scheduler:
         out.preempted.append(seq)
 
     # ------------------------------------------------------------------ after the model ran
-    def update(self, out: SchedulerOutput) -> None:
-        """Advance computed-token counts; the engine appends sampled tokens afterwards."""
+    def update_from_output(self, out: SchedulerOutput, sampled: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """Book a finished step: advance computed-token counts (and publish full blocks to the
+        prefix cache), fork followers whose leader just prefilled, append each sampled token,
+        charge the policy and finish sequences at EOS, a stop token id or a length limit.
+
+        ``sampled`` pairs each sequence of ``expand_forks`` with its token. Returns the sequences
+        that received a token, in that order (the output processor's input)."""
         for chunk in out.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.kv.cache_computed_blocks(chunk.seq)  # full + computed: now reusable
+        for seq, _ in sampled:  # forks first: a leader that stops at once must not orphan them
+            leader = seq.request.sequences[0]
+            if seq is not leader and seq in self._followers.get(leader.seq_id, ()):
+                self._fork(leader, seq)
+        touched = []
+        for seq, token in sampled:
+            if seq.status is SequenceStatus.FINISHED:
+                continue  # e.g. its request was aborted between planning and booking
+            seq.token_ids.append(token)
+            self.policy.on_tokens_generated(seq, 1)
+            self._check_stop(seq, token)
+            touched.append(seq)
+        return touched
+
+    def _check_stop(self, seq: Sequence, token: int) -> None:
+        p = seq.request.params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            self.finish(seq, FinishReason.STOP, None)
+        elif token in p.stop_token_ids:
+            self.finish(seq, FinishReason.STOP, token)
+        elif seq.num_output_tokens >= p.max_tokens or (
+                self.max_model_len is not None and seq.num_tokens >= self.max_model_len):
+            self.finish(seq, FinishReason.LENGTH)
 
     def stats(self) -> dict:
         return {

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .outputs import FinishReason
 from .sampling_params import SamplingParams
 
 
@@ -15,6 +16,21 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """Which adapter, and which content of it: a name re-registered with other weights is a new
+    version with another hash, so nothing computed under the old one (KV, device slots) is reused."""
+
+    name: str
+    version: int
+    sha256: str
+
+    @property
+    def cache_key(self) -> str:
+        """The prefix-cache namespace: KV computed under one adapter content is never shared."""
+        return f"{self.name}#{self.sha256}"
 
 
 @dataclass
@@ -32,10 +48,9 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    adapter: str | None = None
+    adapter: AdapterRef | None = None
     tenant: TenantInfo = field(default_factory=TenantInfo)
     cache_salt: str | None = None
-    adapter_cache_key: str | None = None  # prefix-cache namespace of the adapter (name + content hash)
     arrival_time: float = field(default_factory=time.monotonic)
     sequences: list["Sequence"] = field(default_factory=list)
     first_token_time: float | None = None
@@ -45,6 +60,10 @@ class Request:
     @property
     def tenant_id(self) -> str:
         return self.tenant.tenant_id
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self.adapter.name if self.adapter is not None else None
 
     @property
     def finished(self) -> bool:
@@ -64,13 +83,11 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (stats)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
-    text: str = ""
-    text_emitted: int = 0  # chars of ``text`` already sent to a stream
-    tokens_emitted: int = 0
+    text: str = ""  # detokenized output so far (kept by the output processor)
     logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
 
     @property
@@ -112,4 +129,5 @@ class Sequence:
 
     @property
     def adapter(self) -> str | None:
-        return self.request.adapter
+        """The adapter's name: the key of its device slot and of the per-step adapter limit."""
+        return self.request.adapter_name

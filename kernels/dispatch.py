@@ -7,23 +7,52 @@ set before triton is first imported; that is how CI exercises the kernels).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 import torch
 
 from . import reference
+from .lora_meta import LoraSegments
 
 BACKENDS = ("auto", "torch", "triton")
 
 
+class WriteKV(Protocol):
+    def __call__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None: ...
+
+
+class PagedDecodeAttention(Protocol):
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+
+class PagedPrefillAttention(Protocol):
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+
+class SgmvShrink(Protocol):
+    def __call__(self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments,
+                 ranks: torch.Tensor) -> torch.Tensor: ...
+
+
+class SgmvExpand(Protocol):
+    def __call__(self, y: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor, segments: LoraSegments,
+                 ranks: torch.Tensor, scales: torch.Tensor, slice_offsets: tuple[int, ...]) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class KernelOps:
+    """One implementation of every op; each field's Protocol is the op's exact signature, so a
+    backend that drifts from the reference is a type error, not a runtime surprise."""
+
     name: str
-    write_kv: Callable
-    paged_decode_attention: Callable
-    paged_prefill_attention: Callable
-    sgmv_shrink: Callable
-    sgmv_expand: Callable
+    write_kv: WriteKV
+    paged_decode_attention: PagedDecodeAttention
+    paged_prefill_attention: PagedPrefillAttention
+    sgmv_shrink: SgmvShrink
+    sgmv_expand: SgmvExpand
 
 
 TORCH_OPS = KernelOps(

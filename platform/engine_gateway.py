@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraplex.platform.errors import ServiceUnavailable, Unprocessable
-from loraplex.platform.settings import Settings
+from loraplex.platform.errors import BadRequest, NotFound, PlatformError, ServiceUnavailable, Unprocessable
+from loraplex.platform.settings import Settings, engine_config_kwargs
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -68,21 +68,11 @@ class EngineGateway:
         from loraplex.engine import AsyncEngine, EngineConfig
 
         model_dir = resolve_model_dir(settings)
-        es = settings.engine
-        config = EngineConfig(
-            model=str(model_dir),
-            dtype=es.dtype,
-            max_num_seqs=es.max_num_seqs,
-            max_loras=es.max_loras,
-            max_lora_rank=es.max_lora_rank,
-            kernel_backend=es.kernel_backend,
-            **_device_kwargs(EngineConfig, es.device),
-            **es.extra,
-        )
+        config = EngineConfig(model=str(model_dir), **engine_config_kwargs(settings.engine))
         engine = AsyncEngine(config)
         engine.start()
         log.info("engine started on %s", model_dir)
-        return cls(engine, model_dir, es.max_lora_rank)
+        return cls(engine, model_dir, settings.engine.max_lora_rank)
 
     @property
     def enabled(self) -> bool:
@@ -113,7 +103,11 @@ class EngineGateway:
     ) -> None:
         if self._engine is not None:
             # None clears the tenant's own cap (the engine-wide default applies again).
-            self._engine.set_tenant(tenant_id, priority=priority, weight=weight, max_running_seqs=max_running_seqs)
+            try:
+                self._engine.set_tenant(tenant_id, priority=priority, weight=weight,
+                                        max_running_seqs=max_running_seqs)
+            except Exception as exc:
+                raise _platform_error(exc) from None
 
     # -- adapters --------------------------------------------------------------------------
     def validate_adapter(self, path: Path) -> AdapterFacts:
@@ -160,10 +154,24 @@ class EngineGateway:
     def stats(self) -> dict[str, Any]:
         if self._engine is None:
             return {"enabled": False}
-        return {"enabled": True, "model": self.model_name, **self._engine.stats()}
+        try:
+            return {"enabled": True, "model": self.model_name, **self._engine.stats()}
+        except Exception as exc:
+            raise _platform_error(exc) from None
 
-    def submit(self, prompt_token_ids: list[int], params: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        return self.engine.submit(prompt_token_ids, params, **kwargs)
+    def submit(self, prompt_token_ids: list[int], params: Any, *, request_id: str, adapter: str | None,
+               tenant_id: str, cache_salt: str | None) -> AsyncIterator[Any]:
+        """Queue a generation; yields the engine's DELTA outputs. Every engine error comes out as a
+        platform error (a bad request is a 4xx, a dead engine a 503), at submit or while iterating."""
+        from loraplex.engine import EngineRequest, OutputKind
+
+        request = EngineRequest(prompt_token_ids, params, request_id=request_id, adapter=adapter,
+                                tenant_id=tenant_id, cache_salt=cache_salt, output_kind=OutputKind.DELTA)
+        try:
+            stream = self.engine.submit(request)
+        except Exception as exc:
+            raise _platform_error(exc) from None
+        return _translated(stream)
 
     def abort(self, request_id: str) -> None:
         if self._engine is not None:
@@ -188,7 +196,27 @@ class EngineGateway:
         return int(self.engine.engine.max_model_len)
 
 
-def _device_kwargs(config_cls: Any, device: str) -> dict[str, Any]:
-    # Only pass `device` if this EngineConfig has such a field (the contract does not promise it).
-    fields = getattr(config_cls, "__dataclass_fields__", None) or getattr(config_cls, "model_fields", {})
-    return {"device": device} if "device" in fields else {}
+async def _translated(stream: Any) -> AsyncIterator[Any]:
+    try:
+        async for out in stream:
+            yield out
+    except Exception as exc:
+        raise _platform_error(exc) from None
+    finally:
+        await stream.aclose()  # a consumer that stops early aborts the request
+
+
+def _platform_error(exc: Exception) -> PlatformError:
+    from loraplex.engine import EngineDeadError, InvalidRequestError, UnknownAdapterError
+
+    if isinstance(exc, PlatformError):
+        return exc
+    if isinstance(exc, UnknownAdapterError):
+        return NotFound(str(exc), param="model", code="model_not_found")
+    if isinstance(exc, InvalidRequestError):
+        return BadRequest(str(exc), param=exc.param)
+    if isinstance(exc, EngineDeadError):
+        return ServiceUnavailable(f"the inference engine is not running: {exc}", code="engine_unavailable",
+                                  headers={"Retry-After": "5"})
+    log.exception("unexpected engine error")
+    return ServiceUnavailable(f"the inference engine failed: {type(exc).__name__}: {exc}")

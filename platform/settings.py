@@ -9,9 +9,9 @@ import contextvars
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,18 +32,40 @@ class ServerSettings(_Table):
     port: int = Field(8000, ge=0, le=65535)
 
 
-class EngineSettings(_Table):
-    enabled: bool = True
-    # Empty model = the embedded demo model, built on first start inside the data directory.
-    model: str = ""
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_num_seqs: int = Field(16, ge=1)
-    max_loras: int = Field(4, ge=1)
-    max_lora_rank: int = Field(16, ge=1)
-    kernel_backend: str = "auto"
-    # Passed verbatim to EngineConfig (scheduler policy, KV blocks, ...).
-    extra: dict[str, Any] = Field(default_factory=dict)
+def _engine_settings_model() -> type[BaseModel]:
+    """``[engine]`` is generated from ``EngineConfig`` itself: every engine field, with the engine's
+    own type and default, settable from TOML / ``LORAPLEX_ENGINE__*`` / flags; an unknown key or a
+    bad value is refused at load time with the field's name — never at start with a raw TypeError."""
+    from loraplex.engine.config import EngineConfig
+
+    hints = get_type_hints(EngineConfig)
+    fields: dict[str, Any] = {
+        "enabled": (bool, True),
+        # Empty model = the embedded demo model, built on first start inside the data directory.
+        "model": (str, ""),
+    }
+    for name, default in EngineConfig.field_defaults().items():
+        fields[name] = (hints[name], default)
+
+    def check(self: BaseModel) -> BaseModel:
+        values = self.model_dump(exclude={"enabled", "model"})
+        try:
+            EngineConfig.check(**values)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "EngineSettings", __base__=_Table,
+        __validators__={"check_with_engine_config": model_validator(mode="after")(check)}, **fields)
+
+
+EngineSettings = _engine_settings_model()
+
+
+def engine_config_kwargs(engine: BaseModel) -> dict[str, Any]:
+    """The ``EngineConfig`` keyword arguments of validated ``[engine]`` settings (all but model)."""
+    return engine.model_dump(exclude={"enabled", "model"})
 
 
 class UploadSettings(_Table):
@@ -80,7 +102,7 @@ class Settings(BaseSettings):
     # Optional fixed admin key; without it, a key is generated on first start and printed once.
     admin_key: str = ""
     server: ServerSettings = Field(default_factory=ServerSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)  # type: ignore[valid-type]
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)

@@ -29,6 +29,7 @@ import torch
 from ..config import EngineConfig
 from ..errors import InvalidRequestError, UnknownAdapterError
 from ..models.config import ModelConfig
+from ..sequence import AdapterRef
 from .loader import LoadedAdapter, load_adapter
 from .validate import AdapterInfo
 
@@ -87,6 +88,17 @@ class LoRAManager:
     def list_adapters(self) -> list[str]:
         return sorted(n for n, e in self._entries.items() if not e.removed)
 
+    def resident_adapters(self) -> set[str]:
+        """Names of the adapters now in device slots (the fair policy prefers them within a slack)."""
+        return {key[0] for key in self._slots if key is not None}
+
+    def ref(self, name: str) -> AdapterRef:
+        """The typed identity of the registered adapter ``name`` (raises AdapterNotFoundError)."""
+        e = self._entries.get(name)
+        if e is None or e.removed:
+            raise AdapterNotFoundError(f"unknown adapter {name!r}", param="model")
+        return AdapterRef(name=name, version=e.version, sha256=e.info.sha256)
+
     def info(self, name: str) -> AdapterInfo:
         if not self.has(name):
             raise AdapterNotFoundError(f"unknown adapter {name!r}", param="model")
@@ -95,9 +107,16 @@ class LoRAManager:
     def add_adapter(self, name: str, path: str | Path) -> AdapterInfo:
         """Validate ``path`` and register it as ``name`` (loading it into the host cache). Raises
         ``AdapterValidationError`` for a bad adapter; the engine's state is then unchanged."""
+        return self.register(name, path, self.load(name, path))
+
+    def load(self, name: str, path: str | Path) -> LoadedAdapter:
+        """The slow half of ``add_adapter`` (read, validate, convert): touches no manager state, so
+        a server runs it off the engine thread and only ``register`` between two steps."""
         if not isinstance(name, str) or not name.strip():
             raise InvalidRequestError(f"adapter name must be a non-empty string, got {name!r}", param="name")
-        loaded = load_adapter(path, self.model_config, self.max_lora_rank, self.dtype)
+        return load_adapter(path, self.model_config, self.max_lora_rank, self.dtype)
+
+    def register(self, name: str, path: str | Path, loaded: LoadedAdapter) -> AdapterInfo:
         old = self._entries.get(name)
         if old is not None:
             if not old.removed and old.info.sha256 == loaded.info.sha256:

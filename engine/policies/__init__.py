@@ -1,6 +1,7 @@
 """Pluggable scheduling policies. ``make_policy(config)`` builds the configured one."""
 from __future__ import annotations
 
+from ..config import SchedulerConfig
 from .base import SchedulingPolicy
 from .fair import FairPolicy
 from .fcfs import FCFSPolicy
@@ -9,7 +10,7 @@ from .sjf import SJFPolicy
 from .tenants import TenantBook, TenantLimits
 
 
-def make_policy(config) -> SchedulingPolicy:
+def make_policy(config: SchedulerConfig) -> SchedulingPolicy:
     name = config.scheduling_policy
     limits = TenantLimits.from_config(config)
     if name == "fcfs":

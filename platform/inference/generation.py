@@ -72,38 +72,28 @@ async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
     status = "error"
     finished = False
     try:
-        try:
-            stream = ctx.gateway.submit(
-                prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
-                tenant_id=prep.auth.tenant_id, priority=prep.auth.priority, weight=prep.auth.weight,
-                cache_salt=prep.auth.tenant_id,
-            )
-        except ValueError as exc:  # the engine's InvalidRequestError
-            raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-        except RuntimeError as exc:
-            raise ServiceUnavailable(f"the engine cannot take requests: {exc}") from None
-        sent: dict[int, int] = {}
-        lp_sent: dict[int, int] = {}
+        stream = ctx.gateway.submit(
+            prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
+            tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
+        )
         done: set[int] = set()
-        async for out in stream:
+        async for out in stream:  # DELTA outputs: only what is new since the last one
             if out.error:
                 raise ServiceUnavailable(f"generation failed: {out.error}")
-            completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+            completion_tokens += sum(len(c.token_ids) for c in out.outputs)
             if completion_tokens and first_token_at is None:
                 first_token_at = time.monotonic()
             finished = out.finished
-            for comp in out.outputs:  # n > 1: one delta per choice that moved
+            for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
                 if comp.index in done:
                     continue
-                s = sent.get(comp.index, 0)
-                delta, sent[comp.index] = comp.text[s:], len(comp.text)
-                lps = comp.logprobs[lp_sent.get(comp.index, 0):] if comp.logprobs else []
-                lp_sent[comp.index] = len(comp.logprobs or [])
                 ended = comp.finish_reason is not None or finished
                 if ended:
                     done.add(comp.index)
-                if delta or ended or lps:
-                    yield Delta(delta, comp.finish_reason if ended else None, completion_tokens, comp.index, lps)
+                lps = comp.logprobs or []
+                if comp.text or ended or lps:
+                    reason = str(comp.finish_reason) if ended and comp.finish_reason is not None else None
+                    yield Delta(comp.text, reason, completion_tokens, comp.index, lps)
         status = "ok"
     finally:
         if not finished:

@@ -4,13 +4,14 @@ from __future__ import annotations
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.prefix_cache import ROOT_HASH, extra_key, hash_block
 from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.sequence import Request, Sequence
+from loraplex.engine.sequence import AdapterRef, Request, Sequence
 
 BS = 4
 
 
-def make_seq(tokens, adapter=None, salt=None, adapter_key=None) -> Sequence:
-    req = Request("r", list(tokens), SamplingParams(), adapter=adapter, cache_salt=salt, adapter_cache_key=adapter_key)
+def make_seq(tokens, adapter=None, salt=None, sha="v1") -> Sequence:
+    ref = AdapterRef(adapter, 1, sha) if adapter is not None else None
+    req = Request("r", list(tokens), SamplingParams(), adapter=ref, cache_salt=salt)
     return Sequence(request=req, index=0, token_ids=list(tokens), num_prompt_tokens=len(tokens))
 
 
@@ -54,7 +55,7 @@ def test_hits_need_full_computed_blocks_and_leave_the_last_token():
     assert kv.cached_prefix_len(make_seq([0, 1, 2, 9, 4, 5, 6, 7, 8])) == 0
     assert kv.cached_prefix_len(make_seq(range(9), salt="x")) == 0
     assert kv.cached_prefix_len(make_seq(range(9), adapter="lora")) == 0
-    assert kv.cached_prefix_len(make_seq(range(9), adapter="lora", adapter_key="lora#v2")) == 0
+    assert kv.cached_prefix_len(make_seq(range(9), adapter="lora", sha="v2")) == 0
 
 
 def test_caching_off_registers_nothing():

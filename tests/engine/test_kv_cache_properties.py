@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.sequence import Request, Sequence
+from loraplex.engine.sequence import AdapterRef, Request, Sequence
 
 BS = 2
 TOKENS = st.integers(0, 2)  # a tiny alphabet: prefixes collide often, so hits are frequent
@@ -59,7 +59,8 @@ class KVMachine(RuleBasedStateMachine):
     @rule(prompt=st.lists(TOKENS, min_size=1, max_size=9), adapter=st.sampled_from([None, "a", "b"]),
           salt=st.sampled_from([None, "t1", "t2"]))
     def add(self, prompt, adapter, salt):
-        req = Request("r", list(prompt), SamplingParams(), adapter=adapter, cache_salt=salt)
+        req = Request("r", list(prompt), SamplingParams(), adapter=AdapterRef(adapter, 1, "x") if adapter else None,
+                      cache_salt=salt)
         self.waiting.append(Sequence(request=req, index=0, token_ids=list(prompt), num_prompt_tokens=len(prompt)))
 
     @precondition(lambda self: self.waiting)

@@ -91,17 +91,35 @@ def test_eos_stops_unless_ignored(llm):
     # Force EOS: bias is not available, so use a stop via eos id detection on a greedy run whose
     # continuation we make the engine treat as eos by marking its first token as an eos id.
     full = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
-    llm.engine.eos_token_ids.add(full.token_ids[2])
+    scheduler = llm.engine.scheduler
+    original = scheduler.eos_token_ids
+    scheduler.eos_token_ids = original | {full.token_ids[2]}
     try:
         out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=6, temperature=0.0))[0]
         assert out.finish_reason == "stop" and out.token_ids == full.token_ids[: full.token_ids.index(full.token_ids[2]) + 1]
         ignored = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
         assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
     finally:
-        llm.engine.eos_token_ids.discard(full.token_ids[2])
-        llm.engine.eos_token_ids.add(eos)
+        scheduler.eos_token_ids = original
+    assert eos in original
 
 
-def test_text_matches_tokenizer_decode(llm):
-    out = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=16, temperature=0.8, seed=3))[0]
-    assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+def test_streamed_text_equals_one_shot_decode(llm):
+    """The incremental detokenizer (DELTA outputs, one step at a time) must spell exactly what a
+    one-shot decode of all the tokens spells — sampled text from a byte-level BPE splits UTF-8."""
+    from loraplex.engine import EngineRequest, OutputKind
+
+    engine = llm.engine
+    params = SamplingParams(max_tokens=48, temperature=1.5, seed=11)
+    req = engine.add_request(EngineRequest("The quick brown fox", params, output_kind=OutputKind.DELTA))
+    pieces, tokens, final = [], [], None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            pieces.append(out.outputs[0].text)
+            tokens.extend(out.outputs[0].token_ids)
+            final = out if out.finished else final
+    assert final is not None and len(tokens) == 48
+    assert "".join(pieces) == llm.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert req.sequences[0].output_token_ids == tokens
+
+

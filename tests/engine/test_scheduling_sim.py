@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from loraplex.engine.config import EngineConfig
+from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.policies import make_policy
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import Scheduler
-from loraplex.engine.sequence import Request, Sequence, TenantInfo
-
-_MODEL_DIR = tempfile.mkdtemp(prefix="loraplex-sim-")
-(Path(_MODEL_DIR) / "config.json").write_text(json.dumps({}))  # EngineConfig only checks it exists
+from loraplex.engine.sequence import AdapterRef, Request, Sequence, TenantInfo
 
 W_P, W_Q = 1.0, 2.0
 
@@ -46,15 +41,14 @@ def poisson(tenant: str, rate: float, t_end: float, rng: random.Random, prompt=(
 
 
 class Sim:
-    """Drives the scheduler like LLMEngine.step() does, minus the model."""
+    """Drives the real scheduler step (schedule -> update_from_output) with a fake model output."""
 
     def __init__(self, policy: str, arrivals: list[Arrival], tenants: dict[str, TenantInfo] | None = None,
                  num_blocks=64, block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
                  step_base=0.010, step_per_token=0.0002, **cfg):
-        self.config = EngineConfig(model=_MODEL_DIR, scheduling_policy=policy, num_kv_blocks=num_blocks,
-                                   block_size=block_size, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, watermark=0.0,
-                                   vtc_prompt_weight=W_P, vtc_output_weight=W_Q, **cfg)
+        self.config = SchedulerConfig(scheduling_policy=policy, max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      vtc_prompt_weight=W_P, vtc_output_weight=W_Q, **cfg)
         self.kv = KVCacheManager(num_blocks, block_size, 0.0)
         self.policy = make_policy(self.config)
         self.sched = Scheduler(self.config, self.kv, self.policy)
@@ -83,7 +77,8 @@ class Sim:
             a = self.arrivals[self._next]
             self._next += 1
             req = Request(request_id=f"r{self._next}", prompt_token_ids=[1] * a.prompt_len,
-                          params=SamplingParams(max_tokens=a.max_tokens, ignore_eos=True), adapter=a.adapter,
+                          params=SamplingParams(max_tokens=a.max_tokens, ignore_eos=True),
+                          adapter=AdapterRef(a.adapter, 1, a.adapter) if a.adapter else None,
                           tenant=self.tenant(a.tenant), arrival_time=a.t)
             seq = Sequence(request=req, index=0, token_ids=[1] * a.prompt_len, num_prompt_tokens=a.prompt_len)
             req.sequences.append(seq)
@@ -113,15 +108,11 @@ class Sim:
                 self._prompt_hw[seq.seq_id] = end
                 self.service[seq.tenant.tenant_id] += W_P * new
         self._prev_adapters = out.adapters
-        self.sched.update(out)
         self.now += self.step_base + self.step_per_token * out.num_tokens
-        for seq in sampling:
-            seq.token_ids.append(1)
+        rows = self.sched.expand_forks(sampling)
+        for seq in self.sched.update_from_output(out, [(seq, 1) for _, seq in rows]):
             self.first_token_at.setdefault(seq.seq_id, self.now)
             self.service[seq.tenant.tenant_id] += W_Q
-            self.policy.on_tokens_generated(seq, 1)
-            if seq.num_output_tokens >= seq.request.params.max_tokens:
-                self.sched.finish(seq, "length")
 
     def run(self, steps: int, each=None) -> None:
         for _ in range(steps):
@@ -380,7 +371,7 @@ def test_locality_prefers_a_resident_adapter_only_within_the_slack():
 
     def make(tid, adapter, t):
         req = Request(request_id=f"{tid}{t}", prompt_token_ids=[1] * 8, params=SamplingParams(max_tokens=4),
-                      adapter=adapter, tenant=TenantInfo(tid), arrival_time=t)
+                      adapter=AdapterRef(adapter, 1, adapter), tenant=TenantInfo(tid), arrival_time=t)
         seq = Sequence(request=req, index=0, token_ids=[1] * 8, num_prompt_tokens=8)
         req.sequences.append(seq)
         return seq

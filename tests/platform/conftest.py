@@ -94,7 +94,7 @@ def gateway(demo_model_dir, tmp_path_factory):
     settings = load_settings(
         data_dir=tmp_path_factory.mktemp("engine-data"),
         engine={"model": str(demo_model_dir), "max_num_seqs": 8, "max_loras": 4, "max_lora_rank": 16,
-                "extra": {"kv_cache_memory_gb": 0.05}},
+                "kv_cache_memory_gb": 0.05},
     )
     gw = EngineGateway.start(settings)
     yield gw

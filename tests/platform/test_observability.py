@@ -86,7 +86,7 @@ def test_metrics_logs_and_traces(obs_server, caplog):
                  "loraplex:lora_slot_loads"):
         assert name in m, name
     phases = {s.labels["phase"]: s.value for s in m["loraplex:engine_step_seconds"]}
-    assert set(phases) == {"schedule", "forward", "sample"} and phases["forward"] > 0
+    assert {"schedule", "forward", "sample"} <= set(phases) and phases["forward"] > 0
 
     records = [r for r in caplog.records if r.name == "loraplex.requests"]
     assert len(records) == 3

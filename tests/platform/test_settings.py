@@ -22,7 +22,7 @@ def clean_env(monkeypatch):
 def test_builtin_defaults_are_the_default_toml():
     assert load_settings(CONFIGS / "default.toml") == load_settings()
     s = load_settings()
-    assert s.environment == "demo" and s.engine.device == "cpu" and s.db_url.startswith("sqlite:///")
+    assert s.environment == "demo" and s.engine.device == "auto" and s.db_url.startswith("sqlite:///")
 
 
 def test_example_configs_load(monkeypatch):
@@ -64,10 +64,14 @@ def test_demo_secret_is_generated_once_and_kept(tmp_path):
 
 
 @pytest.mark.parametrize("content, words", [
-    ("[engine]\nmax_loras = 0\n", "engine.max_loras"),
+    ("[engine]\nmax_loras = 0\n", "max_loras must be a positive integer"),
     ("[engine]\nbogus = 1\n", "engine.bogus"),
     ("environment = \"staging\"\n", "environment"),
     ("[server]\nport = \"http\"\n", "server.port"),
+    ("[engine]\ndtype = \"float64\"\n", "dtype must be"),
+    ("[engine]\nschedulng_policy = \"fair\"\n", "engine.schedulng_policy"),
+    ("[engine]\nscheduling_policy = \"lifo\"\n", "scheduling_policy"),
+    ("[engine.extra]\nkv_cache_memory_gb = 1\n", "engine.extra"),
 ])
 def test_invalid_config_says_which_field(tmp_path, content, words):
     cfg = tmp_path / "bad.toml"
@@ -79,3 +83,16 @@ def test_invalid_config_says_which_field(tmp_path, content, words):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "nope.toml")
+
+
+def test_every_engine_field_is_a_setting_with_the_engines_default(monkeypatch):
+    from loraplex.engine.config import EngineConfig
+
+    s = load_settings()
+    for name, default in EngineConfig.field_defaults().items():
+        assert getattr(s.engine, name) == default, name
+    monkeypatch.setenv("LORAPLEX_ENGINE__VTC_OUTPUT_WEIGHT", "3.5")
+    monkeypatch.setenv("LORAPLEX_ENGINE__ENABLE_PREFIX_CACHING", "true")
+    s = load_settings(engine={"fair_share_preemption": False})
+    assert s.engine.vtc_output_weight == 3.5 and s.engine.enable_prefix_caching is True
+    assert s.engine.fair_share_preemption is False

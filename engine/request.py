@@ -1,0 +1,25 @@
+"""EngineRequest: the one description of a request, built by the caller (``LLM``, the server's
+gateway, a benchmark) and handed to ``LLMEngine.add_request`` / ``AsyncEngine.submit``.
+
+A request carries its tenant's id only: priority, weight and caps are the engine's own record of the
+tenant (``set_tenant``), written by the admin side and at start, so a request can never revert them.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from .outputs import OutputKind
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class EngineRequest:
+    prompt: str | list[int]  # text (tokenized by the engine) or token ids
+    params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    adapter: str | None = None  # a registered adapter's name; None = the base model
+    tenant_id: str = "default"
+    cache_salt: str | None = None  # prefix-cache namespace (the platform salts by tenant)
+    arrival_time: float | None = None  # monotonic seconds; default: when the engine takes it
+    output_kind: OutputKind = OutputKind.CUMULATIVE
