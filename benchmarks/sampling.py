@@ -45,7 +45,7 @@ def decode_step_ms(model_dir: str, steps: int) -> float:
     engine = LLMEngine(EngineConfig(model=model_dir, max_num_seqs=BATCH, max_num_batched_tokens=4096,
                                     num_kv_blocks=BATCH * 16, block_size=16))
     rng = random.Random(0)
-    for i in range(BATCH):
+    for _ in range(BATCH):
         engine.add_request([rng.randrange(5, 600) for _ in range(32)],
                            SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True))
     engine.step()  # prefill of all 64

@@ -16,8 +16,8 @@ grammar mask and temperature; vLLM's ``raw_logprobs``), computed only for the ro
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 

@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 from typing import Any
@@ -51,7 +52,7 @@ def _bounded_strings_as_patterns(node: Any) -> Any:
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Seq[int], cache_size: int = 256,
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], cache_size: int = 256,
                  compile_threads: int = 2):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
@@ -70,10 +71,11 @@ class StructuredOutputManager:
         """The compiled grammar of ``spec`` (cached). Raises InvalidRequestError naming what
         xgrammar cannot handle."""
         with self._lock:
-            fut = self._cache.get(spec)
-            owner = fut is None
+            cached = self._cache.get(spec)
+            owner = cached is None
+            fut: Future = Future() if cached is None else cached
             if owner:
-                fut = self._cache[spec] = Future()
+                self._cache[spec] = fut
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
             else:

@@ -39,7 +39,7 @@ async def respond(ctx, preps: list[generation.Prepared], shape: Shape, tokenizer
     return await _collect(ctx, preps, shape, base, fmt)
 
 
-async def _collect(ctx, preps, shape: Shape, base: dict, fmt: "_Logprobs") -> JSONResponse:
+async def _collect(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSONResponse:
     texts: dict[int, list[str]] = defaultdict(list)
     lps: dict[int, list] = defaultdict(list)
     finish: dict[int, str | None] = {}
@@ -72,7 +72,7 @@ async def _collect(ctx, preps, shape: Shape, base: dict, fmt: "_Logprobs") -> JS
                         headers=preps[0].ticket.headers)
 
 
-async def _sse(ctx, preps, shape: Shape, base: dict, fmt: "_Logprobs") -> AsyncIterator[str]:
+async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if shape.chat else "text_completion"
     completion = [0] * len(preps)
     total = len(preps) * shape.n

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from loraplex.engine.sampler import (TokenBitmask, process_logits, sample_batch, truncated_probs)
+from loraplex.engine.sampler import TokenBitmask, process_logits, sample_batch, truncated_probs
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.sequence import Request, Sequence
 

@@ -7,10 +7,10 @@ import json
 
 import jsonschema
 import pytest
+from lora_testlib import PeftOracle, make_peft_adapter
 
 from loraplex.engine import LLM, InvalidRequestError, SamplingParams
 from loraplex.engine.sampling_params import StructuredOutputSpec
-from lora_testlib import PeftOracle, make_peft_adapter
 
 SCHEMA = {
     "type": "object",

@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from conftest import make_settings
+from platform_helpers import admin_headers, zip_bytes
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.platform.app import build_context, create_app
 from loraplex.platform.observability.requests import JSONFormatter, make_tracer
-from conftest import make_settings
-from platform_helpers import admin_headers, zip_bytes
 
 H = admin_headers()
 

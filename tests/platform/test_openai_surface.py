@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
 """The OpenAI surface agent frameworks use, through the official `openai` client against a real
 uvicorn: structured output, tools, n, logprobs, penalties, logit_bias, prompt lists, content parts,
 roles, unsupported parameters, /tokenize. The model is random: JSON validity is the grammar's doing."""
@@ -10,7 +11,6 @@ import jsonschema
 import openai
 import pytest
 import torch
-
 from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 PERSON = {
