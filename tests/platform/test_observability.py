@@ -94,6 +94,16 @@ def test_metrics_logs_and_traces(obs_server, caplog):
     assert line["request_id"] and line["tenant_id"] == acme and line["adapter"] == "bot" and line["user"] == "u-7"
     assert line["completion_tokens"] == 5 and line["ttft_ms"] > 0 and line["latency_ms"] >= line["ttft_ms"]
 
+    # The admin page's usage series (SQL per backend) agrees with what the clients were told.
+    ctx.usage.flush()
+    series = admin.get("/admin/v1/usage/series", params={"by": "tenant", "bucket": "hour"}).json()["data"]
+    per_tenant = {p["key"]: p["prompt_tokens"] + p["completion_tokens"] for p in series}
+    assert per_tenant[acme] == r1.usage.total_tokens + r2.usage.total_tokens
+    assert per_tenant[globex] == r3.usage.total_tokens
+    by_adapter = admin.get("/admin/v1/usage/series", params={"by": "adapter", "bucket": "day"}).json()["data"]
+    assert {p["key"]: p["requests"] for p in by_adapter} == {"bot": 1, "": 2}
+    assert series[0]["time"].endswith("Z") and "T" in series[0]["time"]
+
     spans = exporter.get_finished_spans()
     roots = [s for s in spans if s.parent is None]
     assert len(roots) == 3
