@@ -60,8 +60,11 @@ def sample_batch(logits: torch.Tensor, seqs: Seq[Sequence], default_generator: t
     params = [s.request.params for s in seqs]
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     x = process_logits(logits, seqs, token_bitmask)
-    tokens = x.argmax(dim=-1)
     draw_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(draw_rows) < len(seqs):
+        tokens = x.argmax(dim=-1)
+    else:  # every row draws: no full-vocabulary argmax needed
+        tokens = torch.zeros(len(seqs), dtype=torch.long, device=x.device)
     if draw_rows:
         # One uniform per row (a seeded row draws it from its own generator), then inverse CDF.
         u = torch.rand(len(draw_rows), generator=default_generator, device=x.device)
