@@ -13,6 +13,7 @@ prompt and 64 generated tokens):
 The denominator is a full greedy ``LLMEngine.step()`` of 64 decoding sequences on the ~25M
 "bench" model (forward + sampling + bookkeeping) with the same vocabulary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,19 +36,31 @@ from loraplex.engine.sampling_params import StructuredOutputSpec  # noqa: E402
 from loraplex.engine.sequence import Request, Sequence  # noqa: E402
 
 BATCH = 64
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4}, "ok": {"type": "boolean"}},
-    "required": ["name", "age", "tags", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
 
 
 def decode_step_ms(model_dir: str, steps: int) -> float:
-    engine = LLMEngine(EngineConfig(model=model_dir, max_num_seqs=BATCH, max_num_batched_tokens=4096,
-                                    num_kv_blocks=BATCH * 16, block_size=16))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir, max_num_seqs=BATCH, max_num_batched_tokens=4096, num_kv_blocks=BATCH * 16, block_size=16
+        )
+    )
     rng = random.Random(0)
     for _ in range(BATCH):
-        engine.add_request([rng.randrange(5, 600) for _ in range(32)],
-                           SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True))
+        engine.add_request(
+            [rng.randrange(5, 600) for _ in range(32)],
+            SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True),
+        )
     engine.step()  # prefill of all 64
     for _ in range(3):
         engine.step()
@@ -61,12 +74,17 @@ def decode_step_ms(model_dir: str, steps: int) -> float:
 
 def mixed_params(rng: random.Random, vocab: int) -> SamplingParams:
     return SamplingParams(
-        temperature=rng.choice([0.0, 0.5, 0.8, 1.0, 1.3]), top_k=rng.choice([-1, 5, 40, 200]),
-        top_p=rng.choice([1.0, 0.95, 0.8, 0.5]), min_p=rng.choice([0.0, 0.02, 0.1]),
-        presence_penalty=rng.choice([0.0, 0.5, 1.0]), frequency_penalty=rng.choice([0.0, 0.3, 1.2]),
+        temperature=rng.choice([0.0, 0.5, 0.8, 1.0, 1.3]),
+        top_k=rng.choice([-1, 5, 40, 200]),
+        top_p=rng.choice([1.0, 0.95, 0.8, 0.5]),
+        min_p=rng.choice([0.0, 0.02, 0.1]),
+        presence_penalty=rng.choice([0.0, 0.5, 1.0]),
+        frequency_penalty=rng.choice([0.0, 0.3, 1.2]),
         repetition_penalty=rng.choice([1.0, 1.1, 1.3]),
         logit_bias={rng.randrange(vocab): rng.choice([-5.0, 5.0])} if rng.random() < 0.3 else {},
-        seed=rng.randrange(1000) if rng.random() < 0.5 else None, max_tokens=1000)
+        seed=rng.randrange(1000) if rng.random() < 0.5 else None,
+        max_tokens=1000,
+    )
 
 
 def make_seqs(params: list[SamplingParams], rng: random.Random, vocab: int) -> list[Sequence]:
@@ -74,8 +92,9 @@ def make_seqs(params: list[SamplingParams], rng: random.Random, vocab: int) -> l
     for i, p in enumerate(params):
         prompt = [rng.randrange(vocab) for _ in range(32)]
         req = Request(f"r{i}", prompt, p)
-        seq = Sequence(request=req, index=0, token_ids=prompt + [rng.randrange(vocab) for _ in range(64)],
-                       num_prompt_tokens=32)
+        seq = Sequence(
+            request=req, index=0, token_ids=prompt + [rng.randrange(vocab) for _ in range(64)], num_prompt_tokens=32
+        )
         if p.seed is not None:
             seq.generator = torch.Generator().manual_seed(p.seed)
         seqs.append(seq)
@@ -111,16 +130,32 @@ def run(vocab: int, steps: int, iters: int, root: Path) -> list[dict]:
     configs = {
         "(a) greedy": ([SamplingParams(temperature=0.0, max_tokens=1000) for _ in range(BATCH)], False),
         "(b) mixed": ([mixed_params(rng, vocab) for _ in range(BATCH)], False),
-        "(c) 50% json": ([SamplingParams(temperature=0.7, max_tokens=1000,
-                                         structured_output=StructuredOutputSpec.json_schema(SCHEMA)) if i % 2 == 0
-                          else SamplingParams(temperature=0.0, max_tokens=1000) for i in range(BATCH)], True),
+        "(c) 50% json": (
+            [
+                SamplingParams(
+                    temperature=0.7, max_tokens=1000, structured_output=StructuredOutputSpec.json_schema(SCHEMA)
+                )
+                if i % 2 == 0
+                else SamplingParams(temperature=0.0, max_tokens=1000)
+                for i in range(BATCH)
+            ],
+            True,
+        ),
     }
     rows, base = [], None
     for name, (params, constrained) in configs.items():
         ms = time_sampler(engine, make_seqs(params, random.Random(2), vocab), vocab, iters, constrained)
         base = ms if base is None else base
-        rows.append({"vocab": vocab, "config": name, "sampler_ms": ms, "decode_step_ms": step_ms,
-                     "overhead_vs_greedy_ms": ms - base, "overhead_pct_of_step": 100 * (ms - base) / step_ms})
+        rows.append(
+            {
+                "vocab": vocab,
+                "config": name,
+                "sampler_ms": ms,
+                "decode_step_ms": step_ms,
+                "overhead_vs_greedy_ms": ms - base,
+                "overhead_pct_of_step": 100 * (ms - base) / step_ms,
+            }
+        )
     return rows
 
 
@@ -136,7 +171,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for v in vocabs:
             rows += run(v, steps, iters, Path(tmp))
-    print_table(rows, ["vocab", "config", "sampler_ms", "decode_step_ms", "overhead_vs_greedy_ms", "overhead_pct_of_step"])
+    print_table(
+        rows, ["vocab", "config", "sampler_ms", "decode_step_ms", "overhead_vs_greedy_ms", "overhead_pct_of_step"]
+    )
     print("targets: (b) <= 10% and (c) <= 25% of a decode step")
     print("wrote", write_json("sampling", {"batch": BATCH, "torch_threads": 1, "rows": rows}))
 

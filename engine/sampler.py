@@ -13,6 +13,7 @@ numbers per row; the CDF costs one.)
 Logprobs are the model's own distribution (log-softmax of the raw logits, before penalties, bias,
 grammar mask and temperature; vLLM's ``raw_logprobs``), computed only for the rows that ask.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
@@ -47,13 +48,21 @@ class TokenBitmask:
     rows: list[int]
 
 
-def sample(logits: torch.Tensor, seqs: Seq[Sequence], default_generator: torch.Generator,
-           token_bitmask: TokenBitmask | None = None) -> list[int]:
+def sample(
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    default_generator: torch.Generator,
+    token_bitmask: TokenBitmask | None = None,
+) -> list[int]:
     return sample_batch(logits, seqs, default_generator, token_bitmask).tokens
 
 
-def sample_batch(logits: torch.Tensor, seqs: Seq[Sequence], default_generator: torch.Generator,
-                 token_bitmask: TokenBitmask | None = None) -> SamplerOutput:
+def sample_batch(
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    default_generator: torch.Generator,
+    token_bitmask: TokenBitmask | None = None,
+) -> SamplerOutput:
     """logits: [len(seqs), vocab]. Never modifies ``logits`` (forks re-sample from the same rows)."""
     if not seqs:
         return SamplerOutput([], [])
@@ -86,7 +95,9 @@ def sample_batch(logits: torch.Tensor, seqs: Seq[Sequence], default_generator: t
     return SamplerOutput(token_list, logprobs)
 
 
-def process_logits(logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: TokenBitmask | None = None) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: TokenBitmask | None = None
+) -> torch.Tensor:
     """A float32 copy of ``logits`` with grammar masks, logit_bias and penalties applied."""
     x = logits.float().clone()
     vocab = x.shape[-1]
@@ -96,8 +107,11 @@ def process_logits(logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: Tok
     bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items() if t < vocab]
     if bias:
         r, t, b = zip(*bias)
-        x.index_put_((torch.tensor(r, device=x.device), torch.tensor(t, device=x.device)),
-                     torch.tensor(b, dtype=x.dtype, device=x.device), accumulate=True)
+        x.index_put_(
+            (torch.tensor(r, device=x.device), torch.tensor(t, device=x.device)),
+            torch.tensor(b, dtype=x.dtype, device=x.device),
+            accumulate=True,
+        )
     pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
     if pen_rows:
         _apply_penalties(x, pen_rows, seqs)
@@ -111,11 +125,15 @@ def truncated_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tens
     """The full-vocabulary distribution each draw row samples from (tests compare it)."""
     out = torch.zeros_like(x)
     for rows, probs, ids in _draw_groups(x, params):
-        out[rows] = probs if ids is None else torch.zeros(len(rows), x.shape[-1], device=x.device).scatter_add_(1, ids, probs)
+        out[rows] = (
+            probs if ids is None else torch.zeros(len(rows), x.shape[-1], device=x.device).scatter_add_(1, ids, probs)
+        )
     return out
 
 
-def _draw_groups(x: torch.Tensor, params: list[SamplingParams]) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+def _draw_groups(
+    x: torch.Tensor, params: list[SamplingParams]
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
     """Softmax of x / temperature after top-k, top-p and min-p, as (rows, probs, token ids or None).
 
     Rows with top-k or top-p live in candidate space (their k best, or the best
@@ -147,8 +165,9 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     return probs
 
 
-def _truncate(x: torch.Tensor, cand: list[int], params: list[SamplingParams],
-              full_mass: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+def _truncate(
+    x: torch.Tensor, cand: list[int], params: list[SamplingParams], full_mass: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top-``cand`` tokens, then its top-p nucleus among them: (scaled logits with
     dropped ones at -inf, token ids), both [rows, max(cand)]. Rows flagged ``full_mass`` (top-p
     only) measure mass against the whole row; if their candidates hold less than top_p of it, the
@@ -159,8 +178,9 @@ def _truncate(x: torch.Tensor, cand: list[int], params: list[SamplingParams],
     temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
     vals, ids = x.topk(k, dim=-1)  # sorted, best first; temperature keeps the order
     vals = vals / temp
-    vals = vals.masked_fill(torch.arange(k, device=dev).unsqueeze(0) >= torch.tensor(cand, device=dev).unsqueeze(1),
-                            float("-inf"))
+    vals = vals.masked_fill(
+        torch.arange(k, device=dev).unsqueeze(0) >= torch.tensor(cand, device=dev).unsqueeze(1), float("-inf")
+    )
     fm = torch.tensor(full_mass, device=dev)
     lse = vals.logsumexp(dim=-1)
     wide = fm.nonzero().flatten()
@@ -198,13 +218,15 @@ def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> N
     """In place, touching only the (row, token) pairs that occurred: O(tokens seen), not O(vocab)."""
     dev = x.device
     vocab = x.shape[-1]
-    outs = [seqs[r].token_ids[seqs[r].num_prompt_tokens:] for r in rows]
+    outs = [seqs[r].token_ids[seqs[r].num_prompt_tokens :] for r in rows]
     prompts = [seqs[r].token_ids[: seqs[r].num_prompt_tokens] for r in rows]
     row_t = torch.tensor(rows, device=dev)
     out_len = torch.tensor([len(t) for t in outs], device=dev)
     prompt_len = torch.tensor([len(t) for t in prompts], device=dev)
     n_out = int(out_len.sum())
-    flat = torch.tensor(list(chain.from_iterable(outs)) + list(chain.from_iterable(prompts)), dtype=torch.long, device=dev)
+    flat = torch.tensor(
+        list(chain.from_iterable(outs)) + list(chain.from_iterable(prompts)), dtype=torch.long, device=dev
+    )
     if flat.numel() == 0:
         return
     flat_rows = torch.cat([row_t.repeat_interleave(out_len), row_t.repeat_interleave(prompt_len)])
@@ -223,8 +245,13 @@ def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> N
     x[r_idx, t_idx] = v
 
 
-def _fill_logprobs(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], tokens: list[int],
-                   out: list[TokenLogprobs | None]) -> None:
+def _fill_logprobs(
+    logits: torch.Tensor,
+    rows: list[int],
+    params: list[SamplingParams],
+    tokens: list[int],
+    out: list[TokenLogprobs | None],
+) -> None:
     lp = torch.log_softmax(logits[rows].float(), dim=-1)
     chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device).unsqueeze(1)).squeeze(1).tolist()
     k_max = max(params[i].logprobs or 0 for i in rows)

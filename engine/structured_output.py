@@ -7,6 +7,7 @@ batch does not. Each constrained sequence owns a ``GrammarMatcher``; per step th
 one packed bitmask row per constrained sequence, the batched sampler masks those rows only, and
 the sampled tokens advance the matchers.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,16 +45,28 @@ def _bounded_strings_as_patterns(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {k: _bounded_strings_as_patterns(v) for k, v in node.items()}
-    if (out.get("type") == "string" and ("maxLength" in out or "minLength" in out)
-            and "pattern" not in out and "format" not in out and "enum" not in out and "const" not in out):
+    if (
+        out.get("type") == "string"
+        and ("maxLength" in out or "minLength" in out)
+        and "pattern" not in out
+        and "format" not in out
+        and "enum" not in out
+        and "const" not in out
+    ):
         lo, hi = int(out.pop("minLength", 0)), out.pop("maxLength", None)
         out["pattern"] = f"^{_JSON_CHAR}{{{lo},{'' if hi is None else int(hi)}}}$"
     return out
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], cache_size: int = 256,
-                 compile_threads: int = 2):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        cache_size: int = 256,
+        compile_threads: int = 2,
+    ):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._stop_token_ids = sorted(stop_token_ids)
@@ -125,8 +138,9 @@ class StructuredOutputManager:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size,
-                                                          stop_token_ids=self._stop_token_ids)
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+                )
                 # Our own cache keys by spec; xgrammar's would hold a second copy.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self._compile_threads, cache_enabled=False)
             return self._compiler

@@ -4,6 +4,7 @@ Every field that changes the output is either honoured or refused with a 400 tha
 (``UNSUPPORTED``); fields that cannot change the output (``store``, ``metadata``...) and fields we
 do not know are accepted, and an unknown one is logged once per name.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,16 @@ UNSUPPORTED = {
     "prompt_logprobs": "prompt logprobs are not computed",
 }
 # Known and harmless: accepted without a log line.
-HARMLESS = {"store", "metadata", "service_tier", "parallel_tool_calls", "stream_options", "safety_identifier",
-            "prompt_cache_key", "verbosity"}
+HARMLESS = {
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "stream_options",
+    "safety_identifier",
+    "prompt_cache_key",
+    "verbosity",
+}
 _logged_unknown: set[str] = set()
 
 

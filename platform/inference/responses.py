@@ -1,5 +1,6 @@
 """OpenAI response bodies (one JSON or SSE chunks) for prompts x n choices, with logprobs, echo and
 tool calls. Choice ``index`` = prompt_index * n + sample_index, as OpenAI numbers them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,9 @@ async def respond(ctx, preps: list[generation.Prepared], shape: Shape, tokenizer
     base = {"id": rid, "created": first.created, "model": first.model}
     fmt = _Logprobs(tokenizer, shape.chat)
     if shape.stream:
-        return StreamingResponse(_sse(ctx, preps, shape, base, fmt), media_type="text/event-stream",
-                                 headers=first.ticket.headers)
+        return StreamingResponse(
+            _sse(ctx, preps, shape, base, fmt), media_type="text/event-stream", headers=first.ticket.headers
+        )
     return await _collect(ctx, preps, shape, base, fmt)
 
 
@@ -61,15 +63,28 @@ async def _collect(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSON
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.as_dict() for c in calls]
-            choices.append({"index": idx, "message": message, "finish_reason": finish_reason(reason, calls),
-                            "logprobs": fmt.chat(lps[idx]) if shape.logprobs is not None else None})
+            choices.append(
+                {
+                    "index": idx,
+                    "message": message,
+                    "finish_reason": finish_reason(reason, calls),
+                    "logprobs": fmt.chat(lps[idx]) if shape.logprobs is not None else None,
+                }
+            )
         else:
             echo = shape.echo[idx // shape.n] if shape.echo else ""
-            choices.append({"index": idx, "text": echo + text, "finish_reason": reason,
-                            "logprobs": fmt.completion(lps[idx], len(echo)) if shape.logprobs is not None else None})
+            choices.append(
+                {
+                    "index": idx,
+                    "text": echo + text,
+                    "finish_reason": reason,
+                    "logprobs": fmt.completion(lps[idx], len(echo)) if shape.logprobs is not None else None,
+                }
+            )
     obj = "chat.completion" if shape.chat else "text_completion"
-    return JSONResponse({**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)},
-                        headers=preps[0].ticket.headers)
+    return JSONResponse(
+        {**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)}, headers=preps[0].ticket.headers
+    )
 
 
 async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIterator[str]:
@@ -81,8 +96,12 @@ async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIte
     try:
         for idx in range(total):
             if shape.chat:
-                choice = {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}
+                choice = {
+                    "index": idx,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
             elif shape.echo:
                 echo = shape.echo[idx // shape.n]
                 offsets[idx] = len(echo)
@@ -97,11 +116,19 @@ async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIte
                 delta, reason = streams[idx].delta(d.text, d.finish_reason)
                 if delta is None and reason is None and not d.logprobs:
                     continue
-                choice = {"index": idx, "delta": delta or {}, "finish_reason": reason,
-                          "logprobs": fmt.chat(d.logprobs) if shape.logprobs is not None and d.logprobs else None}
+                choice = {
+                    "index": idx,
+                    "delta": delta or {},
+                    "finish_reason": reason,
+                    "logprobs": fmt.chat(d.logprobs) if shape.logprobs is not None and d.logprobs else None,
+                }
             else:
-                choice = {"index": idx, "text": d.text, "finish_reason": d.finish_reason,
-                          "logprobs": fmt.completion(d.logprobs, offsets[idx]) if shape.logprobs is not None else None}
+                choice = {
+                    "index": idx,
+                    "text": d.text,
+                    "finish_reason": d.finish_reason,
+                    "logprobs": fmt.completion(d.logprobs, offsets[idx]) if shape.logprobs is not None else None,
+                }
                 offsets[idx] += len(d.text)
             yield _event({**base, "object": obj, "choices": [choice]})
         if shape.include_usage:
@@ -201,8 +228,10 @@ class _Logprobs:
         def entry(tid: int, lp: float) -> dict:
             return {"token": self._s(tid), "logprob": lp, "bytes": self._bytes(tid)}
 
-        return {"content": [{**entry(x.token_id, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
-                            for x in lps], "refusal": None}
+        return {
+            "content": [{**entry(x.token_id, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]} for x in lps],
+            "refusal": None,
+        }
 
     def completion(self, lps: list, offset: int) -> dict:
         tokens = [self._s(x.token_id) for x in lps]
@@ -210,5 +239,9 @@ class _Logprobs:
         for s in tokens:
             offsets.append(offset)
             offset += len(s)
-        return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
-                "top_logprobs": [{self._s(t): v for t, v in x.top} for x in lps], "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [x.logprob for x in lps],
+            "top_logprobs": [{self._s(t): v for t, v in x.top} for x in lps],
+            "text_offset": offsets,
+        }

@@ -1,4 +1,5 @@
 """The tenant-facing OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,15 +27,34 @@ def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> Mode
 
 
 def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec | None) -> dict:
-    return dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                stop=body.stop_list(), n=body.n, presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                top_k=body.top_k, min_p=body.min_p, logit_bias=body.bias(), logprobs=logprobs,
-                ignore_eos=body.ignore_eos, structured_output=spec)
+    return dict(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        n=body.n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        logit_bias=body.bias(),
+        logprobs=logprobs,
+        ignore_eos=body.ignore_eos,
+        structured_output=spec,
+    )
 
 
-async def _prepare_all(ctx, tenant, model: str, endpoint: str, tokenizers: list[Callable[[Any], list[int]]],
-                       sampling: dict, user: str | None) -> list[generation.Prepared]:
+async def _prepare_all(
+    ctx,
+    tenant,
+    model: str,
+    endpoint: str,
+    tokenizers: list[Callable[[Any], list[int]]],
+    sampling: dict,
+    user: str | None,
+) -> list[generation.Prepared]:
     """Admit one engine request per prompt; if a later one is refused, free the earlier ones."""
     preps: list[generation.Prepared] = []
     try:
@@ -54,16 +74,20 @@ async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDe
     if body.best_of is not None and body.best_of != body.n:
         raise BadRequest("best_of other than n is not supported", param="best_of", code="unsupported_parameter")
     if body.echo and body.logprobs is not None:
-        raise BadRequest("echo with logprobs needs prompt logprobs, which loraplex does not compute",
-                         param="echo", code="unsupported_parameter")
+        raise BadRequest(
+            "echo with logprobs needs prompt logprobs, which loraplex does not compute",
+            param="echo",
+            code="unsupported_parameter",
+        )
     prompts = body.prompts()
 
     def tokenizer_for(p: str | list[int]) -> Callable[[Any], list[int]]:
         return (lambda tok: list(p)) if isinstance(p, list) else (lambda tok: tok.encode(p))
 
     sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
-    preps = await _prepare_all(ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling,
-                                 body.user)
+    preps = await _prepare_all(
+        ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling, body.user
+    )
     tok = ctx.gateway.tokenizer
     echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
     return await respond(ctx, preps, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), tok)
@@ -91,5 +115,6 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
 
 def _shape(body: _Common, *, chat: bool, logprobs: int | None, echo=None, tools=None) -> Shape:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Shape(chat=chat, n=body.n, stream=body.stream, include_usage=include_usage, logprobs=logprobs,
-                 echo=echo, tools=tools)
+    return Shape(
+        chat=chat, n=body.n, stream=body.stream, include_usage=include_usage, logprobs=logprobs, echo=echo, tools=tools
+    )

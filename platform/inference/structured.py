@@ -3,6 +3,7 @@
 The spec travels to the gateway as a plain ``(kind, value)`` pair (the platform never imports the
 engine); the gateway compiles it in the request's worker thread before the request is queued.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """/tokenize and /detokenize (vLLM's paths): tenant-authenticated, resolved per model like
 generation, so a tenant learns nothing about models it may not use. Every adapter of the base
 model shares its tokenizer, so the adapter is checked for access and the base tokenizer answers."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -42,8 +43,11 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
         from loraplex.platform.inference.tools import template_messages
 
         chat = ChatRequest(model=body.model, messages=body.messages)
-        text = tok.apply_chat_template(template_messages(chat, tok.chat_template or ""),
-                                       add_generation_prompt=body.add_generation_prompt, tokenize=False)
+        text = tok.apply_chat_template(
+            template_messages(chat, tok.chat_template or ""),
+            add_generation_prompt=body.add_generation_prompt,
+            tokenize=False,
+        )
         ids = tok.encode(text, add_special_tokens=False)
     else:
         ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)

@@ -10,6 +10,7 @@ the output becomes ``message.tool_calls``.
 - a named function: the output is constrained to that function's parameters schema; it IS the
   arguments, so they stream as they are generated.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,19 +56,27 @@ def plan_tools(body: ChatRequest) -> ToolPlan:
     template_tools = [t.model_dump(exclude_none=True) for t in tools]
     mode = "auto" if choice is None else ("named" if isinstance(choice, NamedToolChoice) else choice)
     if mode in ("required", "named") and body.response_format is not None and body.response_format.type != "text":
-        raise BadRequest("response_format cannot be combined with a required or named tool_choice",
-                         param="response_format")
+        raise BadRequest(
+            "response_format cannot be combined with a required or named tool_choice", param="response_format"
+        )
     if mode == "named":
         assert isinstance(choice, NamedToolChoice)
         name = choice.function["name"]
         if name not in funcs:
             raise BadRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return ToolPlan("named", name, ("json_schema", schema_text(funcs[name].parameters or ANY_OBJECT)),
-                        template_tools)
+        return ToolPlan(
+            "named", name, ("json_schema", schema_text(funcs[name].parameters or ANY_OBJECT)), template_tools
+        )
     if mode == "required":
-        options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                    "properties": {"name": {"const": n}, "arguments": f.parameters or ANY_OBJECT}}
-                   for n, f in funcs.items()]
+        options = [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "arguments"],
+                "properties": {"name": {"const": n}, "arguments": f.parameters or ANY_OBJECT},
+            }
+            for n, f in funcs.items()
+        ]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
         return ToolPlan("required", None, ("json_schema", schema_text(schema)), template_tools)
     return ToolPlan(mode, None, None, template_tools)
@@ -82,8 +91,11 @@ def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
             texts = []
             for j, part in enumerate(m.content):
                 if part.type != "text" or part.text is None:
-                    raise BadRequest(f"content parts of type {part.type!r} are not supported (text only)",
-                                     param=f"messages[{i}].content[{j}].type", code="unsupported_parameter")
+                    raise BadRequest(
+                        f"content parts of type {part.type!r} are not supported (text only)",
+                        param=f"messages[{i}].content[{j}].type",
+                        code="unsupported_parameter",
+                    )
                 texts.append(part.text)
             content = "".join(texts)
         else:
@@ -96,8 +108,9 @@ def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
         if m.tool_calls:
             calls = [{"name": c.function.name, "arguments": _loads_or_text(c.function.arguments)} for c in m.tool_calls]
             if knows_tool_calls:
-                msg["tool_calls"] = [{"id": c.id, "type": "function", "function": f}
-                                     for c, f in zip(m.tool_calls, calls)]
+                msg["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": f} for c, f in zip(m.tool_calls, calls)
+                ]
             else:  # a template without tool support still sees what was called, in Hermes form
                 msg["content"] = content + "".join(f"<tool_call>{json.dumps(f)}</tool_call>" for f in calls)
         out.append(msg)

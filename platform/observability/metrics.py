@@ -5,6 +5,7 @@ Request metrics are observed when a request ends (one call from the request path
 read from the engine's stats at scrape time by a custom collector, so the step loop pays nothing.
 Each app has its own registry (several apps can live in one process, as in tests).
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,18 +64,34 @@ class Metrics:
         self._adapter = BoundedLabel(max_label_values)
         extra = ["tenant", "adapter"] if tenant_labels else []
         r = self.registry
-        self.requests = Counter("loraplex:requests", "Requests that ended, by endpoint and status",
-                                ["endpoint", "status", *extra], registry=r)
+        self.requests = Counter(
+            "loraplex:requests",
+            "Requests that ended, by endpoint and status",
+            ["endpoint", "status", *extra],
+            registry=r,
+        )
         self.prompt_tokens = Counter("loraplex:prompt_tokens", "Prompt tokens processed", extra, registry=r)
         self.generation_tokens = Counter("loraplex:generation_tokens", "Tokens generated", extra, registry=r)
-        self.ttft = Histogram("loraplex:time_to_first_token_seconds", "Time to first token",
-                              extra, buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("loraplex:time_per_output_token_seconds", "Time per output token after the first",
-                              extra, buckets=TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("loraplex:e2e_request_latency_seconds", "End-to-end request latency",
-                             extra, buckets=LATENCY_BUCKETS, registry=r)
-        self.rate_limited = Counter("loraplex:rate_limited_requests", "Requests refused with 429, by reason",
-                                    ["reason"], registry=r)
+        self.ttft = Histogram(
+            "loraplex:time_to_first_token_seconds", "Time to first token", extra, buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "loraplex:time_per_output_token_seconds",
+            "Time per output token after the first",
+            extra,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "loraplex:e2e_request_latency_seconds",
+            "End-to-end request latency",
+            extra,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "loraplex:rate_limited_requests", "Requests refused with 429, by reason", ["reason"], registry=r
+        )
         r.register(_EngineCollector(stats))
 
     def _labels(self, tenant: str, adapter: str | None) -> dict[str, str]:
@@ -140,9 +157,13 @@ class _EngineCollector(Collector):
         yield gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", kv.get("usage", 0.0))
         yield gauge("kv_cache_blocks_used", "KV blocks in use", kv.get("used_blocks", 0))
         yield gauge("kv_cache_blocks_total", "KV blocks in the pool", kv.get("num_blocks", 0))
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache", kv.get("prefix_cache_queries", 0))
+        yield counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", kv.get("prefix_cache_queries", 0)
+        )
         yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache", kv.get("prefix_cache_hits", 0))
-        yield gauge("prefix_cache_hit_rate", "Prefix cache hits / queries since start", kv.get("prefix_cache_hit_rate", 0.0))
+        yield gauge(
+            "prefix_cache_hit_rate", "Prefix cache hits / queries since start", kv.get("prefix_cache_hit_rate", 0.0)
+        )
         yield counter("num_preemptions", "Sequences preempted (recomputed later)", counters.get("preemptions", 0))
         yield counter("engine_steps", "Engine steps run", counters.get("steps", 0))
         steps = CounterMetricFamily("loraplex:engine_step_seconds", "Engine step time by phase", labels=["phase"])
@@ -151,9 +172,12 @@ class _EngineCollector(Collector):
         yield steps
         yield gauge("lora_resident_adapters", "Adapters in device slots", len(lora.get("resident", {})))
         yield gauge("lora_registered_adapters", "Adapters registered with the engine", len(lora.get("registered", [])))
-        for key, doc in (("disk_loads", "Adapter loads from disk"), ("slot_loads", "Adapter loads into device slots"),
-                         ("slot_evictions", "Adapters evicted from device slots"),
-                         ("cpu_evictions", "Adapters evicted from the host cache")):
+        for key, doc in (
+            ("disk_loads", "Adapter loads from disk"),
+            ("slot_loads", "Adapter loads into device slots"),
+            ("slot_evictions", "Adapters evicted from device slots"),
+            ("cpu_evictions", "Adapters evicted from the host cache"),
+        ):
             yield counter(f"lora_{key}", doc, lora.get(key, 0))
         so = s.get("structured_output") or {}
         yield counter("grammar_compilations", "Structured-output grammars compiled", so.get("compiled", 0))

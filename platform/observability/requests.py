@@ -1,5 +1,6 @@
 """What happens when a request ends: metrics, one structured log line, and (when an OTLP endpoint
 is configured) one trace span with admission / queue+prefill / decode children."""
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,24 @@ class RequestObserver:
     def finished(self, rec: FinishedRequest) -> None:
         if self.metrics is not None:
             self.metrics.observe(rec)
-        log.info("request finished", extra={"request": {
-            "request_id": rec.request_id, "endpoint": rec.endpoint, "status": rec.status,
-            "tenant_id": rec.tenant_id, "adapter": rec.adapter, "user": rec.user,
-            "prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
-            "admission_ms": round(rec.admission_s * 1000, 3),
-            "ttft_ms": round(rec.ttft_s * 1000, 3) if rec.ttft_s is not None else None,
-            "latency_ms": round(rec.latency_s * 1000, 3)}})
+        log.info(
+            "request finished",
+            extra={
+                "request": {
+                    "request_id": rec.request_id,
+                    "endpoint": rec.endpoint,
+                    "status": rec.status,
+                    "tenant_id": rec.tenant_id,
+                    "adapter": rec.adapter,
+                    "user": rec.user,
+                    "prompt_tokens": rec.prompt_tokens,
+                    "completion_tokens": rec.completion_tokens,
+                    "admission_ms": round(rec.admission_s * 1000, 3),
+                    "ttft_ms": round(rec.ttft_s * 1000, 3) if rec.ttft_s is not None else None,
+                    "latency_ms": round(rec.latency_s * 1000, 3),
+                }
+            },
+        )
         if self.tracer is not None:
             _span(self.tracer, rec)
 
@@ -42,10 +54,15 @@ def _span(tracer: Any, rec: FinishedRequest) -> None:
     admitted = start + int(rec.admission_s * ns)
     first = admitted + int(rec.ttft_s * ns) if rec.ttft_s is not None else None
     end = admitted + int(rec.latency_s * ns)
-    attrs = {"loraplex.request_id": rec.request_id, "loraplex.endpoint": rec.endpoint,
-             "loraplex.status": rec.status, "loraplex.tenant_id": rec.tenant_id,
-             "loraplex.adapter": rec.adapter or "", "gen_ai.usage.input_tokens": rec.prompt_tokens,
-             "gen_ai.usage.output_tokens": rec.completion_tokens}
+    attrs = {
+        "loraplex.request_id": rec.request_id,
+        "loraplex.endpoint": rec.endpoint,
+        "loraplex.status": rec.status,
+        "loraplex.tenant_id": rec.tenant_id,
+        "loraplex.adapter": rec.adapter or "",
+        "gen_ai.usage.input_tokens": rec.prompt_tokens,
+        "gen_ai.usage.output_tokens": rec.completion_tokens,
+    }
     root = tracer.start_span(f"loraplex {rec.endpoint}", start_time=start, attributes=attrs)
     try:
         from opentelemetry import trace
@@ -81,8 +98,12 @@ class JSONFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and the request fields if any."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-                               "message": record.getMessage()}
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         req = getattr(record, "request", None)
         if isinstance(req, dict):
             out.update(req)

@@ -1,5 +1,6 @@
 """A tenant's quota consumption right now: the limiter's sliding minute and the token budget's
 period so far (usage records, queued ones included)."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -35,6 +36,13 @@ def consumption(tenant_id: str, session: SessionDep, ctx: ContextDep, _actor: Ad
     now = ctx.limiter.usage_now(tenant_id)
     start = period_start(q.budget_period, datetime.now(timezone.utc))
     ctx.usage.flush()
-    return QuotaConsumption(rpm=q.rpm, tpm=q.tpm, max_concurrent=q.max_concurrent, token_budget=q.token_budget,
-                            budget_period=q.budget_period, budget_used=tokens_since(session, tenant_id, start),
-                            period_start=start, **now)
+    return QuotaConsumption(
+        rpm=q.rpm,
+        tpm=q.tpm,
+        max_concurrent=q.max_concurrent,
+        token_budget=q.token_budget,
+        budget_period=q.budget_period,
+        budget_used=tokens_since(session, tenant_id, start),
+        period_start=start,
+        **now,
+    )

@@ -1,4 +1,5 @@
 """Usage over time, one series per tenant or per adapter (the admin page's charts)."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -30,20 +31,32 @@ class UsageSeries(BaseModel):
     data: list[SeriesPoint]
 
 
-def series(session: Session, bucket: str, by: str, tenant_id: str | None, since: datetime | None,
-           until: datetime | None) -> list[SeriesPoint]:
+def series(
+    session: Session, bucket: str, by: str, tenant_id: str | None, since: datetime | None, until: datetime | None
+) -> list[SeriesPoint]:
     t = _bucket(session, bucket).label("t")
     key = (UsageRecord.tenant_id if by == "tenant" else func.coalesce(UsageRecord.adapter_name, "")).label("k")
-    stmt = select(t, key, func.count(), func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-                  func.coalesce(func.sum(UsageRecord.completion_tokens), 0)).group_by(t, key).order_by(t, key)
+    stmt = (
+        select(
+            t,
+            key,
+            func.count(),
+            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+        )
+        .group_by(t, key)
+        .order_by(t, key)
+    )
     if tenant_id is not None:
         stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
     if since is not None:
         stmt = stmt.where(UsageRecord.created_at >= since)
     if until is not None:
         stmt = stmt.where(UsageRecord.created_at < until)
-    return [SeriesPoint(time=r[0], key=r[1], requests=r[2], prompt_tokens=r[3], completion_tokens=r[4])
-            for r in session.execute(stmt)]
+    return [
+        SeriesPoint(time=r[0], key=r[1], requests=r[2], prompt_tokens=r[3], completion_tokens=r[4])
+        for r in session.execute(stmt)
+    ]
 
 
 @router.get("/usage/series", response_model=UsageSeries)

@@ -1,5 +1,6 @@
 """The batched sampler against a plain per-row reference (float64 loops over one row at a time),
 for a batch of 64 rows that each ask for something different."""
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def _random_params(rng: random.Random) -> SamplingParams:
     )
 
 
-def _reference(row: torch.Tensor, p: SamplingParams, prompt: list[int], out: list[int],
-               allowed: set[int] | None) -> tuple[list[float] | None, int]:
+def _reference(
+    row: torch.Tensor, p: SamplingParams, prompt: list[int], out: list[int], allowed: set[int] | None
+) -> tuple[list[float] | None, int]:
     """(probabilities or None for greedy, argmax token) computed one token at a time."""
     x = [float(v) for v in row]
     if allowed is not None:
@@ -110,8 +112,9 @@ def test_64_mixed_rows_match_the_per_row_reference(seed):
     out = sample_batch(logits, seqs, torch.Generator().manual_seed(0), bitmask)
     for i, s in enumerate(seqs):
         p = s.request.params
-        ref_probs, ref_best = _reference(logits[i], p, s.token_ids[:s.num_prompt_tokens],
-                                         s.token_ids[s.num_prompt_tokens:], allowed_sets[i])
+        ref_probs, ref_best = _reference(
+            logits[i], p, s.token_ids[: s.num_prompt_tokens], s.token_ids[s.num_prompt_tokens :], allowed_sets[i]
+        )
         if ref_probs is None:
             assert out.tokens[i] == ref_best, f"row {i}: greedy"
         else:
@@ -135,8 +138,10 @@ def test_seeded_rows_ignore_the_rest_of_the_batch():
     p = SamplingParams(temperature=1.0, top_p=0.9, presence_penalty=0.5)
 
     def draw(batch_rows: list[int]) -> int:
-        seqs = [_seq(p, [1, 2], [3], seed=42) if r == 0 else _seq(SamplingParams(temperature=1.0), [1], [])
-                for r in batch_rows]
+        seqs = [
+            _seq(p, [1, 2], [3], seed=42) if r == 0 else _seq(SamplingParams(temperature=1.0), [1], [])
+            for r in batch_rows
+        ]
         lg = torch.stack([logits[r] for r in batch_rows])
         return sample_batch(lg, seqs, torch.Generator().manual_seed(len(batch_rows)), None).tokens[0]
 
@@ -161,8 +166,11 @@ def test_wide_nucleus_widens_the_candidate_set_to_the_exact_distribution():
     torch.manual_seed(0)
     vocab = 6000
     logits = torch.randn(3, vocab) * 0.5
-    params = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.7, top_p=0.3, min_p=0.2),
-              SamplingParams(temperature=1.2, top_k=3000, top_p=0.95)]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=0.7, top_p=0.3, min_p=0.2),
+        SamplingParams(temperature=1.2, top_k=3000, top_p=0.95),
+    ]
     got = truncated_probs(logits.clone(), params)
     for row, p in enumerate(params):
         x = logits[row].double() / p.temperature

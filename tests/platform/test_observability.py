@@ -1,5 +1,6 @@
 """/metrics parsed by prometheus-client's own parser, JSON request logs, OpenTelemetry spans
 (SDK in-memory exporter), all driven by the official openai client against a real uvicorn."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,11 @@ def obs_server(tmp_path, db_url, gateway, good_files):
             tid = c.post("/admin/v1/tenants", json={"name": name}).json()["id"]
             key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
             clients.append((tid, openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)))
-        c.post("/admin/v1/adapters", data={"name": "bot", "tenant_id": clients[0][0]},
-               files={"file": ("bot.zip", zip_bytes(good_files))})
+        c.post(
+            "/admin/v1/adapters",
+            data={"name": "bot", "tenant_id": clients[0][0]},
+            files={"file": ("bot.zip", zip_bytes(good_files))},
+        )
         yield ctx, url, c, clients
     srv.should_exit = True
     thread.join(10)
@@ -59,31 +63,50 @@ def test_metrics_logs_and_traces(obs_server, caplog):
     (acme, a_client), (globex, g_client) = clients
     base = ctx.gateway.model_name
     with caplog.at_level(logging.INFO, logger="loraplex.requests"):
-        r1 = a_client.completions.create(model="bot", prompt="Hello", max_tokens=5, temperature=0, user="u-7",
-                                         extra_body={"ignore_eos": True})
-        r2 = a_client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-                                              n=2, temperature=0.5, extra_body={"ignore_eos": True})
+        r1 = a_client.completions.create(
+            model="bot", prompt="Hello", max_tokens=5, temperature=0, user="u-7", extra_body={"ignore_eos": True}
+        )
+        r2 = a_client.chat.completions.create(
+            model=base,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            n=2,
+            temperature=0.5,
+            extra_body={"ignore_eos": True},
+        )
         r3 = g_client.completions.create(model=base, prompt="abc", max_tokens=2)
     admin.put(f"/admin/v1/tenants/{globex}/quota", json={"rpm": 1})
     with pytest.raises(openai.RateLimitError):
         g_client.completions.create(model=base, prompt="x", max_tokens=1)
 
     m = _scrape(url)
-    reqs = {(s.labels["endpoint"], s.labels["tenant"], s.labels["adapter"]): s.value
-            for s in m["loraplex:requests"] if s.name.endswith("_total") and s.labels["status"] == "ok"}
+    reqs = {
+        (s.labels["endpoint"], s.labels["tenant"], s.labels["adapter"]): s.value
+        for s in m["loraplex:requests"]
+        if s.name.endswith("_total") and s.labels["status"] == "ok"
+    }
     # max_label_values=1: the first tenant keeps its id, the second is folded into "other".
-    assert reqs == {("completions", acme, "bot"): 1, ("chat.completions", acme, ""): 1,
-                    ("completions", "other", ""): 1}
+    assert reqs == {("completions", acme, "bot"): 1, ("chat.completions", acme, ""): 1, ("completions", "other", ""): 1}
     gen = sum(s.value for s in m["loraplex:generation_tokens"] if s.name.endswith("_total"))
-    assert gen == r1.usage.completion_tokens + r2.usage.completion_tokens + r3.usage.completion_tokens == 5 + 6 + r3.usage.completion_tokens
+    assert (
+        gen
+        == r1.usage.completion_tokens + r2.usage.completion_tokens + r3.usage.completion_tokens
+        == 5 + 6 + r3.usage.completion_tokens
+    )
     prompt = sum(s.value for s in m["loraplex:prompt_tokens"] if s.name.endswith("_total"))
     assert prompt == r1.usage.prompt_tokens + r2.usage.prompt_tokens + r3.usage.prompt_tokens
     ttft_count = sum(s.value for s in m["loraplex:time_to_first_token_seconds"] if s.name.endswith("_count"))
     assert ttft_count == 3
     assert [s.value for s in m["loraplex:rate_limited_requests"] if s.labels.get("reason") == "rpm"] == [1]
-    for name in ("loraplex:num_requests_running", "loraplex:num_requests_waiting", "loraplex:kv_cache_usage_perc",
-                 "loraplex:prefix_cache_hit_rate", "loraplex:lora_resident_adapters", "loraplex:num_preemptions",
-                 "loraplex:lora_slot_loads"):
+    for name in (
+        "loraplex:num_requests_running",
+        "loraplex:num_requests_waiting",
+        "loraplex:kv_cache_usage_perc",
+        "loraplex:prefix_cache_hit_rate",
+        "loraplex:lora_resident_adapters",
+        "loraplex:num_preemptions",
+        "loraplex:lora_slot_loads",
+    ):
         assert name in m, name
     phases = {s.labels["phase"]: s.value for s in m["loraplex:engine_step_seconds"]}
     assert {"schedule", "forward", "sample"} <= set(phases) and phases["forward"] > 0

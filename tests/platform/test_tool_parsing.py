@@ -1,5 +1,6 @@
 """Tool-call plumbing without a server: plans from tool_choice, Hermes-format parsing for "auto",
 and the streaming deltas, checked against json.loads of what a client would assemble."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.openai_schemas import ChatRequest
 from loraplex.platform.inference.tools import ToolStream, parse_output, plan_tools, template_messages
 
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
-         {"type": "function", "function": {"name": "g"}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    },
+    {"type": "function", "function": {"name": "g"}},
+]
 
 
 def _req(**kw) -> ChatRequest:
@@ -45,7 +51,7 @@ def test_auto_reads_hermes_tool_calls_and_keeps_other_text():
 def test_named_stream_assembles_to_the_arguments():
     plan = plan_tools(_req(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "f"}}))
     st = ToolStream(plan)
-    parts = [st.delta(t, None) for t in ['{"x"', ': ', '42}']] + [st.delta("", "stop")]
+    parts = [st.delta(t, None) for t in ['{"x"', ": ", "42}"]] + [st.delta("", "stop")]
     deltas = [d for d, _ in parts if d]
     assert deltas[0]["tool_calls"][0]["function"]["name"] == "f" and deltas[0]["tool_calls"][0]["id"]
     args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas)
@@ -53,11 +59,20 @@ def test_named_stream_assembles_to_the_arguments():
 
 
 def test_assistant_tool_calls_reach_a_template_without_tool_support_as_text():
-    req = ChatRequest(model="m", messages=[
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "7"}])
+    req = ChatRequest(
+        model="m",
+        messages=[
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "7"},
+        ],
+    )
     plain = template_messages(req, "{{ message['content'] }}")
     assert plain[1]["content"] == '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
     aware = template_messages(req, "{% if message.tool_calls %}{% endif %}")

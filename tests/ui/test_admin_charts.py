@@ -1,6 +1,7 @@
 """The admin page's charts in real Chromium: usage over time per tenant and adapter, the live batch
 and share-of-service charts while two tenants generate, and a tenant's quota consumption. What the
 charts show is checked against the admin API and the tenant API's own usage numbers."""
+
 from __future__ import annotations
 
 import threading
@@ -31,10 +32,19 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
     with server.admin() as c:
         (t1, k1), (t2, k2) = _tenant(c, names[0], 1.0), _tenant(c, names[1], 3.0)
         ada = f"chartbot-{tag}"
-        assert c.post("/admin/v1/adapters", data={"name": ada, "tenant_id": t1},
-                      files={"file": ("a.zip", zip_bytes(ui_adapter_files))}).status_code == 201
+        assert (
+            c.post(
+                "/admin/v1/adapters",
+                data={"name": ada, "tenant_id": t1},
+                files={"file": ("a.zip", zip_bytes(ui_adapter_files))},
+            ).status_code
+            == 201
+        )
     base = server.ctx.gateway.model_name
-    clients = {t: openai.OpenAI(base_url=server.url + "/v1", api_key=k, max_retries=0, timeout=120) for t, k in ((t1, k1), (t2, k2))}
+    clients = {
+        t: openai.OpenAI(base_url=server.url + "/v1", api_key=k, max_retries=0, timeout=120)
+        for t, k in ((t1, k1), (t2, k2))
+    }
     tokens = {t1: 0, t2: 0}
     for model in (ada, base):
         r = clients[t1].completions.create(model=model, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
@@ -50,14 +60,19 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
     expect(by_tenant.locator(f'polyline[data-name="{names[1]}"]')).to_have_count(1)
     point = by_tenant.locator("circle title", has_text=f"{names[1]}: {tokens[t2]} at").first
     expect(point).to_have_count(1)
-    expect(page.get_by_role("img", name="Tokens per hour by adapter").locator(f'polyline[data-name="{ada}"]')).to_have_count(1)
+    expect(
+        page.get_by_role("img", name="Tokens per hour by adapter").locator(f'polyline[data-name="{ada}"]')
+    ).to_have_count(1)
     with server.admin() as c:
         series = c.get("/admin/v1/usage/series", params={"by": "tenant", "tenant_id": t1}).json()["data"]
     assert sum(p["prompt_tokens"] + p["completion_tokens"] for p in series) == tokens[t1]
     page.get_by_label("Chart", exact=True).select_option("requests")
     page.get_by_role("button", name="Draw charts").click()
-    expect(page.get_by_role("img", name="Requests per hour by tenant").locator(
-        "circle title", has_text=f"{names[0]}: 2 at")).to_have_count(1)
+    expect(
+        page.get_by_role("img", name="Requests per hour by tenant").locator(
+            "circle title", has_text=f"{names[0]}: 2 at"
+        )
+    ).to_have_count(1)
     screenshot(page, "usage-charts", tmp_path)
 
     # Live batch: both tenants generating; the charts follow the engine's stats.
@@ -65,8 +80,9 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
 
     def load(t: str) -> None:
         while not stop.is_set():
-            clients[t].completions.create(model=base, prompt="The quick brown fox", max_tokens=24,
-                                          extra_body={"ignore_eos": True})
+            clients[t].completions.create(
+                model=base, prompt="The quick brown fox", max_tokens=24, extra_body={"ignore_eos": True}
+            )
 
     threads = [threading.Thread(target=load, args=(t,), daemon=True) for t in (t1, t2, t2)]
     for th in threads:
@@ -77,8 +93,11 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
         expect(running.locator(f'rect[data-name="{names[1]}"]')).to_have_count(1, timeout=30_000)
         share = page.get_by_role("img", name="Share of service per refresh (solid) vs weight share (dashed)")
         expect(share.locator(f'polyline[data-name="{names[1]} weight share"]')).to_have_count(1, timeout=30_000)
-        expect(page.get_by_role("img", name="Engine step time split (since last refresh)").locator(
-            'rect[data-name="forward"]')).to_have_count(1)
+        expect(
+            page.get_by_role("img", name="Engine step time split (since last refresh)").locator(
+                'rect[data-name="forward"]'
+            )
+        ).to_have_count(1)
         screenshot(page, "engine-charts", tmp_path)
     finally:
         stop.set()
@@ -89,7 +108,9 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
     with server.admin() as c:
         cons = c.get(f"/admin/v1/tenants/{t1}/quota/consumption").json()
     page.goto(f"{server.url}/admin/#/tenants/{t1}")
-    expect(page.locator('[data-meter="Requests in the last minute"]')).to_have_text(f"{cons['requests_last_minute']} of 100")
+    expect(page.locator('[data-meter="Requests in the last minute"]')).to_have_text(
+        f"{cons['requests_last_minute']} of 100"
+    )
     assert cons["requests_last_minute"] >= 3 and cons["budget_used"] >= tokens[t1]
     expect(page.get_by_label("Token budget used this day")).to_be_visible()
     screenshot(page, "tenant-quota", tmp_path)
