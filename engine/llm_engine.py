@@ -84,6 +84,9 @@ class LLMEngine:
         the engine runs (the adapter registry is re-checked when the request is queued), so the
         server calls it on its own thread."""
         request.params.validate()
+        if request.params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n = {request.params.n} samples cannot run together: the batch holds at most "
+                                      f"max_num_seqs = {self.config.max_num_seqs} sequences", param="n")
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
         self._check_vocab(request.params)

@@ -53,16 +53,16 @@ class EngineGateway:
         self._adapters: dict[str, str] = {}  # engine key -> path, for stats and idempotence
 
     @classmethod
-    def disabled(cls) -> "EngineGateway":
+    def disabled(cls) -> EngineGateway:
         return cls(None, None, 0)
 
     @classmethod
-    def validator_only(cls, settings: Settings) -> "EngineGateway":
+    def validator_only(cls, settings: Settings) -> EngineGateway:
         """No running engine, but adapters can be validated against the base model (CLI)."""
         return cls(None, resolve_model_dir(settings), settings.engine.max_lora_rank)
 
     @classmethod
-    def start(cls, settings: Settings) -> "EngineGateway":
+    def start(cls, settings: Settings) -> EngineGateway:
         if not settings.engine.enabled:
             return cls.disabled()
         from loraplex.engine import AsyncEngine, EngineConfig

@@ -9,7 +9,7 @@ import contextvars
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_settings import (
@@ -55,12 +55,18 @@ def _engine_settings_model() -> type[BaseModel]:
             raise ValueError(str(exc)) from None
         return self
 
-    return create_model(  # type: ignore[call-overload, no-any-return]
-        "EngineSettings", __base__=_Table,
-        __validators__={"check_with_engine_config": model_validator(mode="after")(check)}, **fields)
+    validators: dict[str, Any] = {"check_with_engine_config": model_validator(mode="after")(check)}
+    return create_model("EngineSettings", __base__=_Table, __validators__=validators, **fields)
 
 
-EngineSettings = _engine_settings_model()
+if TYPE_CHECKING:
+    class EngineSettings(_Table):  # what type checkers see; the real class is generated below
+        enabled: bool = True
+        model: str = ""
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    EngineSettings = _engine_settings_model()
 
 
 def engine_config_kwargs(engine: BaseModel) -> dict[str, Any]:
@@ -102,13 +108,13 @@ class Settings(BaseSettings):
     # Optional fixed admin key; without it, a key is generated on first start and printed once.
     admin_key: str = ""
     server: ServerSettings = Field(default_factory=ServerSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)  # type: ignore[valid-type]
+    engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.environment != "demo" and len(self.secret_key) < MIN_SECRET_LEN:
             raise ValueError(
                 f"secret_key must be set to at least {MIN_SECRET_LEN} characters "
