@@ -29,7 +29,7 @@ from .errors import EngineDeadError, InvalidRequestError
 from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import OutputKind, RequestOutput
 from .request import EngineRequest
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.engine")
 T = TypeVar("T")
@@ -40,7 +40,7 @@ CALL_TIMEOUT_S = 120.0
 class RequestStream:
     """Async iterator over one request's outputs. Closing it early aborts the request."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop):
         self.request_id = request_id
         self._engine = engine
         self._loop = loop
@@ -53,7 +53,7 @@ class RequestStream:
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             pass
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
@@ -81,7 +81,7 @@ class RequestStream:
             self.finished = True
             self._engine.abort(self.request_id)
 
-    async def __aenter__(self) -> "RequestStream":
+    async def __aenter__(self) -> RequestStream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -128,7 +128,7 @@ class AsyncEngine:
         return self.engine.config
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "AsyncEngine":
+    def start(self) -> AsyncEngine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
             self._thread.start()
@@ -184,6 +184,12 @@ class AsyncEngine:
         assert final is not None
         return final
 
+    def compile_structured(self, spec: StructuredOutputSpec) -> None:
+        """Compile (and cache) a structured-output grammar on the caller's thread: call it from a
+        worker thread before ``submit`` so the request waits for its grammar and neither the event
+        loop nor the batch does (``submit``'s validation then finds it in the cache)."""
+        self.engine.structured.compile(spec)
+
     def abort(self, request_id: str) -> bool:
         """Abort a request between two steps; its stream then ends with finish_reason "abort".
         False if no such request is in flight."""
@@ -201,7 +207,7 @@ class AsyncEngine:
             return fn()
         if not self.is_running:
             raise EngineDeadError(f"engine is not running: {self.dead or 'shut down'}")
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._inbox.put(_Call(fn, future))
         return future.result(timeout=CALL_TIMEOUT_S)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 
@@ -128,6 +128,7 @@ class SpeculativeConfig:
 
 
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
+_V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
 
 
 @dataclass
@@ -201,7 +202,7 @@ class EngineConfig:
         for view in _VIEWS:  # builds (and so validates) every view
             self._view(view)
 
-    def _view(self, cls: type) -> Any:
+    def _view(self, cls: type[_V]) -> _V:
         return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
     @property

@@ -7,6 +7,7 @@ across tokens, which decodes to U+FFFD until the rest arrives).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -15,20 +16,20 @@ class DetokState:
     read_offset: int = 0
 
 
-def append_text(tokenizer, seq, state: DetokState) -> str:
+def append_text(tokenizer: Any, seq: Any, state: DetokState) -> str:
     """Extend ``seq.text`` with whatever the newly appended tokens spell. Returns the delta."""
     ids = seq.output_token_ids
     prefix = tokenizer.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
     full = tokenizer.decode(ids[state.prefix_offset:], skip_special_tokens=True)
     if len(full) > len(prefix) and not full.endswith("\ufffd"):
-        delta = full[len(prefix):]
+        delta: str = full[len(prefix):]
         state.prefix_offset, state.read_offset = state.read_offset, len(ids)
         seq.text += delta
         return delta
     return ""
 
 
-def flush_text(tokenizer, seq, state: DetokState) -> str:
+def flush_text(tokenizer: Any, seq: Any, state: DetokState) -> str:
     """At the end of a sample: append whatever is still pending (an incomplete UTF-8 tail decodes
     to U+FFFD, as a one-shot decode of the same tokens spells it). Returns the delta."""
     ids = seq.output_token_ids

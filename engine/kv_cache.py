@@ -57,7 +57,9 @@ class BlockPool:
             block = self._free.popleft()
         elif self._free_cached:
             block, _ = self._free_cached.popitem(last=False)
-            del self.cached[self.block_hash[block]]
+            old_hash = self.block_hash[block]
+            assert old_hash is not None  # blocks in _free_cached always carry their hash
+            del self.cached[old_hash]
             self.block_hash[block] = None
             self.num_evictions += 1
         else:

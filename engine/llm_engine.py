@@ -26,11 +26,12 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
-from .sampler import sample
+from .sampler import sample_batch
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
 from .spec_decode import SpeculativeDecoder
+from .structured_output import StructuredOutputManager
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("loraplex.engine")
@@ -71,6 +72,7 @@ class LLMEngine:
         self.spec = (SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
                      if config.speculative_method else None)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -85,10 +87,23 @@ class LLMEngine:
         the engine runs (the adapter registry is re-checked when the request is queued), so the
         server calls it on its own thread."""
         request.params.validate()
+        if request.params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n = {request.params.n} samples cannot run together: the batch holds at most "
+                                      f"max_num_seqs = {self.config.max_num_seqs} sequences", param="n")
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
+        self._check_vocab(request.params)
+        if request.params.structured_output is not None:  # a cache hit when the server compiled it first
+            self.structured.compile(request.params.structured_output)
         adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
         return token_ids, adapter
+
+    def _check_vocab(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.logit_bias if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                                      param="logit_bias")
 
     def add_request(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
                     **fields: Any) -> Request:
@@ -113,6 +128,8 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.sequences.append(seq)
+        if params.structured_output is not None:
+            self.structured.add_sequences(req.sequences, self.structured.compile(params.structured_output))
         self.requests[req.request_id] = req
         self.output_processor.add(req, request.output_kind)
         # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).
@@ -218,7 +235,7 @@ class LLMEngine:
             assert logits is not None
             if len(rows) != len(seqs):  # forks sample extra rows from their leader's logits
                 logits = logits.index_select(0, torch.tensor([r for r, _ in rows], device=logits.device))
-            tokens = sample(logits, [s for _, s in rows], self._generator)
+            tokens = self._sample(logits, [s for _, s in rows])
         t3 = time.perf_counter()
         sampled = [(s, tok) for (_, s), tok in zip(rows, tokens)]
         for seq, token, num_accepted in verified:
@@ -231,6 +248,11 @@ class LLMEngine:
         touched = self.scheduler.update_from_output(plan, sampled)
         if spec is not None:
             spec.rollback()
+        if self.structured.active:  # (structured-output requests never speculate)
+            for (_, seq), tok in zip(rows, tokens):
+                # The grammar admits nothing more (e.g. ignore_eos after a complete JSON value).
+                if self.structured.accept(seq, tok) and not seq.is_finished:
+                    self.scheduler.finish(seq, FinishReason.STOP)
         for seq, stop in self.output_processor.process_tokens(touched):
             self.scheduler.finish(seq, FinishReason.STOP, stop)
         self.counters["generated_tokens"] += len(touched)
@@ -240,6 +262,16 @@ class LLMEngine:
         self.step_seconds["sample"] += t3 - t2
         self.step_seconds["update"] += t4 - t3
         return results
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One batched sampler pass; grammar masks for the constrained rows, logprobs kept per
+        sequence for the rows that ask."""
+        bitmask = self.structured.bitmask_for(seqs) if self.structured.active else None
+        out = sample_batch(logits, seqs, self._generator, bitmask)
+        for seq, lp in zip(seqs, out.logprobs):
+            if lp is not None:
+                seq.logprobs.append(lp)
+        return out.tokens
 
     def _outputs_for(self, touched: list[Sequence]) -> list[RequestOutput]:
         now = time.monotonic()
@@ -262,6 +294,8 @@ class LLMEngine:
         self.counters["prompt_tokens"] += len(req.prompt_token_ids)
         if req.adapter is not None:
             self.lora.on_request_finished(req.adapter.name)
+        for seq in req.sequences:
+            self.structured.release(seq)
         return self.output_processor.finish(req)
 
     def _fail_requests(self, reqs: list[Request], error: str) -> list[RequestOutput]:
@@ -295,6 +329,7 @@ class LLMEngine:
             "kv_cache": self.kv.stats(),
             "counters": dict(self.counters),
             "step_seconds": dict(self.step_seconds),
+            "structured_output": dict(self.structured.stats),
             "lora": self.lora.stats(),
             "speculative": self.spec.stats() if self.spec is not None else None,
             "max_model_len": self.max_model_len,

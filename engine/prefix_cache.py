@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Sequence
 
 ROOT_HASH = b"\x00" * 32
 
@@ -32,7 +33,7 @@ def extra_key(adapter_key: str | None, cache_salt: str | None) -> bytes:
     return b"".join(parts)
 
 
-def hash_block(parent: bytes, extra: bytes, token_ids) -> bytes:
+def hash_block(parent: bytes, extra: bytes, token_ids: Sequence[int]) -> bytes:
     """Digest of one FULL block (every block has exactly block_size tokens, so the token bytes
     cannot be ambiguous); int64 covers every vocabulary."""
     h = hashlib.sha256(parent)

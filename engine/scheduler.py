@@ -180,7 +180,7 @@ class Scheduler:
             seq = self.policy.next_waiting(exclude, now)
             if seq is None:
                 break
-            full = len(self.running) >= self.config.max_num_seqs
+            full = self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs
             if full and self.policy.may_admit(seq, self.running) and \
                     not self.policy.preemption_candidates(seq, self.running, now):
                 break
@@ -193,7 +193,8 @@ class Scheduler:
                 # The policy may let a waiting request push running ones out (a better class...).
                 budget = self._preempt_for(seq, n, cached, out, budget, running_adapters, now)
                 n = min(seq.num_uncomputed_tokens - cached, budget)
-                if len(self.running) >= self.config.max_num_seqs or not self.kv.can_admit(seq, n, cached):
+                if self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs or \
+                        not self.kv.can_admit(seq, n, cached):
                     break  # out of KV: later arrivals must not overtake (they would starve big prompts)
             self._start(seq, n, out, cached)
             budget -= n
@@ -205,9 +206,9 @@ class Scheduler:
         exclude: set[int] = set()
         running_adapters: Counter = Counter()
         reserved = 0
-        while len(self.running) < self.config.max_num_seqs:
+        while self._slots_used() < self.config.max_num_seqs:
             seq = self.policy.next_waiting(exclude, now)
-            if seq is None:
+            if seq is None or self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs:
                 break
             if not self._adapter_fits(seq, running_adapters, None):
                 exclude.add(seq.seq_id)
@@ -236,6 +237,15 @@ class Scheduler:
         if n > 0:
             self.kv.allocate(seq, n)
             out.chunks.append(ScheduledChunk(seq, n))
+
+    def _slots_needed(self, seq: Sequence) -> int:
+        """Batch slots admitting ``seq`` takes: itself and the followers that fork from it (n > 1)."""
+        return 1 + len(self._followers.get(seq.seq_id, ()))
+
+    def _slots_used(self) -> int:
+        """Running sequences plus the followers already promised to running leaders."""
+        running = {s.seq_id for s in self.running}
+        return len(running) + sum(len(fs) for lid, fs in self._followers.items() if lid in running)
 
     def _adapter_fits(self, seq: Sequence, running_adapters: Counter, starving: str | None) -> bool:
         adapter = seq.adapter
@@ -270,14 +280,16 @@ class Scheduler:
         its chunk back)."""
         victims = self.policy.preemption_candidates(seq, self.running, now)
         need = self.kv.num_new_blocks(seq, n, cached) + self.kv.watermark_blocks
-        free, slots, chosen = self.kv.num_free_blocks, self.config.max_num_seqs - len(self.running), []
+        free, chosen = self.kv.num_free_blocks, []
+        slots = self.config.max_num_seqs - self._slots_used()
+        need_slots = self._slots_needed(seq)
         for victim in victims:
-            if free >= need and slots >= 1:
+            if free >= need and slots >= need_slots:
                 break
             chosen.append(victim)
             free += len(self.kv.block_table(victim))  # an estimate: shared blocks stay held
-            slots += 1
-        if free < need or slots < 1:
+            slots += self._slots_needed(victim)
+        if free < need or slots < need_slots:
             return budget
         for victim in chosen:
             for chunk in [c for c in out.chunks if c.seq is victim]:

@@ -52,7 +52,7 @@ class Request:
     tenant: TenantInfo = field(default_factory=TenantInfo)
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
-    sequences: list["Sequence"] = field(default_factory=list)
+    sequences: list[Sequence] = field(default_factory=list)
     first_token_time: float | None = None
     finish_time: float | None = None
     error: str | None = None
@@ -88,6 +88,7 @@ class Sequence:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (kept by the output processor)
+    logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
 
     @property
     def num_tokens(self) -> int:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     path = Path(path)

@@ -6,7 +6,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
@@ -20,6 +21,7 @@ from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.routes import router as tenant_router
+from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform")
@@ -58,6 +60,14 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.include_router(admin_router)
     app.include_router(tenant_router)
+    app.include_router(tokenize_router)
+
+    if ctx.observer is not None and ctx.observer.metrics is not None:
+        metrics = ctx.observer.metrics
+
+        @app.get("/metrics", tags=["health"], include_in_schema=False)
+        def prometheus_metrics() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
     def health() -> dict:

@@ -52,7 +52,14 @@ def serve(
         typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
         typer.echo(f"  {admin_key}")
         typer.echo("=" * 72)
-    uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info")
+    log_kwargs: dict = {}
+    if settings.observability.json_logs:
+        from loraplex.platform.observability.requests import configure_json_logs
+
+        configure_json_logs()
+        log_kwargs["log_config"] = None  # keep our JSON handler; uvicorn's loggers propagate to it
+    uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info",
+                **log_kwargs)
 
 
 @db_app.command("upgrade")

@@ -11,6 +11,8 @@ from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.observability.metrics import Metrics
+from loraplex.platform.observability.requests import RequestObserver, make_tracer
 from loraplex.platform.quotas.limiter import QuotaLimiter
 from loraplex.platform.usage.writer import UsageWriter
 from loraplex.platform.settings import Settings
@@ -27,8 +29,14 @@ class PlatformContext:
     gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
     limiter: QuotaLimiter | None = None
     usage: UsageWriter | None = None
+    observer: RequestObserver | None = None
 
     def __post_init__(self) -> None:
+        if self.observer is None:
+            obs = self.settings.observability
+            metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
+                       if obs.metrics else None)
+            self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         if self.limiter is None:
             self.limiter = QuotaLimiter(self._tokens_since)
         if self.usage is None:

@@ -53,16 +53,16 @@ class EngineGateway:
         self._adapters: dict[str, str] = {}  # engine key -> path, for stats and idempotence
 
     @classmethod
-    def disabled(cls) -> "EngineGateway":
+    def disabled(cls) -> EngineGateway:
         return cls(None, None, 0)
 
     @classmethod
-    def validator_only(cls, settings: Settings) -> "EngineGateway":
+    def validator_only(cls, settings: Settings) -> EngineGateway:
         """No running engine, but adapters can be validated against the base model (CLI)."""
         return cls(None, resolve_model_dir(settings), settings.engine.max_lora_rank)
 
     @classmethod
-    def start(cls, settings: Settings) -> "EngineGateway":
+    def start(cls, settings: Settings) -> EngineGateway:
         if not settings.engine.enabled:
             return cls.disabled()
         from loraplex.engine import AsyncEngine, EngineConfig
@@ -178,9 +178,22 @@ class EngineGateway:
             self._engine.abort(request_id)
 
     def sampling_params(self, **kwargs: Any) -> Any:
+        """Engine SamplingParams; ``structured_output=(kind, value)`` is compiled here, in the
+        caller's worker thread, so the request waits for its grammar and the engine loop does not."""
         from loraplex.engine import SamplingParams
+        from loraplex.engine.sampling_params import StructuredOutputSpec
 
-        return SamplingParams(**kwargs)
+        spec = kwargs.pop("structured_output", None)
+        if spec is not None:
+            kwargs["structured_output"] = StructuredOutputSpec(*spec)
+        params = SamplingParams(**kwargs)
+        if params.structured_output is not None:
+            self.engine.compile_structured(params.structured_output)
+        return params
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.engine.max_model_len)
 
 
 async def _translated(stream: Any) -> AsyncIterator[Any]:

@@ -9,7 +9,7 @@ import contextvars
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_settings import (
@@ -55,12 +55,18 @@ def _engine_settings_model() -> type[BaseModel]:
             raise ValueError(str(exc)) from None
         return self
 
-    return create_model(  # type: ignore[call-overload, no-any-return]
-        "EngineSettings", __base__=_Table,
-        __validators__={"check_with_engine_config": model_validator(mode="after")(check)}, **fields)
+    validators: dict[str, Any] = {"check_with_engine_config": model_validator(mode="after")(check)}
+    return create_model("EngineSettings", __base__=_Table, __validators__=validators, **fields)
 
 
-EngineSettings = _engine_settings_model()
+if TYPE_CHECKING:
+    class EngineSettings(_Table):  # what type checkers see; the real class is generated below
+        enabled: bool = True
+        model: str = ""
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    EngineSettings = _engine_settings_model()
 
 
 def engine_config_kwargs(engine: BaseModel) -> dict[str, Any]:
@@ -79,6 +85,14 @@ class AuthSettings(_Table):
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
 
+class ObservabilitySettings(_Table):
+    metrics: bool = True  # serve /metrics (Prometheus text format)
+    tenant_labels: bool = False  # label request metrics by tenant and adapter (bounded, see below)
+    max_label_values: int = Field(100, ge=1)  # distinct tenants / adapters per label; the rest are "other"
+    json_logs: bool = False  # one JSON object per log line (request id, tenant, adapter, timings)
+    otlp_endpoint: str = ""  # e.g. http://collector:4318/v1/traces: one span per request when set
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LORAPLEX_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -94,12 +108,13 @@ class Settings(BaseSettings):
     # Optional fixed admin key; without it, a key is generated on first start and printed once.
     admin_key: str = ""
     server: ServerSettings = Field(default_factory=ServerSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)  # type: ignore[valid-type]
+    engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.environment != "demo" and len(self.secret_key) < MIN_SECRET_LEN:
             raise ValueError(
                 f"secret_key must be set to at least {MIN_SECRET_LEN} characters "

@@ -37,4 +37,5 @@ if ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 fi
 
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-.venv/bin/python -m pytest -q "$@"
+# Coverage of the loraplex package (in-process code; servers started as subprocesses are not traced).
+.venv/bin/python -m pytest -q --cov=loraplex --cov-report=term:skip-covered "$@"

@@ -66,7 +66,7 @@ class LoRAManager:
         self.max_lora_rank = config.max_lora_rank
         self.model_config = model_config
         self.model = model
-        self._projections = model.lora_projections()
+        self._projections = model.lora_projections()  # type: ignore[operator]  # our model classes define it
         first = self._projections["qkv_proj"][0]
         self.device, self.dtype = first.device, first.compute_dtype
         self._entries: dict[str, _Entry] = {}  # active and draining
@@ -203,7 +203,9 @@ class LoRAManager:
         if not victims:  # unreachable while len(adapters) <= max_loras
             raise RuntimeError("no LoRA slot can be freed")
         slot = min(victims, key=lambda s: self._slot_used[s])
-        self._slot_of.pop(self._slots[slot], None)
+        old_key = self._slots[slot]
+        if old_key is not None:
+            self._slot_of.pop(old_key, None)
         self._slots[slot] = None
         self.counters["slot_evictions"] += 1
         return slot

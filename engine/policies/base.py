@@ -6,8 +6,9 @@ answers "who next?", "who gives way?" and keeps its own accounting through the `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
+from ..kv_cache import KVCacheManager
 from ..sequence import Sequence
 from .tenants import TenantBook, TenantLimits
 
@@ -18,7 +19,7 @@ class SchedulingPolicy(ABC):
     def __init__(self, limits: TenantLimits | None = None) -> None:
         self.book = TenantBook()
         self.limits = limits
-        self.kv = None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
+        self.kv: KVCacheManager | None = None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
         # Adapters loaded in device slots, if a LoRA manager tells us (running ones always count).
         self.resident_adapters_fn: Callable[[], Iterable[str]] | None = None
         self._blocked: set[str] = set()  # tenants may_admit refused during the current admission pass
@@ -32,7 +33,7 @@ class SchedulingPolicy(ABC):
         if not exclude:  # the scheduler starts each admission pass with an empty exclude set
             self._blocked.clear()
 
-    def attach_kv(self, kv) -> None:
+    def attach_kv(self, kv: KVCacheManager) -> None:
         self.kv = kv
 
     # ------------------------------------------------------------------ waiting queue

@@ -13,7 +13,7 @@ class would push every aged request straight back out and starve it after all.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..sequence import Sequence
 from .base import SchedulingPolicy
@@ -101,7 +101,7 @@ class ClassQueuesPolicy(SchedulingPolicy):
         return super().preemption_candidates(seq, running, now)
 
     # ------------------------------------------------------------------ subclass hooks
-    def _victim_key(self, seq: Sequence, now: float):
+    def _victim_key(self, seq: Sequence, now: float) -> tuple[float, ...]:
         """Larger = preempted first: the worst (aged) class, then the newest."""
         return (aged_class(seq, now, self.aging_s), seq.arrival_time, seq.seq_id)
 

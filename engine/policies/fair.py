@@ -64,16 +64,21 @@ class FairPolicy(ClassQueuesPolicy):
 
     # ------------------------------------------------------------------ choice
     def _pick(self, heads: list[tuple[str, Sequence]], now: float, top: int) -> Sequence:
-        best_key, best, fair_ones = None, None, []
+        if not heads:
+            raise ValueError("_pick needs at least one head")
+        best_key: tuple[int, int, float, float, int] | None = None
+        best = heads[0][1]
+        fair_ones: list[tuple[int, float, Sequence]] = []
         for tid, head in heads:
             cls = effective_class(head, now, self.aging_s, top)
             if cls < head.tenant.priority:  # aged into a better class: oldest first
-                key = (cls, 0, head.arrival_time, head.seq_id)
+                key = (cls, 0, head.arrival_time, 0.0, head.seq_id)
             else:
                 key = (cls, 1, self.counters.get(tid, 0.0), head.arrival_time, head.seq_id)
                 fair_ones.append((cls, key[2], head))
             if best_key is None or key < best_key:
                 best_key, best = key, head
+        assert best_key is not None
         if self.locality_slack > 0 and best_key[1] == 1 and best.adapter is not None:
             resident = self.resident_adapters()
             if best.adapter not in resident:
@@ -109,7 +114,7 @@ class FairPolicy(ClassQueuesPolicy):
         donor = max(donors, key=lambda t: self.book.num_running(t) / share(t))
         return [max((s for s in running if s.tenant.tenant_id == donor), key=lambda s: (s.arrival_time, s.seq_id))]
 
-    def _victim_key(self, seq: Sequence, now: float):
+    def _victim_key(self, seq: Sequence, now: float) -> tuple[float, ...]:
         # Worst (aged) class first; inside it, the tenant that has been served the most.
         return (aged_class(seq, now, self.aging_s), self.counters.get(seq.tenant.tenant_id, 0.0),
                 seq.arrival_time, seq.seq_id)

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..sequence import Sequence
 from .base import SchedulingPolicy
+from .tenants import TenantLimits
 
 
 class FCFSPolicy(SchedulingPolicy):
     name = "fcfs"
 
-    def __init__(self, limits=None) -> None:
+    def __init__(self, limits: TenantLimits | None = None) -> None:
         super().__init__(limits)
         self._queue: deque[Sequence] = deque()
 

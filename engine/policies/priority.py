@@ -11,7 +11,7 @@ class PriorityPolicy(ClassQueuesPolicy):
     name = "priority"
 
     def _pick(self, heads: list[tuple[str, Sequence]], now: float, top: int) -> Sequence:
-        def key(h: Sequence):
+        def key(h: Sequence) -> tuple[int, int, float, int]:
             cls = effective_class(h, now, self.aging_s, top)
             return (cls, 0 if cls < h.tenant.priority else 1, h.arrival_time, h.seq_id)  # aged ones first
         return min((h for _, h in heads), key=key)

@@ -8,7 +8,7 @@ limits still apply).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..sequence import Sequence
 from .base import SchedulingPolicy

@@ -20,7 +20,7 @@ class TenantLimits:
     max_kv_share_per_tenant: float | None = None  # fraction of all KV blocks, enforced under contention
 
     @classmethod
-    def from_config(cls, config: SchedulerConfig) -> "TenantLimits":
+    def from_config(cls, config: SchedulerConfig) -> TenantLimits:
         return cls(config.max_num_seqs, config.max_running_seqs_per_tenant, config.max_kv_share_per_tenant)
 
     def running_cap(self, tenant: TenantInfo) -> int | None:

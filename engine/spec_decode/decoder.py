@@ -28,7 +28,7 @@ import torch
 from ..config import EngineConfig
 from ..kv_cache import KVCacheManager
 from ..models import ModelConfig
-from ..sampler import sampling_probs
+from ..sampler import process_logits, truncated_probs
 from ..scheduler import ScheduledChunk, SchedulerOutput
 from ..sequence import Sequence, SequenceStatus
 from .acceptance import verify_greedy, verify_sampled
@@ -80,7 +80,10 @@ class SpeculativeDecoder:
             p = seq.request.params
             # Stop strings are matched on text after the step, per sequence: several tokens at once
             # could run past the point where plain decoding stops, so those requests decode plainly.
-            if not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING) or p.stop:
+            # Penalties and grammars depend on every earlier token, logprobs are reported per
+            # sampled token: those requests decode plainly too.
+            if not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING) or p.stop \
+                    or p.has_penalties or p.structured_output is not None or p.logprobs is not None:
                 continue
             state = self._states.setdefault(seq.seq_id, SpecState())
             k = min(self.adaptive.next_k(state), p.max_tokens - seq.num_output_tokens - 1,
@@ -163,10 +166,13 @@ class SpeculativeDecoder:
             rows = logits[i:i + d + 1]
             i += d + 1
             p = seq.request.params
+            # The sampler's own processing (logit_bias; requests with penalties, grammars or
+            # logprobs do not speculate) and its own truncated distribution.
+            x = process_logits(rows, [seq] * (d + 1))
             if p.greedy:
-                tokens = verify_greedy(pend.tokens, rows.argmax(dim=-1).tolist())
+                tokens = verify_greedy(pend.tokens, x.argmax(dim=-1).tolist())
             else:
-                target = torch.stack([sampling_probs(r, p) for r in rows])
+                target = truncated_probs(x, [p] * (d + 1))
                 tokens = verify_sampled(pend.tokens, pend.probs, target, seq.generator or generator)
             accepted = len(tokens) - 1
             self.adaptive.update(self._states.setdefault(seq.seq_id, SpecState()), d, accepted)

@@ -23,7 +23,7 @@ from ..config import EngineConfig
 from ..kv_cache import KVCacheManager
 from ..model_runner import ModelRunner, default_num_kv_blocks
 from ..models import ModelConfig
-from ..sampler import sampling_probs
+from ..sampler import process_logits, truncated_probs
 from ..scheduler import ScheduledChunk, SchedulerOutput
 from ..sequence import Request, Sequence
 
@@ -125,12 +125,12 @@ class DraftModelProposer:
             row_of = {id(s): r for r, s in enumerate(rows)}
             still = []
             for i, sh in active:
-                row = logits[row_of[id(sh)]]
                 p = sh.request.params
+                x = process_logits(logits[row_of[id(sh)]].unsqueeze(0), [sh])
                 if p.greedy:
-                    token = int(row.argmax())
+                    token = int(x[0].argmax())
                 else:
-                    q = sampling_probs(row, p)
+                    q = truncated_probs(x, [p])[0]
                     token = int(torch.multinomial(q, 1, generator=sh.generator or self._generator))
                     probs[i].append(q)
                 sh.token_ids.append(token)

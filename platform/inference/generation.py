@@ -12,6 +12,7 @@ from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest, ServiceUnavailable
 from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.observability.metrics import FinishedRequest
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.limiter import QuotaView, Ticket
 
@@ -27,18 +28,25 @@ class Prepared:
     ticket: Ticket
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
+    user: str | None = None
 
 
 @dataclass
 class Delta:
+    """New text of one choice; ``completion_tokens`` counts every choice of the request so far."""
+
     text: str
     finish_reason: str | None
     completion_tokens: int
+    index: int = 0
+    logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
 
 
 def prepare(ctx, auth: TenantAuth, model: str, endpoint: str,
             tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
     """Blocking part (DB, tokenizer): run it in a worker thread."""
+    t0 = time.monotonic()
     with unit_of_work(ctx.sessions) as session:
         adapter = resolve_model(session, ctx, auth.tenant_id, model)
         q = quotas_repo.get(session, auth.tenant_id)
@@ -51,7 +59,9 @@ def prepare(ctx, auth: TenantAuth, model: str, endpoint: str,
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     ticket = ctx.limiter.admit(auth.tenant_id, quota, len(prompt_ids))
-    return Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params, ticket)
+    prep = Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params, ticket)
+    prep.admission_s = time.monotonic() - t0
+    return prep
 
 
 async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
@@ -66,17 +76,24 @@ async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
             prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
             tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
         )
+        done: set[int] = set()
         async for out in stream:  # DELTA outputs: only what is new since the last one
             if out.error:
                 raise ServiceUnavailable(f"generation failed: {out.error}")
-            comp = out.outputs[0]
-            completion_tokens += len(comp.token_ids)
+            completion_tokens += sum(len(c.token_ids) for c in out.outputs)
             if completion_tokens and first_token_at is None:
                 first_token_at = time.monotonic()
             finished = out.finished
-            if comp.text or finished:
-                reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
-                yield Delta(comp.text, reason, completion_tokens)
+            for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
+                if comp.index in done:
+                    continue
+                ended = comp.finish_reason is not None or finished
+                if ended:
+                    done.add(comp.index)
+                lps = comp.logprobs or []
+                if comp.text or ended or lps:
+                    reason = str(comp.finish_reason) if ended and comp.finish_reason is not None else None
+                    yield Delta(comp.text, reason, completion_tokens, comp.index, lps)
         status = "ok"
     finally:
         if not finished:
@@ -91,3 +108,9 @@ async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
             ttft_ms=(first_token_at - start) * 1000 if first_token_at else None,
             latency_ms=(now - start) * 1000, status=status,
         )
+        ctx.observer.finished(FinishedRequest(
+            request_id=prep.request_id, endpoint=prep.endpoint, status=status, tenant_id=prep.auth.tenant_id,
+            adapter=prep.model if prep.adapter_id else None, prompt_tokens=len(prep.prompt_ids),
+            completion_tokens=completion_tokens, ttft_s=(first_token_at - start) if first_token_at else None,
+            latency_s=now - start, admission_s=prep.admission_s, user=prep.user,
+            start_unix=time.time() - (now - start) - prep.admission_s))

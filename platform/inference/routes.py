@@ -1,19 +1,21 @@
 """The tenant-facing OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
-from loraplex.platform.errors import PlatformError
-from loraplex.platform.http_errors import error_body
+from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import generation, service
-from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
+from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
+from loraplex.platform.inference.responses import Shape, respond
 from loraplex.platform.inference.schemas import ModelList
+from loraplex.platform.inference.structured import Spec, response_spec
+from loraplex.platform.inference.tools import plan_tools, template_messages
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -24,78 +26,95 @@ def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> Mode
     return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
 
 
-def _sampling(body, max_tokens: int) -> dict:
-    return dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                seed=body.seed, stop=body.stop_list())
+def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec | None) -> dict:
+    return dict(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        n=body.n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        logit_bias=body.bias(),
+        logprobs=logprobs,
+        ignore_eos=body.ignore_eos,
+        structured_output=spec,
+    )
+
+
+async def _prepare_all(
+    ctx,
+    tenant,
+    model: str,
+    endpoint: str,
+    tokenizers: list[Callable[[Any], list[int]]],
+    sampling: dict,
+    user: str | None,
+) -> list[generation.Prepared]:
+    """Admit one engine request per prompt; if a later one is refused, free the earlier ones."""
+    preps: list[generation.Prepared] = []
+    try:
+        for tokenize in tokenizers:
+            preps.append(await run_in_threadpool(generation.prepare, ctx, tenant, model, endpoint, tokenize, sampling))
+            preps[-1].user = user
+    except BaseException:
+        for p in preps:
+            p.ticket.finish(0)
+        raise
+    return preps
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDep):
-    def tokenize(tok):
-        return list(body.prompt) if isinstance(body.prompt, list) else tok.encode(body.prompt)
+    check_extra_fields(body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise BadRequest("best_of other than n is not supported", param="best_of", code="unsupported_parameter")
+    if body.echo and body.logprobs is not None:
+        raise BadRequest(
+            "echo with logprobs needs prompt logprobs, which loraplex does not compute",
+            param="echo",
+            code="unsupported_parameter",
+        )
+    prompts = body.prompts()
 
-    prep = await run_in_threadpool(generation.prepare, ctx, tenant, body.model, "completions", tokenize,
-                                   _sampling(body, body.max_tokens))
-    return await _respond(ctx, prep, body, chat=False)
+    def tokenizer_for(p: str | list[int]) -> Callable[[Any], list[int]]:
+        return (lambda tok: list(p)) if isinstance(p, list) else (lambda tok: tok.encode(p))
+
+    sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
+    preps = await _prepare_all(
+        ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling, body.user
+    )
+    tok = ctx.gateway.tokenizer
+    echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
+    return await respond(ctx, preps, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), tok)
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep):
-    messages = [m.model_dump() for m in body.messages]
+    check_extra_fields(body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    plan = plan_tools(body)
+    spec = plan.spec or response_spec(body)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
-    def tokenize(tok):
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    def tokenize(tok) -> list[int]:
+        messages = template_messages(body, tok.chat_template or "")
+        kwargs = {"tools": plan.template_tools} if plan.template_tools else {}
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return tok.encode(text, add_special_tokens=False)
 
-    prep = await run_in_threadpool(generation.prepare, ctx, tenant, body.model, "chat.completions", tokenize,
-                                   _sampling(body, body.token_limit()))
-    return await _respond(ctx, prep, body, chat=True)
+    sampling = _sampling(body, body.token_limit(), logprobs, spec)
+    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [tokenize], sampling, body.user)
+    return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 
 
-async def _respond(ctx, prep: generation.Prepared, body, *, chat: bool):
-    obj = "chat.completion" if chat else "text_completion"
-    rid = ("chatcmpl-" if chat else "cmpl-") + prep.request_id
-    base = {"id": rid, "created": prep.created, "model": prep.model}
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(ctx, prep, base, obj, chat, include_usage),
-                                 media_type="text/event-stream", headers=prep.ticket.headers)
-    text, finish, completion = [], None, 0
-    try:
-        async for d in generation.run(ctx, prep):
-            text.append(d.text)
-            finish, completion = d.finish_reason or finish, d.completion_tokens
-    except PlatformError:
-        raise
-    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}
-              if chat else {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": None})
-    return JSONResponse({**base, "object": obj, "choices": [choice], "usage": _usage(prep, completion)},
-                        headers=prep.ticket.headers)
-
-
-async def _sse(ctx, prep, base, obj, chat, include_usage) -> AsyncIterator[str]:
-    chunk_obj = obj + ".chunk" if chat else obj
-    completion = 0
-    try:
-        if chat:
-            yield _event({**base, "object": chunk_obj, "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        async for d in generation.run(ctx, prep):
-            completion = d.completion_tokens
-            choice = ({"index": 0, "delta": {"content": d.text} if d.text else {}, "finish_reason": d.finish_reason}
-                      if chat else {"index": 0, "text": d.text, "finish_reason": d.finish_reason, "logprobs": None})
-            yield _event({**base, "object": chunk_obj, "choices": [choice]})
-        if include_usage:
-            yield _event({**base, "object": chunk_obj, "choices": [], "usage": _usage(prep, completion)})
-    except PlatformError as exc:
-        yield _event(error_body(exc.message, exc.type, exc.param, exc.code))
-    yield "data: [DONE]\n\n"
-
-
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-def _usage(prep, completion: int) -> dict:
-    p = len(prep.prompt_ids)
-    return {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + completion}
+def _shape(body: _Common, *, chat: bool, logprobs: int | None, echo=None, tools=None) -> Shape:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return Shape(
+        chat=chat, n=body.n, stream=body.stream, include_usage=include_usage, logprobs=logprobs, echo=echo, tools=tools
+    )

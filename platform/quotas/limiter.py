@@ -93,6 +93,16 @@ class QuotaLimiter:
             st.running += 1
             return Ticket(self, tenant_id, _headers(quota, st, tokens_in_window, now))
 
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        """This tenant's sliding-minute requests and tokens and its running requests."""
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            if st is None:
+                return {"requests_last_minute": 0, "tokens_last_minute": 0, "running": 0}
+            _trim(st, self._clock())
+            return {"requests_last_minute": len(st.requests), "tokens_last_minute": sum(n for _, n in st.tokens),
+                    "running": st.running}
+
     def _finish(self, tenant_id: str, tokens: int) -> None:
         with self._lock:
             st = self._tenants.setdefault(tenant_id, _TenantState())

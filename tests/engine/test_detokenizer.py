@@ -40,7 +40,7 @@ def test_split_utf8_characters_never_leak_replacement_chars():
     assert "".join(deltas) == TEXT == seq.text
     assert all("\ufffd" not in d for d in deltas)
     # the 4-byte emoji came out whole, in the delta of its last byte
-    assert "🙂" in deltas[len("naïve café — 東京 🙂".encode("utf-8")) - 1]
+    assert "🙂" in deltas[len("naïve café — 東京 🙂".encode()) - 1]
 
 
 def test_random_token_streams_match_one_shot_decode():

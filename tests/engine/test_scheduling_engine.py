@@ -47,9 +47,9 @@ def test_light_tenant_ttft_survives_a_flood_under_fair(tiny_llama):
     # in steps (deterministic): within 2x of alone under fair; FCFS queues behind the flood
     assert statistics.median(fair_steps) <= 2 * statistics.median(alone_steps)
     assert statistics.median(fcfs_steps) > 4 * statistics.median(alone_steps)
-    # In wall time each step costs more when the flood fills the batch (that is the model, not the
-    # scheduler), so only compare policies: FCFS leaves the light tenant queued behind the flood.
-    assert statistics.median(fcfs_s) > 5 * statistics.median(fair_s)
+    # FCFS leaves the light tenant queued behind the flood (again in steps: wall time on a shared
+    # machine is not deterministic, and a full step costs more than a lone one anyway).
+    assert statistics.median(fcfs_steps) > 2 * statistics.median(fair_steps)
     stats = engine.stats()
     json.dumps(stats)
     tenants = stats["scheduler"]["tenants"]

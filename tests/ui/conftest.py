@@ -81,7 +81,7 @@ def server(ui_demo_model_dir, tmp_path_factory):
         data_dir=data_dir,
         admin_key=ADMIN_KEY,
         engine={"model": str(ui_demo_model_dir), "max_num_seqs": 8, "max_loras": 4, "max_lora_rank": 16,
-                "extra": {"kv_cache_memory_gb": 0.05}},
+                "kv_cache_memory_gb": 0.05},
         uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
     )
     ctx, _ = build_context(settings)

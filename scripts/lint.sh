@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# ruff (lint + format check) and mypy, as CI runs them. `scripts/lint.sh --fix` applies ruff's fixes
+# and formatting instead of only checking.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+if [ "${1:-}" = "--fix" ]; then
+    "$PY" -m ruff check --fix .
+    "$PY" -m ruff format .
+else
+    "$PY" -m ruff check .
+    "$PY" -m ruff format --check .
+fi
+# mypy needs the import names (loraplex.engine, ...), but the code folders sit at the repo root and
+# are mapped into the namespace at install time: give mypy the same mapping as a tree of symlinks.
+TREE=build/typecheck
+mkdir -p "$TREE/loraplex"
+for d in engine kernels platform migrations; do ln -sfn "../../../$d" "$TREE/loraplex/$d"; done
+(cd "$TREE" && "../../$PY" -m mypy --config-file ../../pyproject.toml \
+    -p loraplex.engine -p loraplex.kernels -p loraplex.platform)
