@@ -179,3 +179,19 @@ def test_speculative_config_is_validated(setup, tmp_path):
     other = create_random_checkpoint(tmp_path / "big_vocab", preset="demo", vocab_size=2048)
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(model=model, speculative_method="draft", draft_model=str(other))
+
+
+def test_sampler_processing_applies_to_verification(setup):
+    """logit_bias changes the argmax: verification must judge drafts by the processed logits, as the
+    sampler does. Penalties depend on each row's own history: those requests decode plainly."""
+    model, _, _ = setup
+    prompts = _prompts(6, seed=8)
+    bias = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logit_bias={42: 1.5, 7: 0.8})
+    _, plain = _run(model, {}, prompts, bias, dtype="float32", kernel_backend="torch")
+    llm, spec = _run(model, {}, prompts, bias, dtype="float32", kernel_backend="torch",
+                     speculative_method="ngram", num_speculative_tokens=4)
+    assert spec == plain and llm.engine.stats()["speculative"]["proposed_tokens"] > 0
+    assert any(42 in o or 7 in o for o in plain), "the bias was meant to matter"
+    pen = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, presence_penalty=0.5)
+    llm, _ = _run(model, {}, prompts, pen, dtype="float32", kernel_backend="torch", speculative_method="ngram")
+    assert llm.engine.stats()["speculative"]["proposed_tokens"] == 0
