@@ -1,15 +1,17 @@
 """The HTTP application: admin API (and the tenant API when present) over one PlatformContext."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
+from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
@@ -19,7 +21,9 @@ from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
+from loraplex.platform.health import readiness
 from loraplex.platform.http_errors import install_error_handlers
+from loraplex.platform.inference.body_limit import BodySizeLimit
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
@@ -35,6 +39,12 @@ def build_context(settings: Settings, gateway: EngineGateway | None = None, *, u
     ctx = PlatformContext.build(settings, gateway or EngineGateway.disabled())
     with unit_of_work(ctx.sessions) as session:
         new_admin_key = ensure_admin_key(session, ctx.hasher, settings.admin_key)
+    ctx.ledger.recover()  # spooled records in, records of a dead run closed as interrupted
+    ctx.ledger.start()
+    with unit_of_work(ctx.sessions) as session:
+        removed = cleanup_store(session, ctx.store)
+    if removed:
+        log.warning("removed %d leftover upload/orphaned adapter folder(s): %s", len(removed), ", ".join(removed))
     if gateway is None:
         ctx.gateway = EngineGateway.start(settings)
     with unit_of_work(ctx.sessions) as session:
@@ -45,7 +55,9 @@ def build_context(settings: Settings, gateway: EngineGateway | None = None, *, u
 def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
         yield
+        sweeper.cancel()
         if owns_engine:
             ctx.gateway.shutdown()
         ctx.close()
@@ -71,12 +83,21 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
 
     @app.get("/health", tags=["health"])
     def health() -> dict:
+        """Liveness: the process answers. Use /ready to know whether it can serve."""
         return {"status": "ok", "engine": ctx.gateway.enabled}
+
+    @app.get("/ready", tags=["health"])
+    def ready() -> JSONResponse:
+        """Readiness: the engine loop is alive and the database answers (503 otherwise)."""
+        body = readiness(ctx)
+        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503,
+                            headers=None if body["status"] == "ready" else {"retry-after": "5"})
 
     _mount_admin_ui(app)
     app.add_middleware(
         UploadSizeLimit, path=f"{ADMIN_PREFIX}/adapters", max_bytes=ctx.settings.uploads.max_upload_bytes
     )
+    app.add_middleware(BodySizeLimit, prefix="/v1/", max_bytes=ctx.settings.limits.max_body_bytes)
     return app
 
 

@@ -52,14 +52,21 @@ def serve(
         typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
         typer.echo(f"  {admin_key}")
         typer.echo("=" * 72)
-    log_kwargs: dict = {}
+    from loraplex.platform import access_log
+
+    app = create_app(ctx)
+    log_config: dict | None = None
     if settings.observability.json_logs:
         from loraplex.platform.observability.requests import configure_json_logs
 
         configure_json_logs()
-        log_kwargs["log_config"] = None  # keep our JSON handler; uvicorn's loggers propagate to it
-    uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info",
-                **log_kwargs)
+        log_config = None  # keep our JSON handler; uvicorn's loggers propagate to it
+    kwargs = {} if not settings.observability.json_logs else {"log_config": log_config}
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
+    server = uvicorn.Server(config)  # config.load() (in run) configures logging; the filter goes after
+    config.load()
+    access_log.install()
+    server.run()
 
 
 @db_app.command("upgrade")

@@ -11,10 +11,11 @@ from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.inference.inflight import InflightRegistry
 from loraplex.platform.observability.metrics import Metrics
 from loraplex.platform.observability.requests import RequestObserver, make_tracer
-from loraplex.platform.quotas.limiter import QuotaLimiter
-from loraplex.platform.usage.writer import UsageWriter
+from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaStore
+from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.settings import Settings
 
 
@@ -27,8 +28,9 @@ class PlatformContext:
     key_cache: KeyCache
     store: AdapterStore
     gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
-    limiter: QuotaLimiter | None = None
-    usage: UsageWriter | None = None
+    quotas: QuotaStore | None = None
+    ledger: UsageLedger | None = None
+    inflight: InflightRegistry = field(default_factory=InflightRegistry)
     observer: RequestObserver | None = None
 
     def __post_init__(self) -> None:
@@ -37,15 +39,16 @@ class PlatformContext:
             metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
                        if obs.metrics else None)
             self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        if self.limiter is None:
-            self.limiter = QuotaLimiter(self._tokens_since)
-        if self.usage is None:
-            self.usage = UsageWriter(self.sessions)
+        if self.quotas is None:
+            self.quotas = InProcessQuotaStore(self._tokens_since)
+        if self.ledger is None:
+            self.ledger = UsageLedger(self.sessions, self.settings.usage_spool_dir,
+                                      replay_interval_s=self.settings.ledger.replay_interval_s)
 
     def _tokens_since(self, tenant_id, since) -> int:
         from loraplex.platform.usage.repository import tokens_since
 
-        self.usage.flush()  # records still queued count against the budget too
+        self.ledger.flush()  # records still queued count against the budget too
         with self.sessions() as session:
             return tokens_since(session, tenant_id, since)
 
@@ -63,5 +66,5 @@ class PlatformContext:
         )
 
     def close(self) -> None:
-        self.usage.close()
+        self.ledger.close()
         self.db_engine.dispose()

@@ -51,6 +51,7 @@ class EngineGateway:
         self.max_lora_rank = max_lora_rank
         self._lock = threading.Lock()
         self._adapters: dict[str, str] = {}  # engine key -> path, for stats and idempotence
+        self._max_prompt_chars: int | None = None
 
     @classmethod
     def disabled(cls) -> EngineGateway:
@@ -91,6 +92,21 @@ class EngineGateway:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @property
+    def alive(self) -> bool:
+        """The engine loop is running and taking work (False when disabled, stopped or dead)."""
+        return self._engine is not None and bool(getattr(self._engine, "is_running", True))
+
+    def max_prompt_chars(self) -> int | None:
+        """A prompt longer than this many characters cannot fit the context whatever it says:
+        ``max_model_len`` tokens, each at most as long as the vocabulary's longest token (a
+        byte-level token covers one byte, and a character is at least one byte). Checked before
+        tokenizing, so a huge prompt costs nothing."""
+        if self._max_prompt_chars is None and self._engine is not None:
+            longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+            self._max_prompt_chars = int(self._engine.stats()["max_model_len"]) * max(longest, 1)
+        return self._max_prompt_chars
 
     def shutdown(self) -> None:
         if self._engine is not None:

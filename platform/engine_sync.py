@@ -2,6 +2,8 @@
 committed admin change (just what changed), so the change affects the engine's next step."""
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository as adapters_repo
@@ -11,6 +13,8 @@ from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.tenants import repository as tenants_repo
 from loraplex.platform.tenants.models import Tenant
 
+log = logging.getLogger("loraplex.platform.engine")
+
 
 def push_tenant_after_commit(session: Session, gateway: EngineGateway, tenant: Tenant) -> None:
     quota = quotas_repo.get(session, tenant.id)
@@ -19,11 +23,30 @@ def push_tenant_after_commit(session: Session, gateway: EngineGateway, tenant: T
 
 
 def sync_all(session: Session, gateway: EngineGateway, store_root) -> None:
+    """Everything into the engine. An adapter that cannot be loaded (files missing or unreadable)
+    is marked ``unavailable`` with the reason instead of stopping the server; one that loads again
+    becomes ``active`` again."""
     quotas = {q.tenant_id: q for q in quotas_repo.all_quotas(session)}
     for tenant in tenants_repo.all_tenants(session):
+        if tenant.status == "deleted":
+            continue
         quota = quotas.get(tenant.id)
         gateway.set_tenant(
             tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None
         )
-    for adapter in adapters_repo.active_adapters(session):
-        gateway.add_adapter(adapter.id, store_root / adapter.storage_path)
+    for adapter in adapters_repo.served_adapters(session):
+        path = store_root / adapter.storage_path
+        try:
+            if not (path / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"adapter files missing at {path}")
+            gateway.add_adapter(adapter.id, path)
+        except Exception as exc:  # noqa: BLE001 - any reason to not serve it is reported, not fatal
+            reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            if adapter.status != "unavailable" or adapter.status_reason != reason[:512]:
+                log.error("adapter %s (%s) is unavailable: %s", adapter.name, adapter.id, reason)
+            adapter.status, adapter.status_reason = "unavailable", reason[:512]
+        else:
+            if adapter.status == "unavailable":
+                log.info("adapter %s (%s) is available again", adapter.name, adapter.id)
+            adapter.status, adapter.status_reason = "active", None
+    session.flush()

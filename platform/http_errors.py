@@ -6,7 +6,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.platform.errors import PlatformError
@@ -23,6 +23,7 @@ _TYPES = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    503: "service_unavailable",
 }
 
 
@@ -76,6 +77,21 @@ async def _integrity_error(_req: Request, exc: IntegrityError) -> JSONResponse:
     return error_response(409, "the change conflicts with existing data", code="conflict")
 
 
+DB_RETRY_AFTER_S = 5
+
+
+async def _database_error(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
+    from loraplex.platform.usage.ledger import is_unreachable
+
+    if is_unreachable(exc):  # an outage, not a bug: tell clients when to come back
+        log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
+        return JSONResponse(
+            error_body("the database is unavailable; retry shortly", "service_unavailable", None,
+                       "database_unavailable"),
+            status_code=503, headers={"retry-after": str(DB_RETRY_AFTER_S)})
+    return await _unexpected(_req, exc)
+
+
 async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal server error", code="internal_error")
@@ -86,4 +102,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(SQLAlchemyError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -78,6 +78,8 @@ class UploadSettings(_Table):
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_members: int = Field(16, ge=1)
     max_unpacked_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    # Leftover staging / unreferenced store folders older than this are swept this often (and at start).
+    sweep_interval_s: float = Field(3600.0, gt=0)
 
 
 class AuthSettings(_Table):
@@ -91,6 +93,22 @@ class ObservabilitySettings(_Table):
     max_label_values: int = Field(100, ge=1)  # distinct tenants / adapters per label; the rest are "other"
     json_logs: bool = False  # one JSON object per log line (request id, tenant, adapter, timings)
     otlp_endpoint: str = ""  # e.g. http://collector:4318/v1/traces: one span per request when set
+class LimitsSettings(_Table):
+    # Tenant API request bodies larger than this are refused with 413 before they are read.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # A request generating longer than this is ended (finish_reason "length", usage status
+    # "timeout"); a tenant's quota may set its own (max_generation_s).
+    generation_timeout_s: float = Field(600.0, gt=0)
+
+
+class LedgerSettings(_Table):
+    # A long stream writes its token count this often, so a crash bills it up to here.
+    checkpoint_interval_s: float = Field(2.0, gt=0)
+    # How often a local spool (kept while the database is unreachable) is retried.
+    replay_interval_s: float = Field(1.0, gt=0)
+    # Wait for the admission and final records to be durable before answering. Off = the old
+    # fire-and-forget writer (a crash loses recent records); only for measuring what it costs.
+    durable: bool = True
 
 
 class Settings(BaseSettings):
@@ -112,6 +130,8 @@ class Settings(BaseSettings):
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -130,6 +150,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'loraplex.db').resolve()}"
+
+    @property
+    def usage_spool_dir(self) -> Path:
+        return self.data_dir / "usage-spool"
 
     @property
     def adapter_store_dir(self) -> Path:

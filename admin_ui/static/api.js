@@ -82,6 +82,21 @@ export async function request(method, path, { query, body, key } = {}) {
   }
 }
 
+/** A file from the admin API (with the key in the header, so not a plain link): a Blob. */
+async function download(path, query) {
+  const headers = {};
+  const token = getKey();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let response;
+  try {
+    response = await fetch(API_BASE + path + queryString(query), { headers });
+  } catch (exc) {
+    throw new ApiError(`network error: could not reach the server (${exc.message})`);
+  }
+  if (!response.ok) throw await errorFrom(response);
+  return response.blob();
+}
+
 const enc = encodeURIComponent;
 
 export const api = {
@@ -109,6 +124,7 @@ export const api = {
   usage: (query) => request("GET", "/usage", { query }),
   usageSeries: (query) => request("GET", "/usage/series", { query }),
   quotaConsumption: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota/consumption`),
+  usageExport: (query) => download("/usage/export", query),
   engine: () => request("GET", "/engine"),
   audit: (query) => request("GET", "/audit", { query }),
 };

@@ -31,8 +31,12 @@ class Adapter(Base):
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(Integer, default=0)
     storage_path: Mapped[str] = mapped_column(String(512))
-    # "active": served under its name; "superseded": an older version, kept for the record only.
+    # "active": served under its name; "superseded": an older version, kept for the record only;
+    # "unavailable": active but its files are missing or unreadable (status_reason says why);
+    # "deleted": soft-deleted, hidden from the APIs, kept so usage history still names it.
     status: Mapped[str] = mapped_column(String(16), default="active")
+    status_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

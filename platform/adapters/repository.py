@@ -11,12 +11,19 @@ def get(session: Session, adapter_id: str) -> Adapter | None:
 
 
 def versions(session: Session, name: str) -> list[Adapter]:
+    """Every version of ``name``, deleted ones too (version numbers are never reused)."""
     stmt = select(Adapter).where(Adapter.name == name).order_by(Adapter.version)
     return list(session.scalars(stmt))
 
 
+# Versions that hold the name: "active" ones are served, "unavailable" ones answer 503 with the reason.
+SERVED = ("active", "unavailable")
+# Versions the admin API still shows ("deleted" ones are kept only as history).
+LISTED = ("active", "unavailable", "superseded")
+
+
 def active_by_name(session: Session, name: str) -> Adapter | None:
-    stmt = select(Adapter).where(Adapter.name == name, Adapter.status == "active")
+    stmt = select(Adapter).where(Adapter.name == name, Adapter.status.in_(SERVED))
     return session.scalar(stmt.order_by(Adapter.version.desc()).limit(1))
 
 
@@ -24,8 +31,7 @@ def list_adapters(
     session: Session, *, tenant_id: str | None, include_superseded: bool
 ) -> list[Adapter]:
     stmt = select(Adapter).order_by(Adapter.name, Adapter.version)
-    if not include_superseded:
-        stmt = stmt.where(Adapter.status == "active")
+    stmt = stmt.where(Adapter.status.in_(LISTED if include_superseded else SERVED))
     if tenant_id is not None:
         stmt = stmt.where(or_(*usable_clause(tenant_id)))
     return list(session.scalars(stmt))
@@ -47,16 +53,23 @@ def is_usable_by(session: Session, adapter: Adapter, tenant_id: str) -> bool:
 
 
 def owned_by(session: Session, tenant_id: str) -> list[Adapter]:
-    return list(session.scalars(select(Adapter).where(Adapter.owner_tenant_id == tenant_id)))
+    stmt = select(Adapter).where(Adapter.owner_tenant_id == tenant_id, Adapter.status != "deleted")
+    return list(session.scalars(stmt))
 
 
-def active_adapters(session: Session) -> list[Adapter]:
-    return list(session.scalars(select(Adapter).where(Adapter.status == "active")))
+def served_adapters(session: Session) -> list[Adapter]:
+    return list(session.scalars(select(Adapter).where(Adapter.status.in_(SERVED))))
+
+
+def stored_paths_in_use(session: Session) -> set[str]:
+    """Store folders some non-deleted adapter row points at."""
+    stmt = select(Adapter.storage_path).where(Adapter.status != "deleted")
+    return set(session.scalars(stmt))
 
 
 def count_with_sha(session: Session, sha256: str, exclude_id: str) -> int:
     stmt = select(func.count()).select_from(Adapter).where(
-        Adapter.sha256 == sha256, Adapter.id != exclude_id
+        Adapter.sha256 == sha256, Adapter.id != exclude_id, Adapter.status != "deleted"
     )
     return session.scalar(stmt) or 0
 
@@ -64,6 +77,10 @@ def count_with_sha(session: Session, sha256: str, exclude_id: str) -> int:
 def grants(session: Session, adapter_id: str) -> list[AdapterGrant]:
     stmt = select(AdapterGrant).where(AdapterGrant.adapter_id == adapter_id).order_by(AdapterGrant.created_at)
     return list(session.scalars(stmt))
+
+
+def grants_of_tenant(session: Session, tenant_id: str) -> list[AdapterGrant]:
+    return list(session.scalars(select(AdapterGrant).where(AdapterGrant.tenant_id == tenant_id)))
 
 
 def granted_tenant_ids(session: Session, adapter_ids: list[str]) -> dict[str, list[str]]:

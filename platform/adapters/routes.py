@@ -55,7 +55,8 @@ def get_adapter(adapter_id: str, session: SessionDep, _actor: AdminDep) -> Adapt
 
 @router.delete("/{adapter_id}", response_model=Deleted)
 def delete_adapter(adapter_id: str, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> Deleted:
-    """Delete this adapter version; the engine drops it at once."""
+    """Soft-delete this adapter version: hidden from the APIs, its requests stopped and the engine
+    drops it at once; usage history keeps its name."""
     service.delete_adapter(session, ctx, actor, adapter_id)
     return Deleted(id=adapter_id, object="adapter")
 

@@ -25,6 +25,7 @@ class AdapterOut(BaseModel):
     sha256: str
     size_bytes: int
     status: str
+    status_reason: str | None = None  # why an adapter is "unavailable"
     created_at: datetime
     granted_tenant_ids: list[str] = []
 

@@ -14,6 +14,7 @@ from loraplex.platform.adapters.models import Adapter, AdapterGrant
 from loraplex.platform.adapters.schemas import ADAPTER_NAME_PATTERN
 from loraplex.platform.audit import service as audit
 from loraplex.platform.auth.admin import Actor
+from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import on_commit, on_rollback
 from loraplex.platform.db.snapshot import snapshot
 from loraplex.platform.errors import BadRequest, Conflict, NotFound
@@ -30,7 +31,7 @@ class UploadRequest:
 
 def get_adapter(session: Session, adapter_id: str) -> Adapter:
     adapter = repository.get(session, adapter_id)
-    if adapter is None:
+    if adapter is None or adapter.status == "deleted":
         raise NotFound(f"no adapter with id {adapter_id!r}", param="adapter_id")
     return adapter
 
@@ -47,7 +48,7 @@ def owned_by(session: Session, tenant_id: str) -> list[Adapter]:
 
 def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, upload: IO[bytes]) -> Adapter:
     _check_request(session, ctx, req)
-    previous = _previous_version(session, req)
+    previous, version = _previous_version(session, req)
     limits = ctx.settings.uploads
     with ctx.store.staging() as scratch:
         archive = scratch / "upload"
@@ -63,7 +64,7 @@ def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, uplo
         on_rollback(session, lambda: ctx.store.remove(relative))
     adapter = Adapter(
         name=req.name,
-        version=(previous.version + 1) if previous else 1,
+        version=version,
         visibility=req.visibility,
         owner_tenant_id=req.tenant_id if req.visibility == "private" else None,
         base_model=facts.base_model or ctx.gateway.model_name,
@@ -87,15 +88,30 @@ def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, uplo
 
 
 def delete_adapter(session: Session, ctx, actor: Actor, adapter_id: str) -> None:
+    """Soft delete: the row stays (usage history names it), its files and grants go, and requests
+    using it are stopped (billed for what they delivered)."""
     adapter = get_adapter(session, adapter_id)
     before = snapshot(adapter)
     still_referenced = repository.count_with_sha(session, adapter.sha256, adapter.id) > 0
     relative = adapter.storage_path
-    repository.delete(session, adapter)
-    on_commit(session, lambda: ctx.gateway.remove_adapter(adapter_id))
+    for grant in repository.grants(session, adapter.id):
+        repository.delete(session, grant)
+    adapter.status, adapter.deleted_at = "deleted", utcnow()
+    session.flush()
+
+    def stop_and_unload() -> None:
+        ctx.inflight.abort(ctx.gateway, f"adapter {adapter_id} was deleted", adapter_id=adapter_id)
+        ctx.gateway.remove_adapter(adapter_id)
+
+    on_commit(session, stop_and_unload)
     if not still_referenced:
         on_commit(session, lambda: ctx.store.remove(relative))
-    audit.record(session, actor.name, "adapter.delete", "adapter", adapter_id, before, None)
+    audit.record(session, actor.name, "adapter.delete", "adapter", adapter_id, before, snapshot(adapter))
+
+
+def drop_grants_of_tenant(session: Session, tenant_id: str) -> None:
+    for grant in repository.grants_of_tenant(session, tenant_id):
+        repository.delete(session, grant)
 
 
 def add_grant(session: Session, actor: Actor, adapter_id: str, tenant_id: str) -> AdapterGrant:
@@ -144,8 +160,12 @@ def _check_request(session: Session, ctx, req: UploadRequest) -> None:
         get_tenant(session, req.tenant_id)
 
 
-def _previous_version(session: Session, req: UploadRequest) -> Adapter | None:
-    existing = repository.versions(session, req.name)
+def _previous_version(session: Session, req: UploadRequest) -> tuple[Adapter | None, int]:
+    """The version the upload replaces (None for a new name) and the new version's number.
+    Deleted versions keep their numbers (usage history names them), so a name can be reused."""
+    every = repository.versions(session, req.name)
+    existing = [a for a in every if a.status != "deleted"]
+    next_version = (every[-1].version + 1) if every else 1
     if existing and not req.new_version:
         raise Conflict(
             f"an adapter named {req.name!r} exists; set new_version=true to upload a new version",
@@ -155,7 +175,7 @@ def _previous_version(session: Session, req: UploadRequest) -> Adapter | None:
     if not existing:
         if req.new_version:
             raise NotFound(f"no adapter named {req.name!r} to make a new version of", param="name")
-        return None
+        return None, next_version
     latest = existing[-1]
     owner = req.tenant_id if req.visibility == "private" else None
     if (latest.visibility, latest.owner_tenant_id) != (req.visibility, owner):
@@ -165,7 +185,7 @@ def _previous_version(session: Session, req: UploadRequest) -> Adapter | None:
             + "; a new version must keep its visibility and owner",
             param="visibility",
         )
-    return latest
+    return latest, next_version
 
 
 def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> None:
@@ -173,7 +193,7 @@ def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> No
     for grant in repository.grants(session, previous.id):
         repository.add(session, AdapterGrant(adapter_id=current.id, tenant_id=grant.tenant_id))
     for old in repository.versions(session, previous.name):
-        if old.id != current.id and old.status == "active":
+        if old.id != current.id and old.status in repository.SERVED:
             old.status = "superseded"
             old_id = old.id
             on_commit(session, lambda old_id=old_id: ctx.gateway.remove_adapter(old_id))

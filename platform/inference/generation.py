@@ -1,116 +1,174 @@
-"""One tenant request through admission and the engine: resolve the model, tokenize, admit against
-the quota, stream the engine's outputs as text deltas, then book usage and release the slot."""
+"""One admitted request through the engine, billed exactly once.
+
+``start`` submits to the engine (its validation errors are still HTTP 4xx, and give the quota
+reservation back) and makes the usage record durable before any byte of the response. ``Generation``
+then yields per-choice text deltas (the engine's DELTA outputs: only what is new), checkpoints the
+token count of long streams, enforces the generation timeout, and makes the final record durable
+before the last deltas are handed out. Whatever ends the request (finish, client gone, admin abort,
+timeout, engine death) settles the quota reservation to the tokens actually delivered."""
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraplex.platform.auth.key_cache import TenantAuth
-from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.errors import BadRequest, ServiceUnavailable
-from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.errors import PlatformError, ServiceUnavailable
+from loraplex.platform.inference.admission import Prepared
 from loraplex.platform.observability.metrics import FinishedRequest
-from loraplex.platform.quotas import repository as quotas_repo
-from loraplex.platform.quotas.limiter import QuotaView, Ticket
 
+log = logging.getLogger("loraplex.platform.inference")
 
-@dataclass
-class Prepared:
-    auth: TenantAuth
-    model: str
-    endpoint: str
-    adapter_id: str | None
-    prompt_ids: list[int]
-    params: Any
-    ticket: Ticket
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
-    admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
-    user: str | None = None
+__all__ = ["Delta", "Generation", "Prepared", "RequestCancelled", "start"]
 
 
 @dataclass
 class Delta:
-    """New text of one choice; ``completion_tokens`` counts every choice of the request so far."""
-
     text: str
     finish_reason: str | None
-    completion_tokens: int
-    index: int = 0
+    completion_tokens: int  # all choices of the request, delivered so far
+    index: int = 0  # the sample (choice) within this prompt
     logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
 
 
-def prepare(ctx, auth: TenantAuth, model: str, endpoint: str,
-            tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
-    """Blocking part (DB, tokenizer): run it in a worker thread."""
-    t0 = time.monotonic()
-    with unit_of_work(ctx.sessions) as session:
-        adapter = resolve_model(session, ctx, auth.tenant_id, model)
-        q = quotas_repo.get(session, auth.tenant_id)
-        quota = QuotaView(q.rpm, q.tpm, q.max_concurrent, q.token_budget, q.budget_period) if q else QuotaView()
-    prompt_ids = tokenize(ctx.gateway.tokenizer)
-    if not prompt_ids:
-        raise BadRequest("the prompt is empty", param="prompt")
-    try:
-        params = ctx.gateway.sampling_params(**sampling)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-    ticket = ctx.limiter.admit(auth.tenant_id, quota, len(prompt_ids))
-    prep = Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params, ticket)
-    prep.admission_s = time.monotonic() - t0
-    return prep
+class RequestCancelled(PlatformError):
+    """An operator stopped the request mid-flight (tenant suspended/deleted, key revoked, adapter deleted)."""
+
+    status_code = 409
+    type = "invalid_request_error"
+    code = "request_cancelled"
 
 
-async def run(ctx, prep: Prepared) -> AsyncIterator[Delta]:
-    """Yield text deltas; always books usage and frees the quota slot, aborting on disconnect."""
-    start = time.monotonic()
-    first_token_at: float | None = None
-    completion_tokens = 0
-    status = "error"
-    finished = False
+async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
     try:
         stream = ctx.gateway.submit(
             prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
             tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
         )
-        done: set[int] = set()
-        async for out in stream:  # DELTA outputs: only what is new since the last one
-            if out.error:
-                raise ServiceUnavailable(f"generation failed: {out.error}")
-            completion_tokens += sum(len(c.token_ids) for c in out.outputs)
-            if completion_tokens and first_token_at is None:
-                first_token_at = time.monotonic()
-            finished = out.finished
-            for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
-                if comp.index in done:
-                    continue
-                ended = comp.finish_reason is not None or finished
-                if ended:
-                    done.add(comp.index)
-                lps = comp.logprobs or []
-                if comp.text or ended or lps:
-                    reason = str(comp.finish_reason) if ended and comp.finish_reason is not None else None
-                    yield Delta(comp.text, reason, completion_tokens, comp.index, lps)
-        status = "ok"
-    finally:
-        if not finished:
-            ctx.gateway.abort(prep.request_id)
-            status = "aborted" if status == "error" else status
-        prep.ticket.finish(len(prep.prompt_ids) + completion_tokens)
+    except BaseException as exc:
+        ctx.quotas.cancel(prep.reservation)
+        if isinstance(exc, PlatformError) or not isinstance(exc, Exception):
+            raise  # the gateway already maps engine errors (4xx for bad requests, 503 for a dead engine)
+        raise ServiceUnavailable(f"the engine cannot take requests: {exc}", headers={"retry-after": "5"}) from None
+    gen = Generation(ctx, prep, stream, streaming)
+    ctx.inflight.add(prep.request_id, prep.auth.tenant_id, prep.auth.key_id, prep.adapter_id)
+    try:
+        await gen.durable(gen.record("running"))
+    except BaseException:
+        gen.finish("error")
+        raise
+    return gen
+
+
+class Generation:
+    def __init__(self, ctx: Any, prep: Prepared, stream: Any, streaming: bool) -> None:
+        self.ctx = ctx
+        self.streaming = streaming
+        self.prep = prep
+        self._stream = stream
+        self.delivered = 0  # completion tokens (all choices) handed to the response
+        self.first_token_at: float | None = None
+        self._closed = False
+
+    async def durable(self, written: Any) -> None:
+        if self.ctx.settings.ledger.durable:
+            await asyncio.wrap_future(written)
+
+    def record(self, status: str) -> Any:
+        """Write this request's record as it stands (a future: durable when resolved)."""
+        p = self.prep
         now = time.monotonic()
-        ctx.usage.add(
-            tenant_id=prep.auth.tenant_id, api_key_id=prep.auth.key_id, adapter_id=prep.adapter_id,
-            adapter_name=prep.model if prep.adapter_id else None, request_id=prep.request_id,
-            endpoint=prep.endpoint, prompt_tokens=len(prep.prompt_ids), completion_tokens=completion_tokens,
-            ttft_ms=(first_token_at - start) * 1000 if first_token_at else None,
-            latency_ms=(now - start) * 1000, status=status,
+        return self.ctx.ledger.write(
+            request_id=p.request_id, tenant_id=p.auth.tenant_id, api_key_id=p.auth.key_id,
+            adapter_id=p.adapter_id, adapter_name=p.model if p.adapter_id else None, endpoint=p.endpoint,
+            prompt_tokens=len(p.prompt_ids), completion_tokens=self.delivered,
+            ttft_ms=(self.first_token_at - p.started) * 1000 if self.first_token_at else None,
+            latency_ms=(now - p.started) * 1000, status=status,
         )
-        ctx.observer.finished(FinishedRequest(
-            request_id=prep.request_id, endpoint=prep.endpoint, status=status, tenant_id=prep.auth.tenant_id,
-            adapter=prep.model if prep.adapter_id else None, prompt_tokens=len(prep.prompt_ids),
-            completion_tokens=completion_tokens, ttft_s=(first_token_at - start) if first_token_at else None,
-            latency_s=now - start, admission_s=prep.admission_s, user=prep.user,
-            start_unix=time.time() - (now - start) - prep.admission_s))
+
+    def finish(self, status: str) -> Any:
+        """Settle the quota, drop the in-flight entry and write the final record (once)."""
+        if self._closed:
+            return None
+        self._closed = True
+        if not self.streaming and status in ("aborted", "error"):
+            self.delivered = 0  # a refused non-streaming response carried no text
+        p = self.prep
+        self.ctx.inflight.remove(p.request_id)
+        self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
+        now = time.monotonic()
+        self.ctx.observer.finished(FinishedRequest(
+            request_id=p.request_id, endpoint=p.endpoint, status=status, tenant_id=p.auth.tenant_id,
+            adapter=p.model if p.adapter_id else None, prompt_tokens=len(p.prompt_ids),
+            completion_tokens=self.delivered,
+            ttft_s=(self.first_token_at - p.started) if self.first_token_at else None,
+            latency_s=now - p.started, admission_s=p.admission_s, user=p.user,
+            start_unix=time.time() - (now - p.started)))
+        return self.record(status)
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Per-choice deltas; those with a finish_reason come after the final record is durable."""
+        prep, ctx = self.prep, self.ctx
+        checkpoint_every = ctx.settings.ledger.checkpoint_interval_s
+        last_checkpoint = time.monotonic()
+        deadline = prep.started + prep.timeout_s
+        done: set[int] = set()
+        ended = False
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    out = await asyncio.wait_for(self._stream.__anext__(), timeout=max(left, 0.001))
+                except StopAsyncIteration:
+                    raise ServiceUnavailable("the engine ended the request without a result") from None
+                except asyncio.TimeoutError:
+                    ctx.gateway.abort(prep.request_id)
+                    ended = True
+                    await self.durable(self.finish("timeout"))
+                    for i in range(prep.params.n):  # documented: a timeout reads as "length"
+                        if i not in done:
+                            yield Delta("", "length", self.delivered, i)
+                    return
+                except PlatformError:
+                    raise
+                except Exception as exc:  # the engine died under this request
+                    raise ServiceUnavailable(f"generation failed: {exc}", headers={"retry-after": "5"}) from None
+                if out.error:
+                    raise ServiceUnavailable(f"generation failed: {out.error}", headers={"retry-after": "5"})
+                if out.finished and any(c.finish_reason == "abort" for c in out.outputs):
+                    reason = ctx.inflight.reason(prep.request_id) or "the request was aborted"
+                    ended = True
+                    self.finish("aborted")
+                    raise RequestCancelled(f"the request was stopped: {reason}")
+                self.delivered += sum(len(c.token_ids) for c in out.outputs)
+                if self.delivered and self.first_token_at is None:
+                    self.first_token_at = time.monotonic()
+                pending = []
+                for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
+                    if comp.index in done:
+                        continue
+                    finished = comp.finish_reason is not None or out.finished
+                    if finished:
+                        done.add(comp.index)
+                    lps = comp.logprobs or []
+                    if comp.text or finished or lps:
+                        reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
+                        pending.append(Delta(comp.text, reason, self.delivered, comp.index, lps))
+                if out.finished:
+                    ended = True
+                    await self.durable(self.finish("ok"))  # billed before the last bytes leave
+                    for d in pending:
+                        yield d
+                    return
+                for d in pending:
+                    yield d
+                if time.monotonic() - last_checkpoint >= checkpoint_every:
+                    last_checkpoint = time.monotonic()
+                    self.record("running")  # not awaited: a checkpoint must not slow the stream
+        finally:
+            if not ended:  # client gone, engine error, cancellation: stop and bill what was sent
+                ctx.gateway.abort(prep.request_id)
+                self.finish("aborted" if not isinstance(sys.exc_info()[1], PlatformError) else "error")

@@ -30,23 +30,40 @@ class Shape:
 
 
 async def respond(ctx, preps: list[generation.Prepared], shape: Shape, tokenizer: Any):
+    gens = await _start_all(ctx, preps, shape.stream)  # 4xx/503 here, before any byte of the response
     first = preps[0]
     rid = ("chatcmpl-" if shape.chat else "cmpl-") + first.request_id
     base = {"id": rid, "created": first.created, "model": first.model}
     fmt = _Logprobs(tokenizer, shape.chat)
     if shape.stream:
         return StreamingResponse(
-            _sse(ctx, preps, shape, base, fmt), media_type="text/event-stream", headers=first.ticket.headers
+            _sse(gens, preps, shape, base, fmt), media_type="text/event-stream", headers=first.headers
         )
-    return await _collect(ctx, preps, shape, base, fmt)
+    return await _collect(gens, preps, shape, base, fmt)
 
 
-async def _collect(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSONResponse:
+async def _start_all(ctx, preps: list[generation.Prepared], streaming: bool) -> list[generation.Generation]:
+    """Submit every prompt's request; if one is refused, end the started ones and give the rest back."""
+    gens: list[generation.Generation] = []
+    try:
+        for p in preps:
+            gens.append(await generation.start(ctx, p, streaming=streaming))
+    except BaseException:
+        for g in gens:
+            ctx.gateway.abort(g.prep.request_id)
+            g.finish("error")
+        for p in preps[len(gens) + 1:]:
+            ctx.quotas.cancel(p.reservation)
+        raise
+    return gens
+
+
+async def _collect(gens, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSONResponse:
     texts: dict[int, list[str]] = defaultdict(list)
     lps: dict[int, list] = defaultdict(list)
     finish: dict[int, str | None] = {}
     completion = [0] * len(preps)
-    async for k, d in _merge([generation.run(ctx, p) for p in preps]):
+    async for k, d in _merge([g.deltas() for g in gens]):
         idx = k * shape.n + d.index
         texts[idx].append(d.text)
         lps[idx].extend(d.logprobs)
@@ -83,11 +100,11 @@ async def _collect(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSON
             )
     obj = "chat.completion" if shape.chat else "text_completion"
     return JSONResponse(
-        {**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)}, headers=preps[0].ticket.headers
+        {**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)}, headers=preps[0].headers
     )
 
 
-async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIterator[str]:
+async def _sse(gens, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if shape.chat else "text_completion"
     completion = [0] * len(preps)
     total = len(preps) * shape.n
@@ -109,7 +126,7 @@ async def _sse(ctx, preps, shape: Shape, base: dict, fmt: _Logprobs) -> AsyncIte
             else:
                 continue
             yield _event({**base, "object": obj, "choices": [choice]})
-        async for k, d in _merge([generation.run(ctx, p) for p in preps]):
+        async for k, d in _merge([g.deltas() for g in gens]):
             completion[k] = d.completion_tokens
             idx = k * shape.n + d.index
             if shape.chat:

@@ -1,4 +1,8 @@
-"""The tenant-facing OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+"""The tenant-facing OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
+
+Everything that can be refused before the first token is refused as an HTTP status, streaming or
+not: the SSE response starts only once the engine has accepted the request and its usage record
+is durable."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
 from loraplex.platform.errors import BadRequest
-from loraplex.platform.inference import generation, service
+from loraplex.platform.inference import admission, service
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
 from loraplex.platform.inference.responses import Shape, respond
 from loraplex.platform.inference.schemas import ModelList
@@ -51,19 +55,21 @@ async def _prepare_all(
     tenant,
     model: str,
     endpoint: str,
-    tokenizers: list[Callable[[Any], list[int]]],
+    prompts: list[tuple[list[str], Callable[[Any], list[int]]]],
     sampling: dict,
     user: str | None,
-) -> list[generation.Prepared]:
-    """Admit one engine request per prompt; if a later one is refused, free the earlier ones."""
-    preps: list[generation.Prepared] = []
+) -> list[admission.Prepared]:
+    """Admit one engine request per prompt (its texts are checked before it is tokenized); if a
+    later one is refused, give the earlier ones' reservations back."""
+    preps: list[admission.Prepared] = []
     try:
-        for tokenize in tokenizers:
-            preps.append(await run_in_threadpool(generation.prepare, ctx, tenant, model, endpoint, tokenize, sampling))
+        for texts, tokenize in prompts:
+            preps.append(await run_in_threadpool(admission.prepare, ctx, tenant, model, endpoint, texts, tokenize,
+                                                 sampling))
             preps[-1].user = user
     except BaseException:
         for p in preps:
-            p.ticket.finish(0)
+            ctx.quotas.cancel(p.reservation)
         raise
     return preps
 
@@ -86,7 +92,8 @@ async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDe
 
     sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
     preps = await _prepare_all(
-        ctx, tenant, body.model, "completions", [tokenizer_for(p) for p in prompts], sampling, body.user
+        ctx, tenant, body.model, "completions",
+        [([p] if isinstance(p, str) else [], tokenizer_for(p)) for p in prompts], sampling, body.user,
     )
     tok = ctx.gateway.tokenizer
     echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
@@ -109,7 +116,9 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
         return tok.encode(text, add_special_tokens=False)
 
     sampling = _sampling(body, body.token_limit(), logprobs, spec)
-    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [tokenize], sampling, body.user)
+    texts = [m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
+             for m in body.messages if m.content]
+    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
     return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 
 

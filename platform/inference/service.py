@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository as adapters_repo
 from loraplex.platform.adapters.models import Adapter
-from loraplex.platform.errors import NotFound
+from loraplex.platform.errors import NotFound, ServiceUnavailable
 from loraplex.platform.inference.schemas import ModelCard
 
 
@@ -28,4 +28,7 @@ def resolve_model(session: Session, ctx, tenant_id: str, model: str) -> Adapter 
     if adapter is None or not adapters_repo.is_usable_by(session, adapter, tenant_id):
         raise NotFound(f"the model {model!r} does not exist or you do not have access to it",
                        param="model", code="model_not_found")
+    if adapter.status == "unavailable":
+        raise ServiceUnavailable(f"the model {model!r} is unavailable: {adapter.status_reason}",
+                                 param="model", code="model_unavailable", headers={"retry-after": "30"})
     return adapter

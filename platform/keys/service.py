@@ -40,9 +40,18 @@ def list_keys(session: Session, tenant_id: str) -> list[ApiKey]:
     return repository.list_for_tenant(session, tenant_id)
 
 
+def delete_keys_of_tenant(session: Session, tenant_id: str) -> None:
+    """With a deleted tenant: every key revoked and hidden (rows kept for the usage history)."""
+    now = utcnow()
+    for key in repository.list_for_tenant(session, tenant_id):
+        key.revoked_at = key.revoked_at or now
+        key.deleted_at = now
+    session.flush()
+
+
 def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
     key = repository.get(session, key_id)
-    if key is None:
+    if key is None or key.deleted_at is not None:
         raise NotFound(f"no API key with id {key_id!r}", param="key_id")
     if key.revoked_at is not None:
         raise Conflict(f"API key {key_id!r} is already revoked", code="already_revoked")
@@ -54,6 +63,8 @@ def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
     key_hash = key.key_hash
     on_commit(session, lambda: ctx.key_cache.evict_hash(key_hash))
     audit.record(session, actor.name, "key.revoke", "api_key", key.id, before, _audit_view(key))
+    key_id = key.id
+    on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, f"API key {key_id} was revoked", key_id=key_id))
     return key
 
 

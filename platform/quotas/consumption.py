@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.quotas import service
-from loraplex.platform.quotas.limiter import period_start
+from loraplex.platform.quotas.store import period_start
 from loraplex.platform.usage.repository import tokens_since
 
 router = APIRouter(prefix="/tenants/{tenant_id}/quota", tags=["quotas"])
@@ -32,10 +32,10 @@ class QuotaConsumption(BaseModel):
 @router.get("/consumption", response_model=QuotaConsumption)
 def consumption(tenant_id: str, session: SessionDep, ctx: ContextDep, _actor: AdminDep) -> QuotaConsumption:
     q = service.get_quota(session, tenant_id)
-    assert ctx.limiter is not None and ctx.usage is not None  # built in PlatformContext.__post_init__
-    now = ctx.limiter.usage_now(tenant_id)
+    assert ctx.quotas is not None and ctx.ledger is not None  # built in PlatformContext.__post_init__
+    now = ctx.quotas.usage_now(tenant_id)
     start = period_start(q.budget_period, datetime.now(timezone.utc))
-    ctx.usage.flush()
+    ctx.ledger.flush()
     return QuotaConsumption(
         rpm=q.rpm,
         tpm=q.tpm,

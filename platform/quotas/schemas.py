@@ -17,6 +17,8 @@ class QuotaIn(BaseModel):
     max_concurrent: Limit = None
     token_budget: Limit = None
     budget_period: Literal["day", "month"] = "month"
+    # Seconds one generation may run (null = the server's limits.generation_timeout_s).
+    max_generation_s: Annotated[float | None, Field(gt=0, le=86400)] = None
 
 
 class QuotaOut(QuotaIn):

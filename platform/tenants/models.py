@@ -16,6 +16,8 @@ class Tenant(Base):
     # Lower class runs first; fairness (weight) orders tenants within a class.
     priority: Mapped[int] = mapped_column(Integer, default=0)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # active | suspended | deleted (soft: the row and its usage history stay; APIs hide it)
     status: Mapped[str] = mapped_column(String(16), default="active")
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)

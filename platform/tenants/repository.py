@@ -15,8 +15,9 @@ def get_by_name(session: Session, name: str) -> Tenant | None:
 
 
 def list_tenants(session: Session, *, limit: int, offset: int) -> tuple[list[Tenant], int]:
-    rows = session.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id).limit(limit).offset(offset))
-    total = session.scalar(select(func.count()).select_from(Tenant)) or 0
+    live = Tenant.status != "deleted"
+    rows = session.scalars(select(Tenant).where(live).order_by(Tenant.created_at, Tenant.id).limit(limit).offset(offset))
+    total = session.scalar(select(func.count()).select_from(Tenant).where(live)) or 0
     return list(rows), total
 
 
@@ -28,7 +29,3 @@ def add(session: Session, tenant: Tenant) -> None:
     session.add(tenant)
     session.flush()
 
-
-def delete(session: Session, tenant: Tenant) -> None:
-    session.delete(tenant)
-    session.flush()

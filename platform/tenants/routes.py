@@ -42,6 +42,7 @@ def update_tenant(
 
 @router.delete("/{tenant_id}", response_model=Deleted)
 def delete_tenant(tenant_id: str, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> Deleted:
-    """Delete a tenant with its keys, quota, grants, usage and private adapters."""
+    """Soft-delete a tenant: it, its keys and its private adapters disappear from the APIs and its
+    in-flight requests stop; the rows and the usage history stay (usage reports and exports show it)."""
     service.delete_tenant(session, ctx, actor, tenant_id)
     return Deleted(id=tenant_id, object="tenant")

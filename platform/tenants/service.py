@@ -6,6 +6,7 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.audit import service as audit
 from loraplex.platform.auth.admin import Actor
+from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import on_commit
 from loraplex.platform.db.snapshot import snapshot
 from loraplex.platform.errors import Conflict, NotFound
@@ -13,9 +14,9 @@ from loraplex.platform.tenants import repository
 from loraplex.platform.tenants.models import Tenant
 
 
-def get_tenant(session: Session, tenant_id: str) -> Tenant:
+def get_tenant(session: Session, tenant_id: str, *, include_deleted: bool = False) -> Tenant:
     tenant = repository.get(session, tenant_id)
-    if tenant is None:
+    if tenant is None or (tenant.status == "deleted" and not include_deleted):
         raise NotFound(f"no tenant with id {tenant_id!r}", param="tenant_id")
     return tenant
 
@@ -24,8 +25,11 @@ def create_tenant(
     session: Session, ctx, actor: Actor, *, name: str, priority: int = 0, weight: float = 1.0,
     status: str = "active",
 ) -> Tenant:
-    if repository.get_by_name(session, name) is not None:
-        raise Conflict(f"a tenant named {name!r} already exists", param="name")
+    existing = repository.get_by_name(session, name)
+    if existing is not None:
+        # Deleted tenants keep their names: usage reports must stay unambiguous.
+        note = " (deleted; its name stays reserved for its usage history)" if existing.status == "deleted" else ""
+        raise Conflict(f"a tenant named {name!r} already exists{note}", param="name")
     tenant = Tenant(name=name, priority=priority, weight=weight, status=status)
     repository.add(session, tenant)
     audit.record(session, actor.name, "tenant.create", "tenant", tenant.id, None, snapshot(tenant))
@@ -48,20 +52,33 @@ def update_tenant(session: Session, ctx, actor: Actor, tenant_id: str, changes: 
     session.flush()
     audit.record(session, actor.name, "tenant.update", "tenant", tenant.id, before, snapshot(tenant))
     _after_change(session, ctx, tenant)
+    if tenant.status != "active":
+        _abort_after_commit(session, ctx, tenant_id, f"tenant {tenant_id} is {tenant.status}")
     return tenant
 
 
 def delete_tenant(session: Session, ctx, actor: Actor, tenant_id: str) -> None:
+    """Soft delete: the tenant row, its keys and its adapters stay as history (usage reports still
+    show them) but disappear from the APIs; keys stop working; in-flight requests are stopped."""
     from loraplex.platform.adapters import service as adapters_service
+    from loraplex.platform.keys import service as keys_service
 
     tenant = get_tenant(session, tenant_id)
     before = snapshot(tenant)
     for adapter in adapters_service.owned_by(session, tenant_id):
         adapters_service.delete_adapter(session, ctx, actor, adapter.id)
-    repository.delete(session, tenant)
-    audit.record(session, actor.name, "tenant.delete", "tenant", tenant_id, before, None)
+    adapters_service.drop_grants_of_tenant(session, tenant_id)
+    keys_service.delete_keys_of_tenant(session, tenant_id)
+    tenant.status, tenant.deleted_at = "deleted", utcnow()
+    session.flush()
+    audit.record(session, actor.name, "tenant.delete", "tenant", tenant_id, before, snapshot(tenant))
     ctx.key_cache.evict_tenant(tenant_id)
     on_commit(session, lambda: ctx.key_cache.evict_tenant(tenant_id))
+    _abort_after_commit(session, ctx, tenant_id, f"tenant {tenant_id} was deleted")
+
+
+def _abort_after_commit(session: Session, ctx, tenant_id: str, reason: str) -> None:
+    on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, reason, tenant_id=tenant_id))
 
 
 def _after_change(session: Session, ctx, tenant: Tenant) -> None:

@@ -2,30 +2,37 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from loraplex.platform.db.base import Base, UTCDateTime, utcnow
 
+# A record is "running" while its request streams (checkpointed every few seconds) and takes one
+# final status when it ends; "interrupted" = the server died while it ran (closed at the next start).
+FINAL_STATUSES = ("ok", "aborted", "error", "timeout", "interrupted")
+
 
 class UsageRecord(Base):
+    """One billed request. No foreign keys on purpose: usage is history, and a record must never
+    be refused (or cascade-deleted) because its tenant, key or adapter changed meanwhile; those rows
+    are soft-deleted instead, so the ids still resolve."""
+
     __tablename__ = "usage_records"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
-    api_key_id: Mapped[str | None] = mapped_column(
-        ForeignKey("api_keys.id", ondelete="SET NULL"), nullable=True
-    )
-    # The adapter's name is kept even after the adapter row is deleted: usage is history.
-    adapter_id: Mapped[str | None] = mapped_column(
-        ForeignKey("adapters.id", ondelete="SET NULL"), nullable=True
-    )
+    # Idempotency key: a replayed or re-sent record updates its row, never adds a second one.
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    adapter_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     adapter_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    request_id: Mapped[str] = mapped_column(String(64), default="")
     endpoint: Mapped[str] = mapped_column(String(32), default="")
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="ok")
+    status: Mapped[str] = mapped_column(String(16), default="ok", index=True)
+    # The server process that wrote it (a restart closes other processes' running records).
+    instance_id: Mapped[str] = mapped_column(String(32), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

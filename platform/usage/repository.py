@@ -1,16 +1,46 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from loraplex.platform.usage.models import UsageRecord
 
+# Columns a later write of the same request may change (the rest are fixed at admission).
+_MUTABLE = ("completion_tokens", "prompt_tokens", "ttft_ms", "latency_ms", "status", "updated_at")
 
-def add_all(session: Session, records: list[UsageRecord]) -> None:
-    session.add_all(records)
-    session.flush()
+
+def upsert(session: Session, rows: list[dict]) -> None:
+    """Insert records or advance them, by request id. A final record is never changed again, so a
+    replayed or duplicated write is harmless (idempotent)."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    # One statement per distinct key set keeps executemany simple; the last write per id wins.
+    latest: dict[str, dict] = {}
+    for r in rows:
+        latest[r["request_id"]] = r
+    stmt = insert(UsageRecord)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[UsageRecord.request_id],
+        set_={c: getattr(stmt.excluded, c) for c in _MUTABLE},
+        where=UsageRecord.status == "running",
+    )
+    session.execute(stmt, list(latest.values()))
+
+
+def close_running(session: Session, *, except_instance: str, now: datetime) -> int:
+    """Records left running by a server that died: they become ``interrupted``, billed as checkpointed."""
+    result = session.execute(
+        update(UsageRecord)
+        .where(UsageRecord.status == "running", UsageRecord.instance_id != except_instance)
+        .values(status="interrupted", updated_at=now)
+    )
+    return int(result.rowcount or 0)
 
 
 def _bucket(session: Session, group_by: str):
@@ -26,6 +56,16 @@ def _bucket(session: Session, group_by: str):
     return func.strftime(fmt, col)
 
 
+def _window(stmt, tenant_id: str | None, since: datetime | None, until: datetime | None):
+    if tenant_id is not None:
+        stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
+    if since is not None:
+        stmt = stmt.where(UsageRecord.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(UsageRecord.created_at < until)
+    return stmt
+
+
 def aggregate(
     session: Session,
     *,
@@ -39,17 +79,26 @@ def aggregate(
     stmt = select(
         key,
         func.count(),
-        func.sum(case((UsageRecord.status != "ok", 1), else_=0)),
+        func.sum(case((UsageRecord.status.in_(("error", "interrupted")), 1), else_=0)),
         func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
         func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
     ).group_by(key).order_by(key)
-    if tenant_id is not None:
-        stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
-    if since is not None:
-        stmt = stmt.where(UsageRecord.created_at >= since)
-    if until is not None:
-        stmt = stmt.where(UsageRecord.created_at < until)
-    return [tuple(r) for r in session.execute(stmt)]
+    return [tuple(r) for r in session.execute(_window(stmt, tenant_id, since, until))]
+
+
+def iter_records(
+    session: Session, *, tenant_id: str | None, since: datetime | None, until: datetime | None,
+    chunk: int = 1000,
+) -> Iterator[UsageRecord]:
+    """Every record in the window, oldest first, fetched in chunks (exports of any size)."""
+    last_id = 0
+    while True:
+        stmt = _window(select(UsageRecord).where(UsageRecord.id > last_id), tenant_id, since, until)
+        rows = list(session.scalars(stmt.order_by(UsageRecord.id).limit(chunk)))
+        if not rows:
+            return
+        yield from rows
+        last_id = rows[-1].id
 
 
 def tokens_since(session: Session, tenant_id: str, since: datetime) -> int:
@@ -57,3 +106,7 @@ def tokens_since(session: Session, tenant_id: str, since: datetime) -> int:
         func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)
     ).where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since)
     return int(session.scalar(stmt) or 0)
+
+
+def get_by_request_id(session: Session, request_id: str) -> UsageRecord | None:
+    return session.scalar(select(UsageRecord).where(UsageRecord.request_id == request_id))

@@ -158,3 +158,55 @@ def adapter_dirs(demo_model_dir, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def good_files(adapter_dirs) -> dict[str, bytes]:
     return adapter_files(adapter_dirs["good"])
+
+
+class LiveServer:
+    """The app on a real uvicorn (in a thread) over its own database, with the session's engine."""
+
+    def __init__(self, ctx, app) -> None:
+        import threading
+        import time
+
+        import uvicorn
+
+        self.ctx = ctx
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.time() + 30
+        while not self._server.started:
+            if time.time() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self._server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(15)
+
+
+@pytest.fixture
+def live_factory(tmp_path, db_url, gateway):
+    """``live_factory(**settings_overrides)`` → a LiveServer; stopped at the end of the test."""
+    servers: list[LiveServer] = []
+
+    def make(gw=None, **overrides) -> LiveServer:
+        settings = make_settings(tmp_path / f"s{len(servers)}", db_url, **overrides)
+        ctx, _ = build_context(settings, gw or gateway, upgrade_db=False)
+        srv = LiveServer(ctx, create_app(ctx, owns_engine=False))
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
+@pytest.fixture
+def db_url_postgres(request):
+    """A fresh, migrated PostgreSQL database (for tests that pick their backend themselves)."""
+    need_postgres()
+    url = pg_create_database(template=request.getfixturevalue("pg_template"))
+    yield url
+    pg_drop_database(url)

@@ -11,8 +11,9 @@ def test_quota_put_get(client):
     r = client.get(f"/admin/v1/tenants/{tid}/quota", headers=H)
     assert r.status_code == 200
     assert r.json() == {"object": "quota", "tenant_id": tid, "rpm": None, "tpm": None, "max_concurrent": None,
-                        "token_budget": None, "budget_period": "month"}
-    body = {"rpm": 60, "tpm": 10000, "max_concurrent": 4, "token_budget": 1_000_000, "budget_period": "day"}
+                        "token_budget": None, "budget_period": "month", "max_generation_s": None}
+    body = {"rpm": 60, "tpm": 10000, "max_concurrent": 4, "token_budget": 1_000_000, "budget_period": "day",
+            "max_generation_s": 30.0}
     r = client.put(f"/admin/v1/tenants/{tid}/quota", json=body, headers=H)
     assert r.status_code == 200 and r.json() == {"object": "quota", "tenant_id": tid, **body}
     assert client.get(f"/admin/v1/tenants/{tid}/quota", headers=H).json()["rpm"] == 60

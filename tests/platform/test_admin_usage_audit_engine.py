@@ -4,7 +4,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.usage import service as usage_service
 from loraplex.platform.usage.models import UsageRecord
 from platform_helpers import admin_headers, zip_bytes
 from test_admin_adapters import tenant, tenant_key, upload
@@ -23,9 +22,10 @@ def _seed(platform, acme, beta):
         (beta, None, T0, 4, 4, "ok"),
     ]
     with unit_of_work(platform.ctx.sessions) as s:
-        usage_service.record(s, [
-            UsageRecord(tenant_id=t, adapter_name=a, created_at=at, prompt_tokens=p, completion_tokens=c, status=st)
-            for t, a, at, p, c, st in rows
+        s.add_all([
+            UsageRecord(request_id=f"seed-{i}", tenant_id=t, adapter_name=a, created_at=at, prompt_tokens=p,
+                        completion_tokens=c, status=st)
+            for i, (t, a, at, p, c, st) in enumerate(rows)
         ])
 
 

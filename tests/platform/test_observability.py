@@ -118,7 +118,7 @@ def test_metrics_logs_and_traces(obs_server, caplog):
     assert line["completion_tokens"] == 5 and line["ttft_ms"] > 0 and line["latency_ms"] >= line["ttft_ms"]
 
     # The admin page's usage series (SQL per backend) agrees with what the clients were told.
-    ctx.usage.flush()
+    ctx.ledger.flush()
     series = admin.get("/admin/v1/usage/series", params={"by": "tenant", "bucket": "hour"}).json()["data"]
     per_tenant = {p["key"]: p["prompt_tokens"] + p["completion_tokens"] for p in series}
     assert per_tenant[acme] == r1.usage.total_tokens + r2.usage.total_tokens

@@ -84,7 +84,7 @@ def test_errors_and_usage_records(tenant_setup):
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     client.completions.create(model="bot", prompt="x", max_tokens=3, temperature=0)
-    ctx.usage.flush()
+    ctx.ledger.flush()
     rep = httpx.get(url + f"/admin/v1/usage?tenant_id={tid}&group_by=adapter", headers=H).json()
     assert {b["key"]: b["requests"] for b in rep["data"]} == {"bot": 1}
     assert rep["totals"]["completion_tokens"] >= 1

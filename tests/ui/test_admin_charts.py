@@ -51,7 +51,7 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
         tokens[t1] += r.usage.total_tokens
     r = clients[t2].completions.create(model=base, prompt="Hi there", max_tokens=6, extra_body={"ignore_eos": True})
     tokens[t2] += r.usage.total_tokens
-    server.ctx.usage.flush()
+    server.ctx.ledger.flush()
 
     # Usage over time: one line per tenant and per adapter, its points the API's numbers.
     page.goto(f"{server.url}/admin/#/usage")

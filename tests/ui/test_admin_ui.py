@@ -309,6 +309,13 @@ def test_engine_view_usage_and_audit(signed_in, server, tmp_path):
         page.wait_for_timeout(250)
     expect(page.locator(".totals")).to_contain_text("Totals: 1 requests, 0 errors")
     expect(page.get_by_role("row").filter(has_text="(base model)")).to_be_visible()
+    # Export: every record of the selection as a CSV file (the same rows as the API's export).
+    with page.expect_download() as download:
+        usage.get_by_role("button", name="Export CSV").click()
+    exported = open(download.value.path()).read()
+    assert download.value.suggested_filename == "usage.csv"
+    assert exported.splitlines()[0].startswith("request_id,created_at")
+    assert r.json()["id"].removeprefix("cmpl-") in exported and t["id"] in exported
 
     page.get_by_role("link", name="Audit log").click()
     audit = page.get_by_role("form", name="Audit filter")

@@ -10,10 +10,27 @@ export function render(main, { query }) {
   const since = h("input", { name: "since", type: "datetime-local" });
   const until = h("input", { name: "until", type: "datetime-local" });
   const showBtn = h("button", { type: "submit" }, "Show usage");
+  const exportBtns = ["csv", "jsonl"].map((format) => {
+    const btn = h("button", { type: "button" }, `Export ${format.toUpperCase()}`);
+    btn.addEventListener("click", () => act(btn, () => exportRecords(format)));
+    return btn;
+  });
   const form = h("form", { class: "grid-form", "aria-label": "Usage filter" },
     field("Tenant", tenant), field("Group by", groupBy),
     field("Since", since, "Inclusive, your local time."), field("Until", until, "Exclusive."),
-    h("div", { class: "actions" }, showBtn));
+    h("div", { class: "actions" }, showBtn, ...exportBtns));
+
+  // Every record of the selection, one per line (deleted tenants' history included).
+  async function exportRecords(format) {
+    const blob = await api.usageExport({
+      format, tenant_id: tenant.value, since: localToIso(since.value), until: localToIso(until.value),
+    });
+    const link = h("a", { href: URL.createObjectURL(blob), download: `usage.${format}` });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+  }
   const out = h("div", { "aria-live": "polite" });
 
   async function load() {

@@ -1,0 +1,83 @@
+"""Admission of one tenant request, cheapest refusals first: (key and tenant status were checked by
+the dependency) → model resolution and the tenant's quota (one DB read) → concurrency / rpm
+pre-check → a character-length bound → text validity → tokenize → sampling values → the atomic
+quota reservation of ``prompt + max_tokens``. Nothing before the reservation consumes a quota slot,
+and a request refused after it (by the engine's own checks) gets the whole reservation back."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.platform.auth.key_cache import TenantAuth
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.quotas import repository as quotas_repo
+from loraplex.platform.quotas.store import QuotaView, Reservation
+
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
+
+
+@dataclass
+class Prepared:
+    auth: TenantAuth
+    model: str
+    endpoint: str
+    adapter_id: str | None
+    prompt_ids: list[int]
+    params: Any
+    reservation: Reservation
+    timeout_s: float
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
+    user: str | None = None  # the OpenAI ``user`` field (logs and traces)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.reservation.headers
+
+
+def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
+    """Refuse, without tokenizing, text that cannot fit or is not valid Unicode."""
+    total = sum(len(t) for t in texts)
+    if max_chars is not None and total > max_chars:
+        raise BadRequest(f"the prompt has {total} characters; it cannot fit the model's context "
+                         f"(at most {max_chars} characters)", param=param, code="context_length_exceeded")
+    for t in texts:
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(f"the text is not valid Unicode (a lone surrogate at position {exc.start})",
+                             param=param, code="invalid_text") from None
+
+
+def prepare(ctx, auth: TenantAuth, model: str, endpoint: str, texts: list[str],
+            tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
+    """Blocking part (DB, tokenizer): run it in a worker thread."""
+    t0 = time.monotonic()
+    with unit_of_work(ctx.sessions) as session:
+        adapter = resolve_model(session, ctx, auth.tenant_id, model)
+        q = quotas_repo.get(session, auth.tenant_id)
+        quota = QuotaView(q.rpm, q.tpm, q.max_concurrent, q.token_budget, q.budget_period) if q else QuotaView()
+        timeout_s = (q.max_generation_s if q and q.max_generation_s else None) or \
+            ctx.settings.limits.generation_timeout_s
+    ctx.quotas.precheck(auth.tenant_id, quota)
+    check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
+    seed = sampling.get("seed")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise BadRequest(f"seed must be in [0, {MAX_SEED}]", param="seed", code="invalid_value")
+    prompt_ids = tokenize(ctx.gateway.tokenizer)
+    if not prompt_ids:
+        raise BadRequest("the prompt is empty", param="prompt")
+    try:
+        params = ctx.gateway.sampling_params(**sampling)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
+    reservation = ctx.quotas.reserve(auth.tenant_id, quota, len(prompt_ids) + params.max_tokens)
+    return Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params,
+                    reservation, float(timeout_s), admission_s=time.monotonic() - t0)

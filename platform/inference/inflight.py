@@ -1,0 +1,53 @@
+"""Requests in flight in this process, by tenant, key and adapter, so an operator's change (tenant
+suspended or deleted, key revoked, adapter deleted) can stop them at the engine's next step. The
+engine's abort ends each stream, and the request bills what it had delivered."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InFlight:
+    request_id: str
+    tenant_id: str
+    key_id: str
+    adapter_id: str | None
+
+
+class InflightRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[str, InFlight] = {}
+        self._reasons: dict[str, str] = {}
+
+    def add(self, request_id: str, tenant_id: str, key_id: str, adapter_id: str | None) -> None:
+        with self._lock:
+            self._requests[request_id] = InFlight(request_id, tenant_id, key_id, adapter_id)
+
+    def remove(self, request_id: str) -> None:
+        with self._lock:
+            self._requests.pop(request_id, None)
+            self._reasons.pop(request_id, None)
+
+    def reason(self, request_id: str) -> str | None:
+        with self._lock:
+            return self._reasons.get(request_id)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._requests)
+
+    def abort(self, gateway, reason: str, *, tenant_id: str | None = None, key_id: str | None = None,
+              adapter_id: str | None = None) -> int:
+        """Abort every request matching all the given fields; returns how many."""
+        with self._lock:
+            hits = [r for r in self._requests.values()
+                    if (tenant_id is None or r.tenant_id == tenant_id)
+                    and (key_id is None or r.key_id == key_id)
+                    and (adapter_id is None or r.adapter_id == adapter_id)]
+            for r in hits:
+                self._reasons[r.request_id] = reason
+        for r in hits:
+            gateway.abort(r.request_id)
+        return len(hits)

@@ -1,0 +1,224 @@
+"""Quota admission by reservation: requests and tokens per minute (sliding windows), concurrency and
+a token budget per day or month.
+
+Admission *reserves* ``prompt + max_tokens`` against tpm and the budget, atomically with the rpm and
+concurrency checks; the finish *settles* the reservation to the tokens actually served and returns
+the rest. So N concurrent requests can never be promised more than the limit, whatever they
+generate. A refusal is a 429 with Retry-After and x-ratelimit-* headers.
+
+``QuotaStore`` is the seam: ``InProcessQuotaStore`` is exact within one server process; a
+multi-replica deployment plugs in a global store (a coordinator or the database) behind the same
+four calls.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Protocol
+
+from loraplex.platform.errors import RateLimited
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    token_budget: int | None = None
+    budget_period: str = "month"
+
+
+@dataclass
+class Reservation:
+    """An admitted request's hold on its tenant's quota; settle or cancel it exactly once."""
+
+    tenant_id: str
+    tokens: int  # reserved: prompt + max_tokens
+    headers: dict[str, str]
+    admitted_at: float
+    budget_period: datetime | None = None
+    _window_entry: list | None = None  # [time, tokens] in the tpm window
+    done: bool = False
+
+
+class QuotaStore(Protocol):
+    def precheck(self, tenant_id: str, quota: QuotaView) -> None:
+        """Cheap refusals before any tokenizing: concurrency and rpm (consumes nothing)."""
+
+    def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
+        """Atomically check every limit and hold ``tokens`` plus one request and one slot."""
+
+    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        """The request ended: book what it used, return the rest of the hold and its slot."""
+
+    def cancel(self, reservation: Reservation) -> None:
+        """The request was refused after reserving: undo everything, the rpm slot too."""
+
+    def running(self, tenant_id: str) -> int: ...
+
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        """Sliding-minute requests and tokens (reserved or settled) and running requests (admin view)."""
+
+
+@dataclass
+class _TenantState:
+    requests: deque = field(default_factory=deque)  # admission times (rpm window)
+    tokens: deque = field(default_factory=deque)  # [time, tokens] entries (tpm window)
+    running: int = 0
+    period_start: datetime | None = None
+    budget_used: int = 0  # settled tokens in the current period
+    budget_reserved: int = 0  # held by running requests
+
+
+def period_start(period: str, now: datetime) -> datetime:
+    if period == "day":
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def next_period(period: str, start: datetime) -> datetime:
+    if period == "day":
+        return start + timedelta(days=1)
+    return start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+
+
+class InProcessQuotaStore:
+    """Exact for one process: one lock around every tenant's counters."""
+
+    def __init__(self, budget_used_since: Callable[[str, datetime], int], clock=time.monotonic,
+                 wall=lambda: datetime.now(timezone.utc)) -> None:
+        # Tokens already in the ledger for a period, read once per tenant and period (a DB query).
+        self._budget_used_since = budget_used_since
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _TenantState] = {}
+
+    def precheck(self, tenant_id: str, quota: QuotaView) -> None:
+        now = self._clock()
+        with self._lock:
+            st = self._tenants.setdefault(tenant_id, _TenantState())
+            _trim(st, now)
+            self._check_slots(st, quota, now)
+
+    def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
+        now, wall = self._clock(), self._wall()
+        start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
+        used_before: int | None = None
+        if start is not None:
+            with self._lock:
+                st = self._tenants.get(tenant_id)
+                known = st is not None and st.period_start == start
+            if not known:
+                used_before = self._budget_used_since(tenant_id, start)  # outside the lock
+        with self._lock:
+            st = self._tenants.setdefault(tenant_id, _TenantState())
+            _trim(st, now)
+            if start is not None and st.period_start != start and used_before is not None:
+                st.period_start, st.budget_used = start, used_before
+            in_window = sum(e[1] for e in st.tokens)
+            headers = _headers(quota, st, in_window, now)
+            self._check_slots(st, quota, now, headers)
+            if quota.tpm is not None:
+                if tokens > quota.tpm:
+                    raise _limited(f"this request needs {tokens} tokens (prompt + max_tokens), more than the "
+                                   f"limit of {quota.tpm} tokens per minute; lower max_tokens", WINDOW_S, headers)
+                if in_window + tokens > quota.tpm:
+                    wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
+                    raise _limited(f"rate limit reached: {quota.tpm} tokens per minute (this request reserves "
+                                   f"{tokens}: prompt + max_tokens)", wait, headers)
+            if start is not None and quota.token_budget is not None:
+                if st.budget_used + st.budget_reserved + tokens > quota.token_budget:
+                    left = max(0, quota.token_budget - st.budget_used - st.budget_reserved)
+                    raise _limited(
+                        f"token budget exhausted: {quota.token_budget} tokens per {quota.budget_period}; "
+                        f"{left} left, this request reserves {tokens} (prompt + max_tokens)",
+                        (next_period(quota.budget_period, start) - wall).total_seconds(), headers,
+                        code="insufficient_quota")
+                st.budget_reserved += tokens
+            entry = [now, tokens]
+            st.tokens.append(entry)
+            st.requests.append(now)
+            st.running += 1
+            return Reservation(tenant_id, tokens, _headers(quota, st, in_window + tokens, now), now,
+                               start, entry)
+
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            if st is None:
+                return {"requests_last_minute": 0, "tokens_last_minute": 0, "running": 0}
+            _trim(st, self._clock())
+            return {"requests_last_minute": len(st.requests), "tokens_last_minute": sum(e[1] for e in st.tokens),
+                    "running": st.running}
+
+    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        self._release(reservation, used_tokens, refund_request=False)
+
+    def cancel(self, reservation: Reservation) -> None:
+        self._release(reservation, 0, refund_request=True)
+
+    def running(self, tenant_id: str) -> int:
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            return st.running if st else 0
+
+    def _release(self, res: Reservation, used: int, *, refund_request: bool) -> None:
+        with self._lock:
+            if res.done:
+                return
+            res.done = True
+            st = self._tenants.setdefault(res.tenant_id, _TenantState())
+            st.running = max(0, st.running - 1)
+            if res._window_entry is not None:
+                res._window_entry[1] = used  # the window now holds what was served
+            if res.budget_period is not None and st.period_start == res.budget_period:
+                st.budget_reserved = max(0, st.budget_reserved - res.tokens)
+                st.budget_used += used
+            if refund_request:
+                try:
+                    st.requests.remove(res.admitted_at)
+                except ValueError:  # already out of the window
+                    pass
+
+    @staticmethod
+    def _check_slots(st: _TenantState, quota: QuotaView, now: float, headers: dict | None = None) -> None:
+        headers = headers if headers is not None else _headers(quota, st, sum(e[1] for e in st.tokens), now)
+        if quota.max_concurrent is not None and st.running >= quota.max_concurrent:
+            raise _limited(f"too many concurrent requests (max_concurrent={quota.max_concurrent})", 1, headers)
+        if quota.rpm is not None and len(st.requests) >= quota.rpm:
+            wait = st.requests[0] + WINDOW_S - now
+            raise _limited(f"rate limit reached: {quota.rpm} requests per minute", wait, headers)
+
+
+def _trim(st: _TenantState, now: float) -> None:
+    while st.requests and st.requests[0] <= now - WINDOW_S:
+        st.requests.popleft()
+    while st.tokens and st.tokens[0][0] <= now - WINDOW_S:
+        st.tokens.popleft()
+
+
+def _headers(q: QuotaView, st: _TenantState, tokens: int, now: float) -> dict[str, str]:
+    h: dict[str, str] = {}
+    if q.rpm is not None:
+        reset = (st.requests[0] + WINDOW_S - now) if st.requests else 0.0
+        h["x-ratelimit-limit-requests"] = str(q.rpm)
+        h["x-ratelimit-remaining-requests"] = str(max(0, q.rpm - len(st.requests)))
+        h["x-ratelimit-reset-requests"] = f"{max(0.0, reset):.1f}s"
+    if q.tpm is not None:
+        reset = (st.tokens[0][0] + WINDOW_S - now) if st.tokens else 0.0
+        h["x-ratelimit-limit-tokens"] = str(q.tpm)
+        h["x-ratelimit-remaining-tokens"] = str(max(0, q.tpm - tokens))
+        h["x-ratelimit-reset-tokens"] = f"{max(0.0, reset):.1f}s"
+    return h
+
+
+def _limited(message: str, wait_s: float, headers: dict[str, str], code: str = "rate_limit_exceeded") -> RateLimited:
+    return RateLimited(message, code=code, headers={**headers, "retry-after": str(max(1, math.ceil(wait_s)))})

@@ -1,0 +1,241 @@
+"""The usage ledger: every request that produced tokens is billed exactly once, with what the
+client received, and nothing a crash or a database outage can lose once a write is acknowledged.
+
+- ``open`` (at admission), ``checkpoint`` (every few seconds of a long stream) and ``close`` (at the
+  end) each write the request's whole record, upserted by request id; the caller awaits ``open``
+  before the first byte and ``close`` before the final chunk, so what it has sent is on record.
+- One writer thread group-commits whatever is queued in one transaction (concurrent requests share
+  a commit). A batch the database refuses for its data is retried row by row, so one bad row never
+  rejects the others (the bad one goes to ``usage.rejected.jsonl``). A batch it cannot take at all
+  (connection down) is appended to an fsync'd local spool, which counts as durable, and is replayed
+  in order when the database answers again; while a spool exists, new writes queue behind it.
+- At start, ``recover`` replays the spool, then closes records left ``running`` by a dead server as
+  ``interrupted`` (billed as of their last checkpoint).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.usage import repository
+from loraplex.platform.usage.spool import REJECTED, Spool
+
+log = logging.getLogger("loraplex.platform.usage")
+
+_TIME_FIELDS = ("created_at", "updated_at")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """The database could not be reached (as opposed to refusing this data)."""
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+@dataclass
+class _Op:
+    row: dict
+    done: Future = field(default_factory=Future)
+
+
+@dataclass
+class LedgerStats:
+    committed: int = 0
+    spooled: int = 0
+    replayed: int = 0
+    rejected: int = 0
+    batches: int = 0
+
+
+class UsageLedger:
+    def __init__(self, sessions: sessionmaker[Session], spool_dir: Path, *, max_batch: int = 512,
+                 replay_interval_s: float = 1.0) -> None:
+        self._sessions = sessions
+        self.spool = Spool(spool_dir)
+        self.instance_id = uuid.uuid4().hex
+        self.stats = LedgerStats()
+        self._max_batch = max_batch
+        self._replay_interval = replay_interval_s
+        self._queue: list[_Op] = []
+        self._cond = threading.Condition()
+        self._idle = threading.Condition(self._cond)
+        self._busy = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- API for requests ----------------------------------------------------------------------
+    def write(self, **fields) -> Future:
+        """Queue a record (the whole row, keyed by ``request_id``); the future resolves once the
+        write is durable (committed or spooled)."""
+        now = utcnow().isoformat()
+        row = {"instance_id": self.instance_id, "updated_at": now, **fields}
+        row.setdefault("created_at", now)
+        op = _Op(row)
+        with self._cond:
+            self._queue.append(op)
+            self._cond.notify_all()
+            closed = self._stopping and self._thread is None
+        if closed:  # a request ending after shutdown began: write it here and now
+            self._drain_once()
+        return op.done
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything queued so far is durable (tests, budget reads, shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._queue or self._busy) and self._thread is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("usage ledger did not drain in time")
+                self._idle.wait(left)
+        if self._thread is None:  # not started (CLI contexts): write inline
+            self._drain_once()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> UsageLedger:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="loraplex-ledger", daemon=True)
+            self._thread.start()
+        return self
+
+    def recover(self) -> int:
+        """At start: replay the spool, then close records a dead server left running. Returns how
+        many were closed as interrupted. Without the database it only logs (the writer retries)."""
+        try:
+            self._replay()
+            with unit_of_work(self._sessions) as session:
+                closed = repository.close_running(session, except_instance=self.instance_id, now=utcnow())
+        except SQLAlchemyError as exc:
+            log.warning("usage recovery postponed, database unavailable: %s", exc)
+            return 0
+        if closed:
+            log.warning("closed %d usage records of an earlier run as interrupted", closed)
+        return closed
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        self._drain_once()
+
+    # -- the writer ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        last_replay = 0.0
+        while True:
+            with self._cond:
+                if not self._queue and not self._stopping:
+                    self._cond.wait(self._replay_interval if self.spool.has_pending() else None)
+                if self._stopping and not self._queue:
+                    return
+                self._busy = True
+            try:
+                if self.spool.has_pending() and time.monotonic() - last_replay >= self._replay_interval:
+                    last_replay = time.monotonic()
+                    try:
+                        self._replay()
+                    except SQLAlchemyError as exc:  # still down: the spool waits for the next try
+                        log.debug("usage replay postponed: %s", exc)
+                self._drain_once()
+            except Exception:  # the writer must never die; ops already resolved or spooled
+                log.exception("usage ledger writer error")
+                time.sleep(0.1)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._idle.notify_all()
+
+    def _drain_once(self) -> None:
+        with self._cond:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+        if not batch:
+            return
+        rows = [op.row for op in batch]
+        was_spooling = self.spool.has_pending()
+        try:
+            if self.spool.has_pending():  # keep order: nothing overtakes spooled records
+                raise _SpoolFirst()
+            self._commit(rows)
+            self.stats.committed += len(rows)
+        except (_SpoolFirst, SQLAlchemyError) as exc:
+            if isinstance(exc, SQLAlchemyError) and not is_unreachable(exc):
+                self._commit_one_by_one(rows)
+            else:
+                try:
+                    self.spool.append(rows)
+                    self.stats.spooled += len(rows)
+                    if not was_spooling:
+                        log.warning("database unreachable; usage records spooled to %s until it is back (%s)",
+                                    self.spool.active, str(exc).splitlines()[0][:200] if str(exc) else "")
+                except OSError as disk:  # neither DB nor disk: the callers must know
+                    for op in batch:
+                        op.done.set_exception(disk)
+                    return
+        self.stats.batches += 1
+        for op in batch:
+            op.done.set_result(None)
+
+    def _commit(self, rows: list[dict]) -> None:
+        with unit_of_work(self._sessions) as session:
+            repository.upsert(session, [_db_row(r) for r in rows])
+
+    def _commit_one_by_one(self, rows: list[dict]) -> None:
+        for row in rows:
+            try:
+                self._commit([row])
+                self.stats.committed += 1
+            except SQLAlchemyError as exc:
+                if is_unreachable(exc):
+                    self.spool.append([row])
+                    self.stats.spooled += 1
+                else:
+                    log.error("usage record %s refused by the database (kept in %s): %s",
+                              row.get("request_id"), REJECTED, exc)
+                    self.spool.append([{**row, "error": str(exc)[:500]}], file=REJECTED)
+                    self.stats.rejected += 1
+
+    def _replay(self) -> None:
+        for path in self.spool.take():
+            rows = Spool.read(path)
+            for i in range(0, len(rows), self._max_batch):
+                chunk = rows[i : i + self._max_batch]
+                try:
+                    self._commit(chunk)
+                except SQLAlchemyError as exc:
+                    if is_unreachable(exc):
+                        raise
+                    self._commit_one_by_one(chunk)
+            Spool.done(path)
+            self.stats.replayed += len(rows)
+            log.warning("replayed %d spooled usage records", len(rows))
+
+
+class _SpoolFirst(Exception):
+    pass
+
+
+def _db_row(row: dict) -> dict:
+    out = {k: v for k, v in row.items() if k != "error"}
+    for name in _TIME_FIELDS:
+        if isinstance(out.get(name), str):
+            out[name] = datetime.fromisoformat(out[name])
+    return out

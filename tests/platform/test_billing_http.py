@@ -1,0 +1,253 @@
+"""The control plane's contract under bad input and operator actions, against a real uvicorn on
+SQLite and PostgreSQL: cheap refusals, pre-stream errors as HTTP statuses (without using an rpm
+slot), lifecycle aborts within a second billed as delivered, the generation timeout, soft deletes
+that keep usage history, and the CSV / JSON lines export."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
+
+
+@pytest.fixture
+def live(live_factory):
+    return live_factory(ledger={"checkpoint_interval_s": 0.2})
+
+
+def _model(live) -> str:
+    return live.ctx.gateway.model_name
+
+
+def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
+    tid, key = new_tenant(live.url, "acme", quota={"rpm": 2})
+    base = _model(live)
+    over = stream(live.url, key, base, max_tokens=5000)  # prompt + max_tokens > max_model_len (2048)
+    assert over.status == 400 and "context length" in over.error["message"]
+    bad_ids = stream(live.url, key, base, prompt=[1, 2, 10**6], max_tokens=4)
+    assert bad_ids.status == 400 and bad_ids.error["param"] == "prompt"
+    seed = stream(live.url, key, base, max_tokens=4, seed=2**64)
+    assert seed.status == 400 and seed.error["param"] == "seed"
+    temp = stream(live.url, key, base, max_tokens=4, temperature=7)
+    assert temp.status == 422 and temp.error["param"] == "temperature"
+    missing = stream(live.url, key, "no-such-model", max_tokens=4)
+    assert missing.status == 404
+    # none of the refusals above used one of the two requests per minute
+    for _ in range(2):
+        ok = stream(live.url, key, base, max_tokens=3)
+        assert ok.status == 200 and ok.done and ok.usage["completion_tokens"] >= 1
+    assert stream(live.url, key, base, max_tokens=3).status == 429
+    live.ctx.ledger.flush()
+    assert len(usage_rows(live.url, tid)) == 2  # refused requests are not billed
+
+
+def _fastest(send, attempts: int = 3) -> tuple[httpx.Response, float]:
+    """The quickest of a few tries: a cheap refusal is fast at least once even on a loaded machine,
+    an expensive one (seconds of tokenizing) never is."""
+    best: tuple[httpx.Response, float] | None = None
+    for _ in range(attempts):
+        t0 = time.monotonic()
+        r = send()
+        took = time.monotonic() - t0
+        if best is None or took < best[1]:
+            best = (r, took)
+        if took < 1.0:
+            break
+    assert best is not None
+    return best
+
+
+def test_huge_and_invalid_prompts_are_refused_cheaply(live):
+    _tid, key = new_tenant(live.url, "acme")
+    base = _model(live)
+    huge = json.dumps({"model": base, "prompt": "a" * (15 * 1024 * 1024), "max_tokens": 1})
+    beyond = json.dumps({"model": base, "prompt": "ab " * (1024 * 1024), "max_tokens": 1})
+    with httpx.Client(base_url=live.url, headers={**auth(key), "content-type": "application/json"}, timeout=30) as c:
+        r, took = _fastest(lambda: c.post("/v1/completions", content=huge))
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+        assert took < 1.0
+        # under the body limit but beyond any context: refused without tokenizing
+        r, took = _fastest(lambda: c.post("/v1/completions", content=beyond))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert took < 1.0
+        chat = {"model": base, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
+        assert c.post("/v1/chat/completions", json=chat).status_code == 400
+        raw = b'{"model": "%s", "prompt": "bad \\ud800 text", "max_tokens": 2}' % base.encode()
+        r = c.post("/v1/completions", content=raw)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text"
+        # the connection is still usable after refusals, and normal requests work
+        assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_over_rpm_tenant_is_refused_before_tokenizing(live):
+    _tid, key = new_tenant(live.url, "acme", quota={"rpm": 1})
+    base = _model(live)
+    with httpx.Client(base_url=live.url, headers=auth(key), timeout=30) as c:
+        assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 1}).status_code == 200
+        big = json.dumps({"model": base, "prompt": "word " * 700_000, "max_tokens": 1})  # seconds to tokenize
+        r, took = _fastest(lambda: c.post("/v1/completions", content=big,
+                                          headers={"content-type": "application/json"}))
+        assert r.status_code == 429 and took < 1.0
+        assert int(r.headers["retry-after"]) >= 1
+
+
+def test_api_key_only_in_authorization_header(live):
+    _tid, key = new_tenant(live.url, "acme")
+    assert httpx.get(live.url + "/v1/models", params={"api_key": key}).status_code == 401
+    assert httpx.get(live.url + "/v1/models", headers=auth(key)).status_code == 200
+
+
+ACTIONS = {
+    "suspend_tenant": lambda c, tid, kid, ada: c.patch(f"/admin/v1/tenants/{tid}", json={"status": "suspended"}),
+    "delete_tenant": lambda c, tid, kid, ada: c.delete(f"/admin/v1/tenants/{tid}"),
+    "revoke_key": lambda c, tid, kid, ada: c.delete(f"/admin/v1/keys/{kid}"),
+    "delete_adapter": lambda c, tid, kid, ada: c.delete(f"/admin/v1/adapters/{ada}"),
+}
+
+
+@pytest.mark.parametrize("action", list(ACTIONS))
+def test_lifecycle_change_aborts_in_flight_within_a_second(live, good_files, action):
+    tid, key = new_tenant(live.url, "acme")
+    kid = httpx.get(live.url + f"/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
+    ada = new_adapter(live.url, "bot", tid, good_files)
+    # a bystander tenant streaming at the same time must not be touched
+    _bid, bkey = new_tenant(live.url, "bystander")
+    bystander: dict = {}
+    t = threading.Thread(target=lambda: bystander.update(r=stream(live.url, bkey, _model(live), max_tokens=60)))
+    fired: dict = {}
+
+    def on_chunk(res):
+        if res.chunks == 5 and not fired:
+            t.start()
+            with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
+                assert ACTIONS[action](c, tid, kid, ada).status_code == 200
+            fired["at"] = time.monotonic()  # the change is committed: from here on it must bite
+
+    res = stream(live.url, key, "bot", max_tokens=1500, on_chunk=on_chunk)
+    assert fired, f"stream ended before the action: {res}"
+    assert res.error and res.error["code"] == "request_cancelled", res
+    assert res.ended_at - fired["at"] < 1.0
+    assert res.finish_reason is None  # never reported as a normal finish
+    t.join(60)
+    live.ctx.ledger.flush()
+    row = usage_rows(live.url, tid)[res.request_id]
+    assert row["status"] == "aborted"
+    assert res.chunks <= row["completion_tokens"] < 1500  # what was delivered, not max_tokens
+    assert bystander["r"].done and bystander["r"].finish_reason in ("length", "stop")
+
+
+def test_generation_timeout_ends_with_length_and_is_billed(live):
+    tid, key = new_tenant(live.url, "acme", quota={"max_generation_s": 0.5})
+    t0 = time.monotonic()
+    res = stream(live.url, key, _model(live), max_tokens=1500)
+    assert res.done and res.finish_reason == "length" and time.monotonic() - t0 < 3
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0)
+    full = client.completions.create(model=_model(live), prompt="Once upon a time", max_tokens=1500, temperature=0)
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens < 1500
+    live.ctx.ledger.flush()
+    rows = usage_rows(live.url, tid)
+    assert [r["status"] for r in rows.values()] == ["timeout", "timeout"]
+    assert rows[res.request_id]["completion_tokens"] >= res.chunks
+    assert rows[full.id.removeprefix("cmpl-")]["completion_tokens"] == full.usage.completion_tokens
+    assert all(0.4 < r["latency_ms"] / 1000 < 2.5 for r in rows.values())
+
+
+def test_soft_deleted_tenant_keeps_its_usage_history_and_exports(live, good_files):
+    tid, key = new_tenant(live.url, "acme")
+    new_adapter(live.url, "bot", tid, good_files)
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0)
+    done = [client.completions.create(model=m, prompt="hi", max_tokens=3, temperature=0)
+            for m in (_model(live), "bot")]
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
+        assert c.delete(f"/admin/v1/tenants/{tid}").status_code == 200
+        assert c.get(f"/admin/v1/tenants/{tid}").status_code == 404
+        assert tid not in [t["id"] for t in c.get("/admin/v1/tenants").json()["data"]]
+        assert "bot" not in [a["name"] for a in c.get("/admin/v1/adapters").json()["data"]]
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()
+        # a new tenant cannot take the deleted one's name (usage reports stay unambiguous)
+        assert c.post("/admin/v1/tenants", json={"name": "acme"}).status_code == 409
+        live.ctx.ledger.flush()
+        report = c.get("/admin/v1/usage", params={"tenant_id": tid, "group_by": "adapter"}).json()
+        assert {b["key"]: b["requests"] for b in report["data"]} == {"": 1, "bot": 1}
+        assert report["totals"]["completion_tokens"] == sum(d.usage.completion_tokens for d in done)
+        text = c.get("/admin/v1/usage/export", params={"format": "csv", "tenant_id": tid}).text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert {r["request_id"] for r in rows} == {d.id.removeprefix("cmpl-") for d in done}
+    assert {r["adapter_name"] for r in rows} == {"", "bot"} and {r["status"] for r in rows} == {"ok"}
+    assert sorted(int(r["completion_tokens"]) for r in rows) == sorted(d.usage.completion_tokens for d in done)
+
+
+def test_deleting_adapter_and_tenant_mid_traffic_loses_no_other_record(live, good_files):
+    victim, vkey = new_tenant(live.url, "victim")
+    new_adapter(live.url, "vbot", victim, good_files)
+    others = [new_tenant(live.url, f"other{i}") for i in range(2)]
+    sent: dict[str, list] = {"ok": [], "refused": []}
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def traffic(key, model):
+        c = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0, timeout=60)
+        while not stop.is_set():
+            try:
+                r = c.completions.create(model=model, prompt="hello", max_tokens=4, temperature=0)
+                with lock:
+                    sent["ok"].append((r.id.removeprefix("cmpl-"), r.usage.completion_tokens))
+            except openai.APIStatusError:
+                with lock:
+                    sent["refused"].append(1)
+                time.sleep(0.02)
+
+    threads = [threading.Thread(target=traffic, args=(vkey, "vbot"))] + [
+        threading.Thread(target=traffic, args=(k, _model(live))) for _, k in others for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
+        ada = c.get("/admin/v1/adapters").json()["data"][0]["id"]
+        assert c.delete(f"/admin/v1/adapters/{ada}").status_code == 200
+        time.sleep(0.5)
+        assert c.delete(f"/admin/v1/tenants/{victim}").status_code == 200
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    live.ctx.ledger.flush()
+    rows = usage_rows(live.url)
+    assert len(sent["ok"]) > 10 and sent["refused"]
+    for rid, completion in sent["ok"]:
+        assert rid in rows, f"completed request {rid} has no usage record"
+        assert rows[rid]["completion_tokens"] == completion and rows[rid]["status"] == "ok"
+    assert live.ctx.ledger.stats.rejected == 0
+
+
+def test_dead_engine_answers_503_and_ready_says_why(live_factory, demo_model_dir, tmp_path):
+    from loraplex.platform.engine_gateway import EngineGateway
+    from loraplex.platform.settings import load_settings
+
+    gw = EngineGateway.start(load_settings(data_dir=tmp_path / "own-engine", engine={
+        "model": str(demo_model_dir), "max_num_seqs": 2, "extra": {"kv_cache_memory_gb": 0.02}}))
+    try:
+        live = live_factory(gw=gw)
+        _tid, key = new_tenant(live.url, "acme")
+        assert httpx.get(live.url + "/ready").json() == {
+            "status": "ready", "engine": "alive", "database": "reachable", "usage_spool": False, "in_flight": 0}
+        gw.engine.shutdown()  # the engine loop is gone; the process still answers
+        assert httpx.get(live.url + "/health").status_code == 200
+        ready = httpx.get(live.url + "/ready")
+        assert ready.status_code == 503 and ready.json()["engine"] == "dead"
+        for is_stream in (False, True):
+            r = httpx.post(live.url + "/v1/completions", headers=auth(key), json={
+                "model": gw.model_name, "prompt": "hi", "max_tokens": 2, "stream": is_stream})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+            assert int(r.headers["retry-after"]) >= 1
+    finally:
+        gw.shutdown()
