@@ -34,7 +34,7 @@ class ServeProcess:
         full_env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(model_dir), "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         config = data_dir.parent / "serve-test.toml"  # a small KV cache: several servers share the machine
-        config.write_text("[engine.extra]\nkv_cache_memory_gb = 0.1\n")
+        config.write_text("[engine]\nkv_cache_memory_gb = 0.1\n")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(config),
              "--data-dir", str(data_dir), "--port", str(self.port)],

@@ -234,7 +234,7 @@ def test_dead_engine_answers_503_and_ready_says_why(live_factory, demo_model_dir
     from loraplex.platform.settings import load_settings
 
     gw = EngineGateway.start(load_settings(data_dir=tmp_path / "own-engine", engine={
-        "model": str(demo_model_dir), "max_num_seqs": 2, "extra": {"kv_cache_memory_gb": 0.02}}))
+        "model": str(demo_model_dir), "max_num_seqs": 2, "kv_cache_memory_gb": 0.02}))
     try:
         live = live_factory(gw=gw)
         _tid, key = new_tenant(live.url, "acme")
