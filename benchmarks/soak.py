@@ -58,7 +58,7 @@ class Server:
     def __init__(self, data: Path, model: Path, env: dict[str, str], port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
         cfg = data.parent / "soak.toml"
-        cfg.write_text("[engine.extra]\nkv_cache_memory_gb = 0.2\n")
+        cfg.write_text("[engine]\nkv_cache_memory_gb = 0.2\n")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(cfg), "--data-dir", str(data),
              "--port", str(port)],

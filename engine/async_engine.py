@@ -29,7 +29,7 @@ from .errors import EngineDeadError, InvalidRequestError
 from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import OutputKind, RequestOutput
 from .request import EngineRequest
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.engine")
 T = TypeVar("T")
@@ -183,6 +183,12 @@ class AsyncEngine:
             final = out
         assert final is not None
         return final
+
+    def compile_structured(self, spec: StructuredOutputSpec) -> None:
+        """Compile (and cache) a structured-output grammar on the caller's thread: call it from a
+        worker thread before ``submit`` so the request waits for its grammar and neither the event
+        loop nor the batch does (``submit``'s validation then finds it in the cache)."""
+        self.engine.structured.compile(spec)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request between two steps; its stream then ends with finish_reason "abort".

@@ -22,6 +22,8 @@ KernelBackend = Literal["auto", "torch", "triton"]
 BATCHING_MODES: tuple[str, ...] = get_args(Batching)
 POLICIES: tuple[str, ...] = get_args(Policy)
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
+QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8")
+SPECULATIVE_METHODS: tuple[str | None, ...] = (None, "ngram", "draft")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -95,8 +97,38 @@ class LoRAConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
 
 
-_VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig)
-_V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig)
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4
+    speculative_adaptive: bool = True
+    draft_model: str | None = None
+    draft_kv_cache_memory_gb: float = 0.25
+    draft_num_kv_blocks: int | None = None
+    ngram_max_n: int = 4
+    ngram_min_n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {list(SPECULATIVE_METHODS)}, got {self.speculative_method!r}")
+        n = self.num_speculative_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {n!r}")
+        if self.speculative_method == "draft" and not self.draft_model:
+            raise ValueError("speculative_method='draft' needs draft_model (a local checkpoint directory)")
+        _positive_int("ngram_min_n", self.ngram_min_n)
+        _positive_int("ngram_max_n", self.ngram_max_n)
+        if self.ngram_min_n > self.ngram_max_n:
+            raise ValueError(f"ngram_min_n ({self.ngram_min_n}) must be <= ngram_max_n ({self.ngram_max_n})")
+        if not self.draft_kv_cache_memory_gb > 0:
+            raise ValueError(f"draft_kv_cache_memory_gb must be > 0, got {self.draft_kv_cache_memory_gb!r}")
+        if self.draft_num_kv_blocks is not None and (
+                not isinstance(self.draft_num_kv_blocks, int) or self.draft_num_kv_blocks < 2):
+            raise ValueError(f"draft_num_kv_blocks must be an integer >= 2, got {self.draft_num_kv_blocks!r}")
+
+
+_VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
+_V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
 
 
 @dataclass
@@ -115,6 +147,19 @@ class EngineConfig:
     kernel_backend: KernelBackend = "auto"
     scheduling_policy: Policy = "fair"
     enable_prefix_caching: bool = False
+    # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
+    # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.
+    quantization: str | None = None
+    # Speculative decoding (docs/speculative.md): "ngram" (prompt lookup) or "draft" (draft_model,
+    # a smaller checkpoint with the same tokenizer, with its own small paged KV cache).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4  # k: proposals verified per sequence per step (the maximum, if adaptive)
+    speculative_adaptive: bool = True  # per-sequence k from its acceptance rate; off when it stays low
+    draft_model: str | None = None
+    draft_kv_cache_memory_gb: float = 0.25
+    draft_num_kv_blocks: int | None = None
+    ngram_max_n: int = 4
+    ngram_min_n: int = 1
     # multi-LoRA
     max_loras: int = 8  # distinct adapters resident on the device (and per step)
     max_cpu_loras: int = 32  # adapters kept in host memory (LRU)
@@ -138,6 +183,8 @@ class EngineConfig:
         if not (path / "config.json").is_file():
             raise ValueError(f"model must be a local checkpoint directory with config.json, got {self.model!r}")
         self.validate_fields()
+        if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
+            raise ValueError(f"draft_model must be a local checkpoint directory with config.json, got {self.draft_model!r}")
 
     def validate_fields(self) -> None:
         """Every check that does not need the model directory (the platform runs it at settings load)."""
@@ -145,6 +192,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATION_METHODS)}, got {self.quantization!r}")
         _choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
@@ -167,6 +216,10 @@ class EngineConfig:
     @property
     def lora_config(self) -> LoRAConfig:
         return self._view(LoRAConfig)
+
+    @property
+    def speculative_config(self) -> SpeculativeConfig:
+        return self._view(SpeculativeConfig)
 
     @classmethod
     def field_defaults(cls) -> dict[str, Any]:

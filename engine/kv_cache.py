@@ -248,6 +248,23 @@ class KVCacheManager:
             self.pool.register(table[i], hashes[i])
         self._num_registered[seq.seq_id] = full
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative decoding's rollback: keep the blocks of the first ``num_tokens`` positions and
+        return the rest to the pool (tail first). Registered blocks are full and verified, so only
+        blocks past ``num_tokens`` can go, and no hash ever covers an unverified token."""
+        table = self.block_tables.get(seq.seq_id)
+        if not table:
+            return
+        keep = self.blocks_for_tokens(num_tokens)
+        while len(table) > keep:
+            self.pool.decref(table.pop())
+        full = num_tokens // self.block_size
+        if self._num_registered.get(seq.seq_id, 0) > full:
+            self._num_registered[seq.seq_id] = full
+        state = self._hashes.get(seq.seq_id)
+        if state is not None and len(state.hashes) > full:
+            del state.hashes[full:]
+
     def free(self, seq: Sequence) -> None:
         # Tail first: within the LRU the end of a chain is evicted before its start, which other
         # prompts are more likely to share.

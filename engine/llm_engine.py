@@ -26,10 +26,12 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
-from .sampler import sample
+from .sampler import sample_batch
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
+from .spec_decode import SpeculativeDecoder
+from .structured_output import StructuredOutputManager
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("loraplex.engine")
@@ -67,7 +69,10 @@ class LLMEngine:
         # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
         self.lora = LoRAManager(config, mc, self.runner.model)
         self.policy.resident_adapters_fn = self.lora.resident_adapters
+        self.spec = (SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
+                     if config.speculative_method else None)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -87,8 +92,18 @@ class LLMEngine:
                                       f"max_num_seqs = {self.config.max_num_seqs} sequences", param="n")
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
+        self._check_vocab(request.params)
+        if request.params.structured_output is not None:  # a cache hit when the server compiled it first
+            self.structured.compile(request.params.structured_output)
         adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
         return token_ids, adapter
+
+    def _check_vocab(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.logit_bias if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                                      param="logit_bias")
 
     def add_request(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
                     **fields: Any) -> Request:
@@ -113,6 +128,8 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.sequences.append(seq)
+        if params.structured_output is not None:
+            self.structured.add_sequences(req.sequences, self.structured.compile(params.structured_output))
         self.requests[req.request_id] = req
         self.output_processor.add(req, request.output_kind)
         # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).
@@ -187,7 +204,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        spec = self.spec  # speculative decoding: hooks around the same step (spec_decode/decoder.py)
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
+        logit_rows = spec.plan(plan) if spec is not None else None
         self.counters["preemptions"] += len(plan.preempted)
         t1 = time.perf_counter()
         self.step_seconds["schedule"] += t1 - t0
@@ -196,11 +217,16 @@ class LLMEngine:
                 return self._fail_stuck_head()
             return []
         self.counters["steps"] += 1
+        verified: list[tuple[Sequence, int, int]] = []
         try:
             adapter_slots = self.lora.prepare(plan.adapters)
-            seqs, logits = self.runner.execute(plan, self.kv, adapter_slots)
+            seqs, logits = self.runner.execute(plan, self.kv, adapter_slots, logit_rows=logit_rows)
+            if spec is not None:
+                seqs, logits, verified = spec.verify(seqs, logits, self._generator)
         except Exception as exc:  # a bad step must not take the engine down with it
             log.exception("engine step failed")
+            if spec is not None:
+                spec.cancel()
             return self._fail_step(plan, exc)
         t2 = time.perf_counter()
         rows = self.scheduler.expand_forks(seqs)
@@ -209,9 +235,24 @@ class LLMEngine:
             assert logits is not None
             if len(rows) != len(seqs):  # forks sample extra rows from their leader's logits
                 logits = logits.index_select(0, torch.tensor([r for r, _ in rows], device=logits.device))
-            tokens = sample(logits, [s for _, s in rows], self._generator)
+            tokens = self._sample(logits, [s for _, s in rows])
         t3 = time.perf_counter()
-        touched = self.scheduler.update_from_output(plan, [(s, tok) for (_, s), tok in zip(rows, tokens)])
+        sampled = [(s, tok) for (_, s), tok in zip(rows, tokens)]
+        for seq, token, num_accepted in verified:
+            # The accepted drafts are already in token_ids (their KV is computed, and the block
+            # hashes the update publishes cover them); charge them like sampled tokens. The
+            # target's own token goes through the update like any sampled token.
+            self.policy.on_tokens_generated(seq, num_accepted)
+            self.counters["generated_tokens"] += num_accepted
+            sampled.append((seq, token))
+        touched = self.scheduler.update_from_output(plan, sampled)
+        if spec is not None:
+            spec.rollback()
+        if self.structured.active:  # (structured-output requests never speculate)
+            for (_, seq), tok in zip(rows, tokens):
+                # The grammar admits nothing more (e.g. ignore_eos after a complete JSON value).
+                if self.structured.accept(seq, tok) and not seq.is_finished:
+                    self.scheduler.finish(seq, FinishReason.STOP)
         for seq, stop in self.output_processor.process_tokens(touched):
             self.scheduler.finish(seq, FinishReason.STOP, stop)
         self.counters["generated_tokens"] += len(touched)
@@ -221,6 +262,16 @@ class LLMEngine:
         self.step_seconds["sample"] += t3 - t2
         self.step_seconds["update"] += t4 - t3
         return results
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One batched sampler pass; grammar masks for the constrained rows, logprobs kept per
+        sequence for the rows that ask."""
+        bitmask = self.structured.bitmask_for(seqs) if self.structured.active else None
+        out = sample_batch(logits, seqs, self._generator, bitmask)
+        for seq, lp in zip(seqs, out.logprobs):
+            if lp is not None:
+                seq.logprobs.append(lp)
+        return out.tokens
 
     def _outputs_for(self, touched: list[Sequence]) -> list[RequestOutput]:
         now = time.monotonic()
@@ -243,6 +294,8 @@ class LLMEngine:
         self.counters["prompt_tokens"] += len(req.prompt_token_ids)
         if req.adapter is not None:
             self.lora.on_request_finished(req.adapter.name)
+        for seq in req.sequences:
+            self.structured.release(seq)
         return self.output_processor.finish(req)
 
     def _fail_requests(self, reqs: list[Request], error: str) -> list[RequestOutput]:
@@ -276,6 +329,8 @@ class LLMEngine:
             "kv_cache": self.kv.stats(),
             "counters": dict(self.counters),
             "step_seconds": dict(self.step_seconds),
+            "structured_output": dict(self.structured.stats),
             "lora": self.lora.stats(),
+            "speculative": self.spec.stats() if self.spec is not None else None,
             "max_model_len": self.max_model_len,
         }

@@ -9,6 +9,7 @@ from .config import EngineConfig
 from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
+from .models.quantization import quantize_model_int8
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
 
@@ -30,7 +31,12 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
-        self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
+        if config.quantization == "int8":
+            # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
+            self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
+            quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
+        else:
+            self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
         shape = (num_kv_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -39,11 +45,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None
+        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None,
+        logit_rows: dict[int, int] | None = None,
     ) -> tuple[list[Sequence], torch.Tensor | None]:
         """Run one step. Returns the sequences that sample a token this step and their logits
-        (float32 [num_sampling, vocab]), in the same order."""
+        (float32 [num_sampling, vocab]), in the same order. ``logit_rows`` (speculative decoding:
+        seq_id -> r) asks for the logits of a sampling chunk's last r rows; that sequence then
+        appears r times in a row in the returned list, once per logits row."""
         adapter_slots = adapter_slots or {}
+        logit_rows = logit_rows or {}
         if out.block_copies:
             self._copy_blocks(out.block_copies)
 
@@ -71,8 +81,9 @@ class ModelRunner:
             slots.extend(kv.slots(seq, start, end))
             token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
             if chunk.samples:
-                sample_rows.append(len(input_ids) - 1)
-                sample_seqs.append(seq)
+                r = logit_rows.get(seq.seq_id, 1)
+                sample_rows.extend(range(len(input_ids) - r, len(input_ids)))
+                sample_seqs.extend([seq] * r)
 
         dev = self.device
         batch = ForwardBatch(

@@ -96,13 +96,16 @@ class OutputProcessor:
             if state.kind is OutputKind.DELTA:
                 text_end = len(seq.text) if (final or seq.is_finished) else max(
                     s.chars_sent, len(seq.text) - state.hold_back)
+                first_new = s.tokens_sent
                 new_tokens, new_text = tokens[s.tokens_sent:], seq.text[s.chars_sent:text_end]
                 s.tokens_sent, s.chars_sent = len(tokens), text_end
             else:
+                first_new = 0
                 new_tokens, new_text = list(tokens), seq.text
             outputs.append(CompletionOutput(
                 index=seq.index, token_ids=new_tokens, text=new_text,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                logprobs=seq.logprobs[first_new:len(tokens)] if req.params.logprobs is not None else None))
         metrics = {"arrival_time": req.arrival_time, "first_token_time": req.first_token_time,
                    "finish_time": req.finish_time,
                    "num_cached_tokens": max((s.num_cached_tokens for s in req.sequences), default=0),

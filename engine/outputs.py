@@ -33,11 +33,14 @@ class CompletionOutput:
     text: str  # likewise
     finish_reason: FinishReason | None = None  # None while running
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    logprobs: list | None = None  # sampler.TokenLogprobs per token when the request asked for them
 
     def merge(self, later: CompletionOutput) -> None:
         """Append a later DELTA of the same sample (a stream that fell behind coalesces them)."""
         self.token_ids = self.token_ids + later.token_ids
         self.text += later.text
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
         self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
 
 

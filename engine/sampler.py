@@ -1,31 +1,265 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeded generators."""
+"""Batched token sampling: one pass over the whole step's logits, whatever each row asks for.
+
+Per row: an allowed-token bitmask (structured output), logit_bias, presence / frequency /
+repetition penalties, then greedy, or temperature -> top-k -> top-p -> min-p -> a draw. Every
+stage runs as one tensor operation over the rows that need it (a batch that mixes 64 different
+parameter sets costs one pass, not 64); rows that need nothing skip the stage entirely.
+
+Draws invert each row's CDF at one uniform number: rows with a seed take theirs from their own
+generator, so a seeded sequence gives the same tokens whatever else is in the batch; the other
+rows share one vectorised draw. (An exponential race over the whole vocabulary costs V random
+numbers per row; the CDF costs one.)
+
+Logprobs are the model's own distribution (log-softmax of the raw logits, before penalties, bias,
+grammar mask and temperature; vLLM's ``raw_logprobs``), computed only for the rows that ask.
+"""
+
 from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
+from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.Generator) -> list[int]:
-    """logits: float32 [len(seqs), vocab]. Returns one token id per sequence."""
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the k most likely tokens, most likely first
+
+
+@dataclass
+class SamplerOutput:
+    tokens: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+@dataclass
+class TokenBitmask:
+    """Structured-output constraint for some rows: ``bitmask[j]`` (xgrammar's packed int32 layout,
+    bit set = allowed) applies to row ``rows[j]`` of the logits."""
+
+    bitmask: torch.Tensor
+    rows: list[int]
+
+
+def sample(
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    default_generator: torch.Generator,
+    token_bitmask: TokenBitmask | None = None,
+) -> list[int]:
+    return sample_batch(logits, seqs, default_generator, token_bitmask).tokens
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    default_generator: torch.Generator,
+    token_bitmask: TokenBitmask | None = None,
+) -> SamplerOutput:
+    """logits: [len(seqs), vocab]. Never modifies ``logits`` (forks re-sample from the same rows)."""
     if not seqs:
-        return []
-    tokens = logits.argmax(dim=-1).tolist()  # greedy answer for every row; others overwrite
-    for i, seq in enumerate(seqs):
-        p = seq.request.params
-        if p.greedy:
-            continue
-        row = logits[i] / p.temperature
-        if p.top_k > 0 and p.top_k < row.shape[-1]:
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-            # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
-            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
-            row = row.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        gen = seq.generator or default_generator
-        tokens[i] = int(torch.multinomial(probs, 1, generator=gen).item())
-    return tokens
+        return SamplerOutput([], [])
+    params = [s.request.params for s in seqs]
+    lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    x = process_logits(logits, seqs, token_bitmask)
+    draw_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(draw_rows) < len(seqs):
+        tokens = x.argmax(dim=-1)
+    else:  # every row draws: no full-vocabulary argmax needed
+        tokens = torch.zeros(len(seqs), dtype=torch.long, device=x.device)
+    if draw_rows:
+        # One uniform per row (a seeded row draws it from its own generator), then inverse CDF.
+        u = torch.rand(len(draw_rows), generator=default_generator, device=x.device)
+        for j, i in enumerate(draw_rows):
+            gen = seqs[i].generator
+            if gen is not None:
+                u[j] = torch.rand(1, generator=gen, device=x.device)
+        for rows, probs, ids in _draw_groups(x[draw_rows], [params[i] for i in draw_rows]):
+            cdf = probs.cumsum(dim=-1)
+            picked = torch.searchsorted(cdf, (u[rows] * cdf[:, -1]).unsqueeze(1), right=True)
+            picked = picked.clamp_(max=probs.shape[-1] - 1)
+            if ids is not None:
+                picked = ids.gather(1, picked)
+            tokens[[draw_rows[r] for r in rows]] = picked.squeeze(1)
+    token_list = tokens.tolist()
+    logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+    if lp_rows:
+        _fill_logprobs(logits, lp_rows, params, token_list, logprobs)
+    return SamplerOutput(token_list, logprobs)
+
+
+def process_logits(
+    logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: TokenBitmask | None = None
+) -> torch.Tensor:
+    """A float32 copy of ``logits`` with grammar masks, logit_bias and penalties applied."""
+    x = logits.float().clone()
+    vocab = x.shape[-1]
+    if token_bitmask is not None and token_bitmask.rows:
+        _apply_bitmask(x, token_bitmask)
+    params = [s.request.params for s in seqs]
+    bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items() if t < vocab]
+    if bias:
+        r, t, b = zip(*bias)
+        x.index_put_(
+            (torch.tensor(r, device=x.device), torch.tensor(t, device=x.device)),
+            torch.tensor(b, dtype=x.dtype, device=x.device),
+            accumulate=True,
+        )
+    pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
+    if pen_rows:
+        _apply_penalties(x, pen_rows, seqs)
+    return x
+
+
+TOP_P_CANDIDATES = 256  # top-p rows first look at this many best tokens (enough for real peaked distributions)
+
+
+def truncated_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The full-vocabulary distribution each draw row samples from (tests compare it)."""
+    out = torch.zeros_like(x)
+    for rows, probs, ids in _draw_groups(x, params):
+        out[rows] = (
+            probs if ids is None else torch.zeros(len(rows), x.shape[-1], device=x.device).scatter_add_(1, ids, probs)
+        )
+    return out
+
+
+def _draw_groups(
+    x: torch.Tensor, params: list[SamplingParams]
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+    """Softmax of x / temperature after top-k, top-p and min-p, as (rows, probs, token ids or None).
+
+    Rows with top-k or top-p live in candidate space (their k best, or the best
+    ``TOP_P_CANDIDATES`` for top-p rows, widened 16x at a time while the nucleus is larger): they
+    never sort, exponentiate or draw over the whole vocabulary. Other rows use the full row."""
+    dev = x.device
+    vocab = x.shape[-1]
+    k_rows = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    trunc = [i for i, p in enumerate(params) if k_rows[i] < vocab or p.top_p < 1.0]
+    full = [i for i in range(len(params)) if i not in set(trunc)]
+    groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+    if full:
+        t = torch.tensor([params[i].temperature for i in full], device=dev).unsqueeze(1)
+        groups.append((full, _min_p((x[full] / t).softmax(dim=-1), [params[i] for i in full]), None))
+    if trunc:
+        sub = [params[i] for i in trunc]
+        cand = [k_rows[i] if k_rows[i] < vocab else min(vocab, TOP_P_CANDIDATES) for i in trunc]
+        vals, ids = _truncate(x[trunc], cand, sub, [k_rows[i] == vocab for i in trunc])
+        groups.append((trunc, _min_p(vals.softmax(dim=-1), sub), ids))
+    return groups
+
+
+def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    min_p = torch.tensor([p.min_p for p in params], device=probs.device)
+    if bool((min_p > 0).any()):
+        floor = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _truncate(
+    x: torch.Tensor, cand: list[int], params: list[SamplingParams], full_mass: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-``cand`` tokens, then its top-p nucleus among them: (scaled logits with
+    dropped ones at -inf, token ids), both [rows, max(cand)]. Rows flagged ``full_mass`` (top-p
+    only) measure mass against the whole row; if their candidates hold less than top_p of it, the
+    nucleus may lie beyond them and they are redone with 16x more candidates."""
+    dev = x.device
+    vocab = x.shape[-1]
+    k = max(cand)
+    temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+    vals, ids = x.topk(k, dim=-1)  # sorted, best first; temperature keeps the order
+    vals = vals / temp
+    vals = vals.masked_fill(
+        torch.arange(k, device=dev).unsqueeze(0) >= torch.tensor(cand, device=dev).unsqueeze(1), float("-inf")
+    )
+    fm = torch.tensor(full_mass, device=dev)
+    lse = vals.logsumexp(dim=-1)
+    wide = fm.nonzero().flatten()
+    if len(wide):
+        lse[wide] = (x[wide] / temp[wide]).logsumexp(dim=-1)
+    p_sorted = (vals - lse.unsqueeze(1)).exp()
+    tp = torch.tensor([p.top_p for p in params], device=dev)
+    # Drop a token once the mass BEFORE it already reaches top_p (the top token always stays).
+    drop = (p_sorted.cumsum(dim=-1) - p_sorted) >= tp.unsqueeze(1)
+    vals = vals.masked_fill(drop, float("-inf"))
+    short = (fm & (p_sorted.sum(dim=-1) < tp)).nonzero().flatten().tolist()
+    if short and k < vocab:
+        wider = min(vocab, k * 16)
+        v2, i2 = _truncate(x[short], [wider] * len(short), [params[i] for i in short], [True] * len(short))
+        pad = v2.shape[1] - k
+        vals = torch.cat([vals, vals.new_full((len(vals), pad), float("-inf"))], dim=1)
+        ids = torch.cat([ids, ids.new_zeros((len(ids), pad))], dim=1)
+        vals[short], ids[short] = v2, i2
+    return vals, ids
+
+
+def _apply_bitmask(x: torch.Tensor, tb: TokenBitmask) -> None:
+    # Unpack the 32 bits of each int32 word: [rows, words] -> [rows, words * 32] booleans.
+    shifts = torch.arange(32, device=x.device, dtype=torch.int32)
+    bits = (tb.bitmask.to(x.device).unsqueeze(-1) >> shifts) & 1
+    allowed = bits.reshape(bits.shape[0], -1)[:, : x.shape[-1]].bool()
+    if allowed.shape[-1] < x.shape[-1]:  # padded vocabulary rows the grammar never allows
+        pad = torch.zeros(allowed.shape[0], x.shape[-1] - allowed.shape[-1], dtype=torch.bool, device=x.device)
+        allowed = torch.cat([allowed, pad], dim=-1)
+    rows = torch.tensor(tb.rows, device=x.device)
+    x[rows] = x[rows].masked_fill(~allowed, float("-inf"))
+
+
+def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> None:
+    """In place, touching only the (row, token) pairs that occurred: O(tokens seen), not O(vocab)."""
+    dev = x.device
+    vocab = x.shape[-1]
+    outs = [seqs[r].token_ids[seqs[r].num_prompt_tokens :] for r in rows]
+    prompts = [seqs[r].token_ids[: seqs[r].num_prompt_tokens] for r in rows]
+    row_t = torch.tensor(rows, device=dev)
+    out_len = torch.tensor([len(t) for t in outs], device=dev)
+    prompt_len = torch.tensor([len(t) for t in prompts], device=dev)
+    n_out = int(out_len.sum())
+    flat = torch.tensor(
+        list(chain.from_iterable(outs)) + list(chain.from_iterable(prompts)), dtype=torch.long, device=dev
+    )
+    if flat.numel() == 0:
+        return
+    flat_rows = torch.cat([row_t.repeat_interleave(out_len), row_t.repeat_interleave(prompt_len)])
+    keys, inverse = torch.unique(flat_rows * vocab + flat, return_inverse=True)
+    counts = torch.zeros(len(keys), device=dev).index_add_(0, inverse[:n_out], torch.ones(n_out, device=dev))
+    r_idx, t_idx = keys // vocab, keys % vocab
+    per_row = torch.zeros(3, x.shape[0], device=dev)
+    per_row[0].fill_(1.0)
+    for r in rows:
+        p = seqs[r].request.params
+        per_row[0, r], per_row[1, r], per_row[2, r] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
+    rep, freq, pres = per_row[0, r_idx], per_row[1, r_idx], per_row[2, r_idx]
+    v = x[r_idx, t_idx]
+    v = torch.where(v > 0, v / rep, v * rep)  # repetition: prompt and output tokens alike
+    v = v - freq * counts - pres * (counts > 0).float()  # frequency/presence: output tokens only
+    x[r_idx, t_idx] = v
+
+
+def _fill_logprobs(
+    logits: torch.Tensor,
+    rows: list[int],
+    params: list[SamplingParams],
+    tokens: list[int],
+    out: list[TokenLogprobs | None],
+) -> None:
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device).unsqueeze(1)).squeeze(1).tolist()
+    k_max = max(params[i].logprobs or 0 for i in rows)
+    top_v: list[list[float]] = [[] for _ in rows]
+    top_i: list[list[int]] = [[] for _ in rows]
+    if k_max > 0:
+        v, ix = lp.topk(k_max, dim=-1)
+        top_v, top_i = v.tolist(), ix.tolist()
+    for j, i in enumerate(rows):
+        k = params[i].logprobs or 0
+        out[i] = TokenLogprobs(tokens[i], chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))

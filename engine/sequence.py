@@ -88,6 +88,7 @@ class Sequence:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (kept by the output processor)
+    logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
 
     @property
     def num_tokens(self) -> int:

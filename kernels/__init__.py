@@ -1,10 +1,12 @@
 """loraplex.kernels — tensors in, tensors out. Knows nothing of sequences, adapters' names or tenants.
 
 Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``triton_ops``):
-  write_kv, paged_decode_attention, paged_prefill_attention, sgmv_shrink, sgmv_expand.
+  write_kv, paged_decode_attention, paged_prefill_attention, sgmv_shrink, sgmv_expand, int8_linear
+  (INT8 weight-only matmul; its CPU path and oracle live in ``int8``).
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
 from .dispatch import BACKENDS, KernelOps, TORCH_OPS, get_kernel_ops, triton_available
+from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
 
 __all__ = [
@@ -12,6 +14,9 @@ __all__ = [
     "KernelOps",
     "TORCH_OPS",
     "LoraSegments",
+    "dequantize_int8",
+    "int8_linear_reference",
+    "quantize_per_channel_int8",
     "get_kernel_ops",
     "make_lora_segments",
     "triton_available",

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from . import reference
+from . import int8, reference
 from .lora_meta import LoraSegments
 
 BACKENDS = ("auto", "torch", "triton")
@@ -42,6 +42,13 @@ class SgmvExpand(Protocol):
                  ranks: torch.Tensor, scales: torch.Tensor, slice_offsets: tuple[int, ...]) -> torch.Tensor: ...
 
 
+class Int8Linear(Protocol):
+    """INT8 weight-only matmul: x @ (qweight * scales[:, None]).T + bias, in x's dtype."""
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class KernelOps:
     """One implementation of every op; each field's Protocol is the op's exact signature, so a
@@ -53,6 +60,7 @@ class KernelOps:
     paged_prefill_attention: PagedPrefillAttention
     sgmv_shrink: SgmvShrink
     sgmv_expand: SgmvExpand
+    int8_linear: Int8Linear
 
 
 TORCH_OPS = KernelOps(
@@ -62,6 +70,7 @@ TORCH_OPS = KernelOps(
     paged_prefill_attention=reference.paged_prefill_attention,
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
+    int8_linear=int8.int8_linear_cpu,
 )
 
 

@@ -11,6 +11,7 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
 from __future__ import annotations
 
 from .dispatch import KernelOps
+from .triton_int8 import int8_linear
 from .triton_attention import paged_decode_attention, paged_prefill_attention, write_kv
 from .triton_sgmv import sgmv_expand, sgmv_shrink
 
@@ -21,4 +22,5 @@ TRITON_OPS = KernelOps(
     paged_prefill_attention=paged_prefill_attention,
     sgmv_shrink=sgmv_shrink,
     sgmv_expand=sgmv_expand,
+    int8_linear=int8_linear,
 )

@@ -7,7 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
@@ -24,6 +25,7 @@ from loraplex.platform.health import readiness
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.body_limit import BodySizeLimit
 from loraplex.platform.inference.routes import router as tenant_router
+from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform")
@@ -70,6 +72,14 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.include_router(admin_router)
     app.include_router(tenant_router)
+    app.include_router(tokenize_router)
+
+    if ctx.observer is not None and ctx.observer.metrics is not None:
+        metrics = ctx.observer.metrics
+
+        @app.get("/metrics", tags=["health"], include_in_schema=False)
+        def prometheus_metrics() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
     def health() -> dict:

@@ -59,7 +59,14 @@ def serve(
     from loraplex.platform import access_log
 
     app = create_app(ctx)
-    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info")
+    log_config: dict | None = None
+    if settings.observability.json_logs:
+        from loraplex.platform.observability.requests import configure_json_logs
+
+        configure_json_logs()
+        log_config = None  # keep our JSON handler; uvicorn's loggers propagate to it
+    kwargs = {} if not settings.observability.json_logs else {"log_config": log_config}
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
     server = uvicorn.Server(config)  # config.load() (in run) configures logging; the filter goes after
     config.load()
     access_log.install()

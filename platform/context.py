@@ -12,6 +12,8 @@ from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.inference.inflight import InflightRegistry
+from loraplex.platform.observability.metrics import Metrics
+from loraplex.platform.observability.requests import RequestObserver, make_tracer
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaStore
 from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.settings import Settings
@@ -29,8 +31,14 @@ class PlatformContext:
     quotas: QuotaStore | None = None
     ledger: UsageLedger | None = None
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
+    observer: RequestObserver | None = None
 
     def __post_init__(self) -> None:
+        if self.observer is None:
+            obs = self.settings.observability
+            metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
+                       if obs.metrics else None)
+            self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         if self.quotas is None:
             self.quotas = InProcessQuotaStore(self._tokens_since)
         if self.ledger is None:

@@ -201,9 +201,22 @@ class EngineGateway:
             self._engine.abort(request_id)
 
     def sampling_params(self, **kwargs: Any) -> Any:
+        """Engine SamplingParams; ``structured_output=(kind, value)`` is compiled here, in the
+        caller's worker thread, so the request waits for its grammar and the engine loop does not."""
         from loraplex.engine import SamplingParams
+        from loraplex.engine.sampling_params import StructuredOutputSpec
 
-        return SamplingParams(**kwargs)
+        spec = kwargs.pop("structured_output", None)
+        if spec is not None:
+            kwargs["structured_output"] = StructuredOutputSpec(*spec)
+        params = SamplingParams(**kwargs)
+        if params.structured_output is not None:
+            self.engine.compile_structured(params.structured_output)
+        return params
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.engine.max_model_len)
 
 
 async def _translated(stream: Any) -> AsyncIterator[Any]:

@@ -37,6 +37,10 @@ def error_response(status: int, message: str, *, param=None, code=None, headers=
 
 
 async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
+    if exc.status_code == 429:
+        observer = getattr(getattr(_req.app.state, "ctx", None), "observer", None)
+        if observer is not None:
+            observer.rate_limited(exc.message, exc.code)
     body = error_body(exc.message, exc.type, exc.param, exc.code)
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 

@@ -87,6 +87,12 @@ class AuthSettings(_Table):
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
 
+class ObservabilitySettings(_Table):
+    metrics: bool = True  # serve /metrics (Prometheus text format)
+    tenant_labels: bool = False  # label request metrics by tenant and adapter (bounded, see below)
+    max_label_values: int = Field(100, ge=1)  # distinct tenants / adapters per label; the rest are "other"
+    json_logs: bool = False  # one JSON object per log line (request id, tenant, adapter, timings)
+    otlp_endpoint: str = ""  # e.g. http://collector:4318/v1/traces: one span per request when set
 class LimitsSettings(_Table):
     # Tenant API request bodies larger than this are refused with 413 before they are read.
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -152,6 +158,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)

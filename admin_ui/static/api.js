@@ -122,6 +122,8 @@ export const api = {
   removeGrant: (adapterId, tenantId) => request("DELETE", `/adapters/${enc(adapterId)}/grants`, { query: { tenant_id: tenantId } }),
 
   usage: (query) => request("GET", "/usage", { query }),
+  usageSeries: (query) => request("GET", "/usage/series", { query }),
+  quotaConsumption: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota/consumption`),
   usageExport: (query) => download("/usage/export", query),
   engine: () => request("GET", "/engine"),
   audit: (query) => request("GET", "/audit", { query }),

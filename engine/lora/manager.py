@@ -68,7 +68,7 @@ class LoRAManager:
         self.model = model
         self._projections = model.lora_projections()  # type: ignore[operator]  # our model classes define it
         first = self._projections["qkv_proj"][0]
-        self.device, self.dtype = first.weight.device, first.weight.dtype
+        self.device, self.dtype = first.device, first.compute_dtype
         self._entries: dict[str, _Entry] = {}  # active and draining
         self._versions = itertools.count(1)
         self._cpu: OrderedDict[_Key, LoadedAdapter] = OrderedDict()

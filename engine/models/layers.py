@@ -94,16 +94,35 @@ class Projection(nn.Module):
         self.lora_b: torch.Tensor | None = None  # [max_loras, max_rank, out]
         self.lora_ranks: torch.Tensor | None = None  # int32 [max_loras], 0 = not targeted
         self.lora_scales: torch.Tensor | None = None  # float32 [max_loras]
+        # INT8 weight-only (``quantization.quantize_model_int8``): ``weight`` is then None and the
+        # base matmul reads int8 ``qweight`` [out, in] with float32 per-output-channel ``wscale``.
+        self.qweight: torch.Tensor | None
+        self.wscale: torch.Tensor | None
+        self.register_buffer("qweight", None)
+        self.register_buffer("wscale", None)
+        self.act_dtype: torch.dtype | None = None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activation dtype (LoRA weights live in it, on top of int8 base weights too)."""
+        return self.weight.dtype if self.weight is not None else self.act_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return (self.weight if self.weight is not None else self.qweight).device
 
     def allocate_lora_slots(self, max_loras: int, max_rank: int) -> None:
-        w = self.weight
-        self.lora_a = torch.zeros(len(self.slice_sizes), max_loras, max_rank, self.in_features, dtype=w.dtype, device=w.device)
-        self.lora_b = torch.zeros(max_loras, max_rank, self.slice_offsets[-1], dtype=w.dtype, device=w.device)
-        self.lora_ranks = torch.zeros(max_loras, dtype=torch.int32, device=w.device)
-        self.lora_scales = torch.zeros(max_loras, dtype=torch.float32, device=w.device)
+        dtype, dev = self.compute_dtype, self.device
+        self.lora_a = torch.zeros(len(self.slice_sizes), max_loras, max_rank, self.in_features, dtype=dtype, device=dev)
+        self.lora_b = torch.zeros(max_loras, max_rank, self.slice_offsets[-1], dtype=dtype, device=dev)
+        self.lora_ranks = torch.zeros(max_loras, dtype=torch.int32, device=dev)
+        self.lora_scales = torch.zeros(max_loras, dtype=torch.float32, device=dev)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        if self.qweight is not None:
+            y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
+        else:
+            y = F.linear(x, self.weight, self.bias)
         seg = batch.lora_segments
         if seg is not None and self.lora_a is not None:
             shrunk = batch.ops.sgmv_shrink(x, self.lora_a, seg, self.lora_ranks)

@@ -7,9 +7,11 @@ from loraplex.platform.adapters.routes import router as adapters
 from loraplex.platform.admin.engine_routes import router as engine
 from loraplex.platform.audit.routes import router as audit
 from loraplex.platform.keys.routes import router as keys
+from loraplex.platform.quotas.consumption import router as quota_consumption
 from loraplex.platform.quotas.routes import router as quotas
 from loraplex.platform.tenants.routes import router as tenants
 from loraplex.platform.usage.routes import router as usage
+from loraplex.platform.usage.series import router as usage_series
 
 ADMIN_PREFIX = "/admin/v1"
 
@@ -22,5 +24,5 @@ _ERROR_RESPONSES = {
 }
 
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)
-for sub in (tenants, keys, quotas, adapters, usage, audit, engine):
+for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, audit, engine):
     router.include_router(sub)

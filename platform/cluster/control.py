@@ -73,6 +73,9 @@ class ControlPlane:
     def running(self, tenant_id: str) -> int:
         return self._quotas.running(tenant_id)
 
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        return self._quotas.usage_now(tenant_id)
+
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         """Tokens already billed this budget period (read once per tenant and period)."""
         from loraplex.platform.db.session import make_db_engine, make_session_factory

@@ -58,6 +58,9 @@ class ActorQuotaStore:
     def running(self, tenant_id: str) -> int:
         return int(self._get(self._actor.running.remote(tenant_id)))
 
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        return dict(self._get(self._actor.usage_now.remote(tenant_id)))
+
 
 def _key(reservation: Reservation) -> str:
     return reservation.key if isinstance(reservation, ActorReservation) else ""

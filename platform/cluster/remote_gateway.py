@@ -149,26 +149,6 @@ class RemoteEngineGateway(EngineGateway):
         return self._handle.options(stream=True, multiplexed_model_id=adapter).generate.remote(req)
 
 
-class _Completion:
-    __slots__ = ("text", "token_ids", "finish_reason")
-
-    def __init__(self, chunk: dict[str, Any]) -> None:
-        self.text = chunk["text"]
-        self.token_ids = chunk["token_ids"]
-        self.finish_reason = chunk["finish_reason"]
-
-
-class _Output:
-    """What ``generation`` reads of an engine ``RequestOutput`` (a DELTA)."""
-
-    __slots__ = ("outputs", "finished", "error")
-
-    def __init__(self, chunk: dict[str, Any]) -> None:
-        self.outputs = [_Completion(chunk)]
-        self.finished = chunk["finished"]
-        self.error = chunk["error"]
-
-
 class RemoteStream:
     def __init__(self, gateway: RemoteEngineGateway, req: dict[str, Any], adapter: str, timeout_s: float) -> None:
         self._gw = gateway
@@ -215,7 +195,7 @@ class RemoteStream:
     def __aiter__(self) -> RemoteStream:
         return self
 
-    async def __anext__(self) -> _Output:
+    async def __anext__(self) -> Any:
         if self._call is None:
             raise StopAsyncIteration
         try:
@@ -241,11 +221,12 @@ class RemoteStream:
         if "error_class" in chunk:
             self.close()
             _raise_chunk_error(chunk)
-        if chunk["token_ids"]:
+        out = chunk["out"]
+        if any(len(c.token_ids) for c in out.outputs):
             self._streamed = True
-        if chunk["finished"]:
+        if out.finished:
             self._gw._done(self._req["request_id"])
-        return _Output(chunk)
+        return out
 
     async def _next(self) -> dict[str, Any]:
         try:

@@ -101,8 +101,8 @@ class EngineReplica:
         return adapter_id
 
     async def generate(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yields ``{"replica"}`` once accepted, then one dict per DELTA output; a platform error
-        is a dict too (``{"error": ...}``), so the ingress re-raises the same 4xx/503."""
+        """Yields ``{"replica"}`` once accepted, then ``{"out": RequestOutput}`` per DELTA output; a
+        platform error is a dict too (``{"error_class": ...}``), so the ingress re-raises the same 4xx/503."""
         from ray import serve
 
         routed_by = serve.get_multiplexed_model_id()
@@ -125,16 +125,9 @@ class EngineReplica:
                 cache_salt=req["cache_salt"],
             )
             yield {"replica": self.name}
-            async for out in stream:
-                comp = out.outputs[0]
+            async for out in stream:  # the engine's DELTA RequestOutput itself (all choices, logprobs)
                 finished = bool(out.finished)
-                yield {
-                    "text": comp.text,
-                    "token_ids": list(comp.token_ids),
-                    "finished": finished,
-                    "finish_reason": str(comp.finish_reason) if comp.finish_reason is not None else None,
-                    "error": out.error,
-                }
+                yield {"out": out}
         except PlatformError as exc:
             finished = True
             yield {

@@ -34,6 +34,8 @@ class Prepared:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
+    admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
+    user: str | None = None  # the OpenAI ``user`` field (logs and traces)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -57,6 +59,7 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
 def prepare(ctx, auth: TenantAuth, model: str, endpoint: str, texts: list[str],
             tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
     """Blocking part (DB, tokenizer): run it in a worker thread."""
+    t0 = time.monotonic()
     with unit_of_work(ctx.sessions) as session:
         adapter = resolve_model(session, ctx, auth.tenant_id, model)
         q = quotas_repo.get(session, auth.tenant_id)
@@ -77,4 +80,4 @@ def prepare(ctx, auth: TenantAuth, model: str, endpoint: str, texts: list[str],
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     reservation = ctx.quotas.reserve(auth.tenant_id, quota, len(prompt_ids) + params.max_tokens)
     return Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params,
-                    reservation, float(timeout_s))
+                    reservation, float(timeout_s), admission_s=time.monotonic() - t0)

@@ -2,29 +2,36 @@
 
 ``start`` submits to the engine (its validation errors are still HTTP 4xx, and give the quota
 reservation back) and makes the usage record durable before any byte of the response. ``Generation``
-then yields text deltas, checkpoints the token count of long streams, enforces the generation
-timeout, and makes the final record durable before the last delta is handed out. Whatever ends the
-request (finish, client gone, admin abort, timeout, engine death) settles the quota reservation to
-the tokens actually delivered."""
+then yields per-choice text deltas (the engine's DELTA outputs: only what is new), checkpoints the
+token count of long streams, enforces the generation timeout, and makes the final record durable
+before the last deltas are handed out. Whatever ends the request (finish, client gone, admin abort,
+timeout, engine death) settles the quota reservation to the tokens actually delivered."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from loraplex.platform.errors import BadRequest, PlatformError, ServiceUnavailable
+from loraplex.platform.errors import PlatformError, ServiceUnavailable
 from loraplex.platform.inference.admission import Prepared
+from loraplex.platform.observability.metrics import FinishedRequest
 
 log = logging.getLogger("loraplex.platform.inference")
+
+__all__ = ["Delta", "Generation", "Prepared", "RequestCancelled", "start"]
 
 
 @dataclass
 class Delta:
     text: str
     finish_reason: str | None
-    completion_tokens: int
+    completion_tokens: int  # all choices of the request, delivered so far
+    index: int = 0  # the sample (choice) within this prompt
+    logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
 
 
 class RequestCancelled(PlatformError):
@@ -35,7 +42,7 @@ class RequestCancelled(PlatformError):
     code = "request_cancelled"
 
 
-async def start(ctx, prep: Prepared, *, streaming: bool) -> Generation:
+async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
     try:
         stream = ctx.gateway.submit(
             prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
@@ -46,14 +53,9 @@ async def start(ctx, prep: Prepared, *, streaming: bool) -> Generation:
             await opened()
     except BaseException as exc:
         ctx.quotas.cancel(prep.reservation)
-        if isinstance(exc, ValueError):  # the engine's InvalidRequestError: context length, token ids...
-            raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-        if isinstance(exc, PlatformError):
-            raise
-        if isinstance(exc, Exception):  # EngineDeadError and friends: the engine cannot take work
-            raise ServiceUnavailable(f"the engine cannot take requests: {exc}",
-                                     headers={"retry-after": "5"}) from None
-        raise
+        if isinstance(exc, PlatformError) or not isinstance(exc, Exception):
+            raise  # the gateway already maps engine errors (4xx for bad requests, 503 for a dead engine)
+        raise ServiceUnavailable(f"the engine cannot take requests: {exc}", headers={"retry-after": "5"}) from None
     gen = Generation(ctx, prep, stream, streaming)
     ctx.inflight.add(prep.request_id, prep.auth.tenant_id, prep.auth.key_id, prep.adapter_id)
     try:
@@ -65,12 +67,12 @@ async def start(ctx, prep: Prepared, *, streaming: bool) -> Generation:
 
 
 class Generation:
-    def __init__(self, ctx, prep: Prepared, stream, streaming: bool) -> None:
+    def __init__(self, ctx: Any, prep: Prepared, stream: Any, streaming: bool) -> None:
         self.ctx = ctx
         self.streaming = streaming
         self.prep = prep
         self._stream = stream
-        self.delivered = 0  # completion tokens handed to the response
+        self.delivered = 0  # completion tokens (all choices) handed to the response
         self.first_token_at: float | None = None
         self._closed = False
 
@@ -79,11 +81,11 @@ class Generation:
         """x-loraplex-replica: the engine replica serving it (a remote stream knows it once opened)."""
         return getattr(self._stream, "replica", "") or self.ctx.gateway.replica_name
 
-    async def durable(self, written) -> None:
+    async def durable(self, written: Any) -> None:
         if self.ctx.settings.ledger.durable:
             await asyncio.wrap_future(written)
 
-    def record(self, status: str):
+    def record(self, status: str) -> Any:
         """Write this request's record as it stands (a future: durable when resolved)."""
         p = self.prep
         now = time.monotonic()
@@ -95,23 +97,33 @@ class Generation:
             latency_ms=(now - p.started) * 1000, status=status,
         )
 
-    def finish(self, status: str):
+    def finish(self, status: str) -> Any:
         """Settle the quota, drop the in-flight entry and write the final record (once)."""
         if self._closed:
             return None
         self._closed = True
         if not self.streaming and status in ("aborted", "error"):
             self.delivered = 0  # a refused non-streaming response carried no text
-        self.ctx.inflight.remove(self.prep.request_id)
-        self.ctx.quotas.settle(self.prep.reservation, len(self.prep.prompt_ids) + self.delivered)
+        p = self.prep
+        self.ctx.inflight.remove(p.request_id)
+        self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
+        now = time.monotonic()
+        self.ctx.observer.finished(FinishedRequest(
+            request_id=p.request_id, endpoint=p.endpoint, status=status, tenant_id=p.auth.tenant_id,
+            adapter=p.model if p.adapter_id else None, prompt_tokens=len(p.prompt_ids),
+            completion_tokens=self.delivered,
+            ttft_s=(self.first_token_at - p.started) if self.first_token_at else None,
+            latency_s=now - p.started, admission_s=p.admission_s, user=p.user,
+            start_unix=time.time() - (now - p.started)))
         return self.record(status)
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        """Text deltas; the one with a finish_reason comes after the final record is durable."""
+        """Per-choice deltas; those with a finish_reason come after the final record is durable."""
         prep, ctx = self.prep, self.ctx
         checkpoint_every = ctx.settings.ledger.checkpoint_interval_s
         last_checkpoint = time.monotonic()
         deadline = prep.started + prep.timeout_s
+        done: set[int] = set()
         ended = False
         try:
             while True:
@@ -124,39 +136,47 @@ class Generation:
                     ctx.gateway.abort(prep.request_id)
                     ended = True
                     await self.durable(self.finish("timeout"))
-                    yield Delta("", "length", self.delivered)  # documented: timeout reads as "length"
+                    for i in range(prep.params.n):  # documented: a timeout reads as "length"
+                        if i not in done:
+                            yield Delta("", "length", self.delivered, i)
                     return
-                except Exception as exc:  # the engine died under this request (EngineDeadError)
+                except PlatformError:
+                    raise
+                except Exception as exc:  # the engine died under this request
                     raise ServiceUnavailable(f"generation failed: {exc}", headers={"retry-after": "5"}) from None
                 if out.error:
                     raise ServiceUnavailable(f"generation failed: {out.error}", headers={"retry-after": "5"})
-                comp = out.outputs[0]
-                if out.finished and comp.finish_reason == "abort":
+                if out.finished and any(c.finish_reason == "abort" for c in out.outputs):
                     reason = ctx.inflight.reason(prep.request_id) or "the request was aborted"
                     ended = True
                     self.finish("aborted")
                     raise RequestCancelled(f"the request was stopped: {reason}")
-                if len(comp.token_ids) and self.first_token_at is None:
+                self.delivered += sum(len(c.token_ids) for c in out.outputs)
+                if self.delivered and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                delta_text = comp.text  # DELTA outputs: only what is new since the previous one
-                self.delivered += len(comp.token_ids)
+                pending = []
+                for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
+                    if comp.index in done:
+                        continue
+                    finished = comp.finish_reason is not None or out.finished
+                    if finished:
+                        done.add(comp.index)
+                    lps = comp.logprobs or []
+                    if comp.text or finished or lps:
+                        reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
+                        pending.append(Delta(comp.text, reason, self.delivered, comp.index, lps))
                 if out.finished:
                     ended = True
-                    await self.durable(self.finish("ok"))
-                    yield Delta(delta_text, str(comp.finish_reason) if comp.finish_reason else None, self.delivered)
+                    await self.durable(self.finish("ok"))  # billed before the last bytes leave
+                    for d in pending:
+                        yield d
                     return
-                if delta_text:
-                    yield Delta(delta_text, None, self.delivered)
+                for d in pending:
+                    yield d
                 if time.monotonic() - last_checkpoint >= checkpoint_every:
                     last_checkpoint = time.monotonic()
                     self.record("running")  # not awaited: a checkpoint must not slow the stream
         finally:
             if not ended:  # client gone, engine error, cancellation: stop and bill what was sent
                 ctx.gateway.abort(prep.request_id)
-                self.finish("aborted" if not isinstance(_current_error(), PlatformError) else "error")
-
-
-def _current_error() -> BaseException | None:
-    import sys
-
-    return sys.exc_info()[1]
+                self.finish("aborted" if not isinstance(sys.exc_info()[1], PlatformError) else "error")

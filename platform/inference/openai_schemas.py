@@ -1,54 +1,211 @@
-"""Request bodies of the OpenAI-compatible API (the fields loraplex honours; others are refused)."""
+"""Request bodies of the OpenAI-compatible API.
+
+Every field that changes the output is either honoured or refused with a 400 that names it
+(``UNSUPPORTED``); fields that cannot change the output (``store``, ``metadata``...) and fields we
+do not know are accepted, and an unknown one is logged once per name.
+"""
+
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import logging
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from loraplex.platform.errors import BadRequest
+
+log = logging.getLogger("loraplex.platform.inference")
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+MAX_N = 16
+MAX_PROMPTS = 64
+
+# Output-changing parameters loraplex does not implement: refused, never silently ignored.
+UNSUPPORTED = {
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the deprecated `functions` parameter is not supported; use `tools`",
+    "function_call": "the deprecated `function_call` parameter is not supported; use `tool_choice`",
+    "reasoning_effort": "reasoning effort is not supported by this model",
+    "guided_choice": "guided_choice is not supported; use response_format with an enum schema",
+    "prompt_logprobs": "prompt logprobs are not computed",
+}
+# Known and harmless: accepted without a log line.
+HARMLESS = {
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "stream_options",
+    "safety_identifier",
+    "prompt_cache_key",
+    "verbosity",
+}
+_logged_unknown: set[str] = set()
+
+
+def check_extra_fields(body: BaseModel) -> None:
+    extra = body.model_extra or {}
+    for name, value in extra.items():
+        if name in UNSUPPORTED:
+            if name == "modalities" and value in (["text"], None):
+                continue
+            if name in ("reasoning_effort", "prompt_logprobs") and value is None:
+                continue
+            raise BadRequest(f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
+        if name not in HARMLESS and name not in _logged_unknown:
+            _logged_unknown.add(name)
+            log.warning("ignoring unknown request field %r (logged once)", name)
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    # vLLM extensions
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    ignore_eos: bool = False
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def bias(self) -> dict[int, float]:
+        out = {}
+        for k, v in (self.logit_bias or {}).items():
+            try:
+                out[int(k)] = float(v)
+            except ValueError:
+                raise BadRequest(f"logit_bias keys must be token ids, got {k!r}", param="logit_bias") from None
+        return out
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
 
 class CompletionRequest(_Common):
-    prompt: str | list[int]
+    prompt: Prompt
     max_tokens: MaxTokens = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool = False
+    best_of: int | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            items: list[str | list[int]] = [p]
+        elif p and all(isinstance(x, int) for x in p):
+            items = [list(p)]  # type: ignore[arg-type]
+        else:
+            items = list(p)  # type: ignore[arg-type]
+        if not items:
+            raise BadRequest("prompt is empty", param="prompt")
+        if len(items) > MAX_PROMPTS:
+            raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+        return items
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, str]
+
+    @field_validator("function")
+    @classmethod
+    def _has_name(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v.get("name"):
+            raise ValueError("tool_choice.function.name is required")
+        return v
 
 
 class ChatRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def token_limit(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 256

@@ -3,21 +3,23 @@
 Everything that can be refused before the first token is refused as an HTTP status, streaming or
 not: the SSE response starts only once the engine has accepted the request and its usage record
 is durable."""
+
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
-from loraplex.platform.errors import PlatformError
-from loraplex.platform.http_errors import error_body
-from loraplex.platform.inference import admission, generation, service
-from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
+from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference import admission, service
+from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
+from loraplex.platform.inference.responses import Shape, respond
 from loraplex.platform.inference.schemas import ModelList
+from loraplex.platform.inference.structured import Spec, response_spec
+from loraplex.platform.inference.tools import plan_tools, template_messages
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -28,83 +30,100 @@ def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> Mode
     return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
 
 
-def _sampling(body, max_tokens: int) -> dict:
-    return dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                seed=body.seed, stop=body.stop_list())
+def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec | None) -> dict:
+    return dict(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        n=body.n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        logit_bias=body.bias(),
+        logprobs=logprobs,
+        ignore_eos=body.ignore_eos,
+        structured_output=spec,
+    )
+
+
+async def _prepare_all(
+    ctx,
+    tenant,
+    model: str,
+    endpoint: str,
+    prompts: list[tuple[list[str], Callable[[Any], list[int]]]],
+    sampling: dict,
+    user: str | None,
+) -> list[admission.Prepared]:
+    """Admit one engine request per prompt (its texts are checked before it is tokenized); if a
+    later one is refused, give the earlier ones' reservations back."""
+    preps: list[admission.Prepared] = []
+    try:
+        for texts, tokenize in prompts:
+            preps.append(await run_in_threadpool(admission.prepare, ctx, tenant, model, endpoint, texts, tokenize,
+                                                 sampling))
+            preps[-1].user = user
+    except BaseException:
+        for p in preps:
+            ctx.quotas.cancel(p.reservation)
+        raise
+    return preps
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDep):
-    texts = [body.prompt] if isinstance(body.prompt, str) else []
+    check_extra_fields(body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise BadRequest("best_of other than n is not supported", param="best_of", code="unsupported_parameter")
+    if body.echo and body.logprobs is not None:
+        raise BadRequest(
+            "echo with logprobs needs prompt logprobs, which loraplex does not compute",
+            param="echo",
+            code="unsupported_parameter",
+        )
+    prompts = body.prompts()
 
-    def tokenize(tok):
-        return list(body.prompt) if isinstance(body.prompt, list) else tok.encode(body.prompt)
+    def tokenizer_for(p: str | list[int]) -> Callable[[Any], list[int]]:
+        return (lambda tok: list(p)) if isinstance(p, list) else (lambda tok: tok.encode(p))
 
-    prep = await run_in_threadpool(admission.prepare, ctx, tenant, body.model, "completions", texts,
-                                   tokenize, _sampling(body, body.max_tokens))
-    return await _respond(ctx, prep, body, chat=False)
+    sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
+    preps = await _prepare_all(
+        ctx, tenant, body.model, "completions",
+        [([p] if isinstance(p, str) else [], tokenizer_for(p)) for p in prompts], sampling, body.user,
+    )
+    tok = ctx.gateway.tokenizer
+    echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
+    return await respond(ctx, preps, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), tok)
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep):
-    messages = [m.model_dump() for m in body.messages]
+    check_extra_fields(body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    plan = plan_tools(body)
+    spec = plan.spec or response_spec(body)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
-    def tokenize(tok):
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    def tokenize(tok) -> list[int]:
+        messages = template_messages(body, tok.chat_template or "")
+        kwargs = {"tools": plan.template_tools} if plan.template_tools else {}
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return tok.encode(text, add_special_tokens=False)
 
-    prep = await run_in_threadpool(admission.prepare, ctx, tenant, body.model, "chat.completions",
-                                   [m.content for m in body.messages], tokenize,
-                                   _sampling(body, body.token_limit()))
-    return await _respond(ctx, prep, body, chat=True)
+    sampling = _sampling(body, body.token_limit(), logprobs, spec)
+    texts = [m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
+             for m in body.messages if m.content]
+    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
+    return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 
 
-async def _respond(ctx, prep: admission.Prepared, body, *, chat: bool):
-    gen = await generation.start(ctx, prep, streaming=body.stream)  # 4xx/503 here, before any byte
-    obj = "chat.completion" if chat else "text_completion"
-    rid = ("chatcmpl-" if chat else "cmpl-") + prep.request_id
-    base = {"id": rid, "created": prep.created, "model": prep.model}
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(gen, base, obj, chat, include_usage),
-                                 media_type="text/event-stream", headers=_headers(prep, gen))
-    text, finish, completion = [], None, 0
-    async for d in gen.deltas():
-        text.append(d.text)
-        finish, completion = d.finish_reason or finish, d.completion_tokens
-    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}
-              if chat else {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": None})
-    return JSONResponse({**base, "object": obj, "choices": [choice], "usage": _usage(prep, completion)},
-                        headers=_headers(prep, gen))
-
-
-def _headers(prep: admission.Prepared, gen: generation.Generation) -> dict[str, str]:
-    return {**prep.headers, "x-loraplex-replica": gen.replica}
-
-
-async def _sse(gen: generation.Generation, base, obj, chat, include_usage) -> AsyncIterator[str]:
-    chunk_obj = obj + ".chunk" if chat else obj
-    completion = 0
-    try:
-        if chat:
-            yield _event({**base, "object": chunk_obj, "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        async for d in gen.deltas():
-            completion = d.completion_tokens
-            choice = ({"index": 0, "delta": {"content": d.text} if d.text else {}, "finish_reason": d.finish_reason}
-                      if chat else {"index": 0, "text": d.text, "finish_reason": d.finish_reason, "logprobs": None})
-            yield _event({**base, "object": chunk_obj, "choices": [choice]})
-        if include_usage:
-            yield _event({**base, "object": chunk_obj, "choices": [], "usage": _usage(gen.prep, completion)})
-    except PlatformError as exc:  # only what happens after the first byte (engine death, admin abort)
-        yield _event(error_body(exc.message, exc.type, exc.param, exc.code))
-    yield "data: [DONE]\n\n"
-
-
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-def _usage(prep, completion: int) -> dict:
-    p = len(prep.prompt_ids)
-    return {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + completion}
+def _shape(body: _Common, *, chat: bool, logprobs: int | None, echo=None, tools=None) -> Shape:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return Shape(
+        chat=chat, n=body.n, stream=body.stream, include_usage=include_usage, logprobs=logprobs, echo=echo, tools=tools
+    )

@@ -63,6 +63,9 @@ class QuotaStore(Protocol):
 
     def running(self, tenant_id: str) -> int: ...
 
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        """Sliding-minute requests and tokens (reserved or settled) and running requests (admin view)."""
+
 
 @dataclass
 class _TenantState:
@@ -146,6 +149,15 @@ class InProcessQuotaStore:
             st.running += 1
             return Reservation(tenant_id, tokens, _headers(quota, st, in_window + tokens, now), now,
                                start, entry)
+
+    def usage_now(self, tenant_id: str) -> dict[str, int]:
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            if st is None:
+                return {"requests_last_minute": 0, "tokens_last_minute": 0, "running": 0}
+            _trim(st, self._clock())
+            return {"requests_last_minute": len(st.requests), "tokens_last_minute": sum(e[1] for e in st.tokens),
+                    "running": st.running}
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         self._release(reservation, used_tokens, refund_request=False)

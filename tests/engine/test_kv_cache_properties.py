@@ -1,5 +1,6 @@
 """Property tests of the KV block pool: random interleavings of admit (with prefix-cache hits),
-chunked prefill, decode appends, n>1 forks, preemption, finish and abort.
+chunked prefill, decode appends, n>1 forks, speculative steps with rollback, preemption, finish
+and abort.
 
 Besides the bookkeeping invariants (refcounts = table references, free list = refcount-0 blocks,
 hash map consistent, watermark at admission, everything free at the end) the machine simulates
@@ -112,6 +113,36 @@ class KVMachine(RuleBasedStateMachine):
             child.token_ids.append(data.draw(TOKENS))
             self.running.append(child)
         parent.token_ids.append(data.draw(TOKENS))
+
+    @precondition(lambda self: any(s.num_computed_tokens >= s.num_tokens - 1 > 0 for s in self.running))
+    @rule(data=st.data(), k=st.integers(1, 5))
+    def speculate(self, data, k):
+        """Speculative decoding: k drafts ride on a decode step (k+1 tokens computed), a random
+        prefix of them is accepted, the rest is rolled back the way the engine does it: drafts
+        leave token_ids, only the verified KV counts as computed, then blocks past it are freed."""
+        seq = data.draw(st.sampled_from([s for s in self.running if s.num_computed_tokens >= s.num_tokens - 1 > 0]))
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.token_ids.append(data.draw(TOKENS))
+        base = seq.num_tokens
+        drafts = data.draw(st.lists(TOKENS, min_size=k, max_size=k))
+        seq.token_ids.extend(drafts)
+        if not self.kv.can_append(seq, 1 + k):
+            del seq.token_ids[base:]
+            return
+        self.kv.allocate(seq, 1 + k)
+        for src, dst in self.kv.take_block_copies():  # copy-on-write of blocks shared with forks
+            self.content[dst] = dict(self.content.get(src, {}))
+        table = self.kv.block_table(seq)
+        for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + 1 + k):
+            self.content.setdefault(table[pos // BS], {})[pos % BS] = self.identity(seq, pos)
+        accepted = data.draw(st.integers(0, k))
+        del seq.token_ids[base:]
+        seq.token_ids.extend(drafts[:accepted])
+        seq.num_computed_tokens += 1 + accepted
+        self.kv.cache_computed_blocks(seq)
+        self.kv.truncate(seq, seq.num_computed_tokens)
+        assert len(self.kv.block_table(seq)) == self.kv.blocks_for_tokens(seq.num_computed_tokens)
+        seq.token_ids.append(data.draw(TOKENS))  # the target's correction / bonus token
 
     @precondition(lambda self: self.running or self.waiting)
     @rule(data=st.data())

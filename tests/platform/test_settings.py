@@ -96,3 +96,17 @@ def test_every_engine_field_is_a_setting_with_the_engines_default(monkeypatch):
     s = load_settings(engine={"fair_share_preemption": False})
     assert s.engine.vtc_output_weight == 3.5 and s.engine.enable_prefix_caching is True
     assert s.engine.fair_share_preemption is False
+
+
+def test_int8_and_speculative_engine_keys_reach_the_engine(tmp_path, monkeypatch):
+    from loraplex.platform.settings import engine_config_kwargs
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[engine]\nquantization = "int8"\nspeculative_method = "ngram"\nnum_speculative_tokens = 6\n')
+    monkeypatch.setenv("LORAPLEX_ENGINE__SPECULATIVE_ADAPTIVE", "false")
+    kw = engine_config_kwargs(load_settings(cfg).engine)
+    assert (kw["quantization"], kw["speculative_method"], kw["num_speculative_tokens"], kw["speculative_adaptive"]) \
+        == ("int8", "ngram", 6, False)
+    cfg.write_text('[engine]\nspeculative_method = "draft"\n')  # a draft method without a draft model
+    with pytest.raises(ConfigError, match="draft_model"):
+        load_settings(cfg)

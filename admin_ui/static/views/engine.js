@@ -1,8 +1,26 @@
 // Live engine view: per-tenant running/waiting, batch size, KV use, resident adapters. Auto-refreshes.
+// Charts: the batch by tenant and by adapter, the step-time split, and each tenant's share of the
+// service over time next to its weight share (the fair scheduler made visible; kept while open).
 import { allTenants, api } from "../api.js";
+import { PALETTE, lineChart, stackedBar } from "../charts.js";
 import { clearError, fmtNumber, h, section, showError, table } from "../dom.js";
 
 const REFRESH_MS = 3000;
+const HISTORY = 40; // refreshes kept for the share-of-service chart
+
+const served = (t) => (t.served_prompt_tokens || 0) + (t.served_output_tokens || 0);
+
+// One point per refresh interval: tenant -> share of the tokens served in it, and weight share
+// among the tenants that were served (a weighted-fair scheduler keeps the two lines together).
+function sharePoint(prev, cur, now) {
+  const deltas = Object.entries(cur).map(([id, t]) => [id, served(t) - served(prev[id] || {}), t.weight ?? 1]);
+  const active = deltas.filter(([, d]) => d > 0);
+  const total = active.reduce((a, [, d]) => a + d, 0);
+  const wsum = active.reduce((a, [, , w]) => a + w, 0);
+  if (!total) return null;
+  return { t: now, share: Object.fromEntries(active.map(([id, d]) => [id, d / total])),
+    weight: Object.fromEntries(active.map(([id, , w]) => [id, w / wsum])) };
+}
 
 function stat(label, value) {
   return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label), h("span", { class: "stat-value" }, value));
@@ -13,6 +31,9 @@ export function render(main) {
   let alive = true;
   let names = { tenants: {}, adapters: {} };
   let lastFailed = false;
+  const history = [];
+  let prevTenants = null;
+  let prevSteps = null;
   const out = h("div", {}, h("p", { class: "muted" }, "Loading engine state…"));
   const updated = h("span", { class: "muted", "aria-live": "off" });
   const auto = h("input", { type: "checkbox", id: "engine-auto", checked: true });
@@ -68,6 +89,16 @@ export function render(main) {
         stat("Resident adapters", `${resident.length} / ${lora.max_loras ?? "—"}`),
       ),
       h("div", { class: "field" }, h("label", { for: kvId }, "KV blocks in use"), kvBar),
+      section("Charts", h("div", { class: "charts-grid" },
+        stackedBar({ title: "Running sequences by tenant", parts: tenants.filter((t) => t.num_running)
+          .map((t) => ({ name: tName(t.id), value: t.num_running })) }),
+        stackedBar({ title: "Active requests by adapter", parts: Object.entries(lora.active_requests || {})
+          .map(([k, v]) => ({ name: aName(k), value: v })) }),
+        stackedBar({ title: "KV blocks: used / free", parts: [{ name: "used", value: kv.used_blocks || 0 },
+          { name: "free", value: kv.free_blocks || 0, color: "#d1d5db" }] }),
+        stackedBar({ title: "Engine step time split (since last refresh)", parts: stepParts(s.step_seconds || {}),
+          format: (v) => `${(v * 1000).toFixed(1)} ms` })),
+        shareChart()),
       section("Tenants in the engine", table("Per-tenant scheduling", [
         { label: "Tenant", cell: (t) => tName(t.id) },
         { label: "Priority", cell: (t) => (t.priority ?? "—").toString(), class: "num" },
@@ -90,9 +121,38 @@ export function render(main) {
     ];
   }
 
+  function stepParts(steps) {
+    const parts = Object.entries(steps).map(([phase, secs]) => ({ name: phase, value: Math.max(0, secs - ((prevSteps || {})[phase] || 0)) }));
+    prevSteps = steps;
+    return parts;
+  }
+
+  function track(s) {
+    const cur = s.scheduler?.tenants || {};
+    if (prevTenants) {
+      const p = sharePoint(prevTenants, cur, Date.now());
+      if (p) history.push(p);
+      if (history.length > HISTORY) history.shift();
+    }
+    prevTenants = cur;
+  }
+
+  function shareChart() {
+    const ids = [...new Set(history.flatMap((p) => Object.keys(p.share)))];
+    const series = ids.flatMap((id, i) => {
+      const color = PALETTE[i % PALETTE.length];
+      const pts = history.filter((p) => id in p.share);
+      return [{ name: `${tName(id)} share`, color, points: pts.map((p) => [p.t, p.share[id]]) },
+        { name: `${tName(id)} weight share`, color, dashed: true, points: pts.map((p) => [p.t, p.weight[id]]) }];
+    });
+    return lineChart({ title: "Share of service per refresh (solid) vs weight share (dashed)", series, yMax: 1,
+      xFormat: (x) => new Date(x).toLocaleTimeString(), yFormat: (v) => `${Math.round(v * 100)}%` });
+  }
+
   async function refresh() {
     try {
       const s = await api.engine();
+      track(s);
       // New tenant/adapter ids appear: refresh the names once.
       const unknown = Object.keys(s.scheduler?.tenants || {}).some((id) => !(id in names.tenants))
         || (s.registered_adapters || []).some((id) => !(id in names.adapters));

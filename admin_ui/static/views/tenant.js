@@ -2,6 +2,7 @@
 import { api } from "../api.js";
 import { act, confirmDialog, field, fmtTime, h, localToIso, section, select, showError, showStatus, table } from "../dom.js";
 import { deleteTenant, tenantFields } from "./tenants.js";
+import { meter } from "../charts.js";
 
 export function render(main, { match, navigate }) {
   const [tenantId] = match;
@@ -26,6 +27,7 @@ export function render(main, { match, navigate }) {
       settingsSection(t, (updated) => { t = updated; title.textContent = `Tenant ${t.name}`; }, () => navigate("#/tenants")),
       keysSection(t),
       quotaSection(t),
+      consumptionSection(t),
       adaptersSection(t),
       h("p", {}, h("a", { href: `#/usage?tenant_id=${encodeURIComponent(t.id)}` }, `Usage of ${t.name}`)),
     );
@@ -174,6 +176,21 @@ function quotaSection(t) {
   });
   api.getQuota(t.id).then((q) => { fill(q); fieldset.disabled = false; }, showError);
   return section("Quota", form);
+}
+
+function consumptionSection(t) {
+  const box = h("div", { "aria-live": "polite" }, h("p", { class: "muted" }, "Loading…"));
+  const load = () => api.quotaConsumption(t.id).then((c) => {
+    box.replaceChildren(
+      meter("Requests in the last minute", c.requests_last_minute, c.rpm),
+      meter("Tokens in the last minute", c.tokens_last_minute, c.tpm),
+      meter("Requests running now", c.running, c.max_concurrent),
+      meter(`Token budget used this ${c.budget_period}`, c.budget_used, c.token_budget),
+      h("p", { class: "hint" }, `Budget period started ${fmtTime(c.period_start)}.`));
+  }, (err) => { box.replaceChildren(); showError(err); });
+  load();
+  const again = h("button", { type: "button", onclick: () => act(again, load) }, "Refresh consumption");
+  return section("Quota consumption now", box, h("div", { class: "actions" }, again));
 }
 
 function adaptersSection(t) {

@@ -1,5 +1,7 @@
-// Usage: requests, errors and tokens per hour, day or adapter, for one tenant or all.
+// Usage: requests, errors and tokens per hour, day or adapter, for one tenant or all; charts of
+// usage over time per tenant and per adapter.
 import { allTenants, api } from "../api.js";
+import { lineChart } from "../charts.js";
 import { act, field, fmtNumber, h, localToIso, section, select, showError, table } from "../dom.js";
 
 export function render(main, { query }) {
@@ -50,11 +52,40 @@ export function render(main, { query }) {
     );
   }
 
-  form.addEventListener("submit", (e) => { e.preventDefault(); act(showBtn, load); });
-  main.append(h("h1", {}, "Usage"), section("Filter", form), section("Report", out));
+  const metric = select("metric", [["tokens", "tokens (prompt + completion)"], ["requests", "requests"]], "tokens");
+  const bucket = select("bucket", [["hour", "hour"], ["day", "day"]], "hour");
+  const charts = h("div", { class: "charts-grid", "aria-live": "polite" });
+  let names = {};
+
+  async function loadCharts() {
+    const q = { tenant_id: tenant.value, bucket: bucket.value, since: localToIso(since.value), until: localToIso(until.value) };
+    const [byTenant, byAdapter] = await Promise.all([api.usageSeries({ ...q, by: "tenant" }), api.usageSeries({ ...q, by: "adapter" })]);
+    const value = (p) => (metric.value === "requests" ? p.requests : p.prompt_tokens + p.completion_tokens);
+    const toSeries = (report, label) => {
+      const times = [...new Set(report.data.map((p) => p.time))].sort();
+      const keys = [...new Set(report.data.map((p) => p.key))];
+      const at = new Map(report.data.map((p) => [`${p.time}|${p.key}`, value(p)]));
+      // Every bucket of the range for every key (a quiet hour is a 0, not a gap).
+      return keys.map((k) => ({ name: label(k), points: times.map((t) => [Date.parse(t), at.get(`${t}|${k}`) || 0]) }));
+    };
+    const fmtT = (x) => new Date(x).toISOString().slice(bucket.value === "hour" ? 5 : 0, bucket.value === "hour" ? 16 : 10).replace("T", " ");
+    charts.replaceChildren(
+      lineChart({ title: `${metric.value === "requests" ? "Requests" : "Tokens"} per ${bucket.value} by tenant`,
+        series: toSeries(byTenant, (k) => names[k] || k), xFormat: fmtT }),
+      lineChart({ title: `${metric.value === "requests" ? "Requests" : "Tokens"} per ${bucket.value} by adapter`,
+        series: toSeries(byAdapter, (k) => k || "(base model)"), xFormat: fmtT }),
+    );
+  }
+
+  const chartBtn = h("button", { type: "button", onclick: () => act(chartBtn, loadCharts) }, "Draw charts");
+  form.addEventListener("submit", (e) => { e.preventDefault(); act(showBtn, async () => { await load(); await loadCharts(); }); });
+  main.append(h("h1", {}, "Usage"), section("Filter", form), section("Report", out),
+    section("Usage over time", h("div", { class: "grid-form", role: "group", "aria-label": "Chart options" },
+      field("Chart", metric), field("Bucket", bucket), h("div", { class: "actions" }, chartBtn)), charts));
   allTenants().then((ts) => {
+    names = Object.fromEntries(ts.map((t) => [t.id, t.name]));
     tenant.append(...ts.map((t) => h("option", { value: t.id }, t.name)));
     tenant.value = ts.some((t) => t.id === query.get("tenant_id")) ? query.get("tenant_id") : "";
-    return load();
+    return Promise.all([load(), loadCharts()]);
   }).catch(showError);
 }

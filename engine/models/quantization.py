@@ -1,0 +1,85 @@
+"""INT8 weight-only quantization of a loaded model (``EngineConfig.quantization = "int8"``).
+
+Every linear layer of the decoder (fused q|k|v, o, gate|up, down), the output projection and the
+token embedding get per-output-channel symmetric int8 weights with float32 scales, computed once at
+load from the checkpoint's full-precision weights. Norms, biases and LoRA stay in the activation
+dtype: an adapter's delta is added on top of the int8 base matmul, exactly as on a float model.
+
+Why the embedding and the head too: on small models they are most of the bytes (a 1k-64k vocabulary
+next to a few narrow layers), and per-row int8 is lossless enough for both: the embedding reads one
+row per token (dequantized on the fly), the head is one more int8 matmul.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from loraplex.kernels import quantize_per_channel_int8
+
+from .layers import Projection
+from .llama import LlamaForCausalLM
+
+QUANTIZATION_METHODS = ("int8",)
+
+
+class Int8Embedding(nn.Module):
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.qweight[ids].float() * self.scales[ids, None]).to(self.dtype)
+
+
+class Int8Head(nn.Module):
+    """The output projection (tied or not) as one int8 matmul through the kernel ops."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, int8_linear: Callable):
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.int8_linear = int8_linear
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.int8_linear(hidden, self.qweight, self.scales)
+
+
+@torch.no_grad()
+def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Callable) -> None:
+    """In place. ``model`` must still hold the checkpoint's weights at full precision (load it in
+    float32): quantizing after a cast to bf16 would round every weight twice."""
+    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    codes = []
+    for proj in projections:
+        codes.append(quantize_per_channel_int8(proj.weight))
+        proj.weight = None  # drop the float weight before the cast below (peak memory)
+    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    head_q, head_s = quantize_per_channel_int8(head_weight)
+    if model.lm_head is None:  # tied: one int8 matrix serves both, as one float matrix did
+        emb_q, emb_s = head_q, head_s
+    else:
+        emb_q, emb_s = quantize_per_channel_int8(model.embed_tokens.weight)
+    model.lm_head = None
+    model.embed_tokens = None
+    model.to(dtype=act_dtype)  # norms and biases; scales are attached afterwards, in float32
+    for proj, (q, s) in zip(projections, codes):
+        proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype
+    model.embed_tokens = Int8Embedding(emb_q, emb_s, act_dtype)
+    model.quantized_head = Int8Head(head_q, head_s, int8_linear)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights (parameters and persistent buffers, each shared tensor once);
+    computed tables (rotary cos/sin) and LoRA slots are not weights."""
+    seen: set[int] = set()
+    total = 0
+    for t in model.state_dict().values():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,182 @@
+"""Structured output with xgrammar: compiled grammars cached by spec, one matcher per sequence.
+
+The grammar for a spec is compiled once (``compile``; thread-safe, callers of the same spec wait
+on one compilation) and is meant to be compiled BEFORE the request enters the step loop: the
+server compiles in a worker thread while the batch keeps stepping, so the request waits and the
+batch does not. Each constrained sequence owns a ``GrammarMatcher``; per step the manager fills
+one packed bitmask row per constrained sequence, the batched sampler masks those rows only, and
+the sampled tokens advance the matchers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from .errors import InvalidRequestError
+from .sampler import TokenBitmask
+from .sampling_params import StructuredOutputSpec
+from .sequence import Sequence
+
+log = logging.getLogger("loraplex.engine.structured")
+
+_XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[07:40:14] /project/cpp/x.cc:94: "
+
+
+# xgrammar 0.2.9 lets raw control characters (U+0000-U+001F) into strings that carry minLength /
+# maxLength, which makes json.loads reject the output; its pattern path excludes them, so such
+# strings are rewritten as an equivalent character-class pattern (escape sequences are then not
+# generated inside those strings, a narrower but valid language).
+_JSON_CHAR = '[^"\\\\\\u0000-\\u001f]'
+
+
+def _bounded_strings_as_patterns(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_bounded_strings_as_patterns(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_strings_as_patterns(v) for k, v in node.items()}
+    if (
+        out.get("type") == "string"
+        and ("maxLength" in out or "minLength" in out)
+        and "pattern" not in out
+        and "format" not in out
+        and "enum" not in out
+        and "const" not in out
+    ):
+        lo, hi = int(out.pop("minLength", 0)), out.pop("maxLength", None)
+        out["pattern"] = f"^{_JSON_CHAR}{{{lo},{'' if hi is None else int(hi)}}}$"
+    return out
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        cache_size: int = 256,
+        compile_threads: int = 2,
+    ):
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = sorted(stop_token_ids)
+        self._cache_size = cache_size
+        self._compile_threads = compile_threads
+        self._compiler: Any = None  # built on first use: engines that never constrain pay nothing
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[StructuredOutputSpec, Future] = OrderedDict()
+        self._matchers: dict[int, Any] = {}  # seq_id -> xgrammar.GrammarMatcher
+        self._bitmask: torch.Tensor | None = None
+        self.stats = {"compiled": 0, "cache_hits": 0, "errors": 0}
+
+    # ------------------------------------------------------------------ compilation (any thread)
+    def compile(self, spec: StructuredOutputSpec) -> Any:
+        """The compiled grammar of ``spec`` (cached). Raises InvalidRequestError naming what
+        xgrammar cannot handle."""
+        with self._lock:
+            cached = self._cache.get(spec)
+            owner = cached is None
+            fut: Future = Future() if cached is None else cached
+            if owner:
+                self._cache[spec] = fut
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(spec)
+                self.stats["cache_hits"] += 1
+        if owner:
+            try:
+                fut.set_result(self._compile_now(spec))
+                self.stats["compiled"] += 1
+            except BaseException as exc:
+                self.stats["errors"] += 1
+                with self._lock:
+                    self._cache.pop(spec, None)  # an error is not cached: the next try says it again
+                fut.set_exception(exc)
+        return fut.result()
+
+    def is_compiled(self, spec: StructuredOutputSpec) -> bool:
+        with self._lock:
+            fut = self._cache.get(spec)
+        return fut is not None and fut.done() and fut.exception() is None
+
+    def _compile_now(self, spec: StructuredOutputSpec) -> Any:
+        compiler = self._get_compiler()
+        param = "response_format"
+        try:
+            if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if spec.kind == "json_schema":
+                try:
+                    json.loads(spec.value)
+                except ValueError as exc:
+                    raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from None
+                # Compact JSON: a model free to emit whitespace can pad forever before max_tokens.
+                schema = _bounded_strings_as_patterns(json.loads(spec.value))
+                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            if spec.kind == "regex":
+                return compiler.compile_regex(spec.value)
+            return compiler.compile_grammar(spec.value)
+        except InvalidRequestError:
+            raise
+        except Exception as exc:  # xgrammar reports unsupported constructs as RuntimeError
+            msg = _XGR_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+            raise InvalidRequestError(f"unsupported {spec.kind.replace('_', ' ')}: {msg}", param=param) from None
+
+    def _get_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+                )
+                # Our own cache keys by spec; xgrammar's would hold a second copy.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self._compile_threads, cache_enabled=False)
+            return self._compiler
+
+    # ------------------------------------------------------------------ per sequence (engine thread)
+    @property
+    def active(self) -> bool:
+        return bool(self._matchers)
+
+    def add_sequences(self, seqs: Seq[Sequence], grammar: Any) -> None:
+        import xgrammar as xgr
+
+        for seq in seqs:
+            self._matchers[seq.seq_id] = xgr.GrammarMatcher(grammar)
+
+    def bitmask_for(self, seqs: Seq[Sequence]) -> TokenBitmask | None:
+        rows = [i for i, s in enumerate(seqs) if s.seq_id in self._matchers]
+        if not rows:
+            return None
+        words = -(-self._vocab_size // 32)
+        if self._bitmask is None or self._bitmask.shape[0] < len(rows):
+            self._bitmask = torch.empty(max(len(rows), 64), words, dtype=torch.int32)
+        bitmask = self._bitmask[: len(rows)]
+        for j, i in enumerate(rows):
+            self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, j)
+        return TokenBitmask(bitmask, rows)
+
+    def accept(self, seq: Sequence, token: int) -> bool:
+        """Advance ``seq``'s matcher; True when the grammar is complete (the sequence should stop)."""
+        m = self._matchers.get(seq.seq_id)
+        if m is None:
+            return False
+        if not m.accept_token(token):  # cannot happen for a masked draw; say so rather than drift
+            log.error("sequence %s sampled token %d its grammar refuses", seq.seq_id, token)
+            return True
+        return bool(m.is_terminated())
+
+    def release(self, seq: Sequence) -> None:
+        self._matchers.pop(seq.seq_id, None)

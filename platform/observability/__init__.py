@@ -1,0 +1,1 @@
+"""Metrics (Prometheus), structured request logs and optional OpenTelemetry traces."""

@@ -1,0 +1,327 @@
+# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
+"""The OpenAI surface agent frameworks use, through the official `openai` client against a real
+uvicorn: structured output, tools, n, logprobs, penalties, logit_bias, prompt lists, content parts,
+roles, unsupported parameters, /tokenize. The model is random: JSON validity is the grammar's doing."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import torch
+from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "pet": {"enum": ["cat", "dog"]},
+        "alive": {"type": "boolean"},
+    },
+    "required": ["name", "age", "pet", "alive"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"tz": {"enum": ["UTC", "CET"]}},
+    "required": ["tz"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+MSGS = [
+    {"role": "developer", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "Weather in "}, {"type": "text", "text": "Paris?"}]},
+]
+
+
+def test_json_schema_and_json_object_outputs_validate(tenant_setup):
+    *_, client = tenant_setup
+    r = client.chat.completions.create(
+        model="bot",
+        messages=MSGS,
+        max_tokens=80,
+        temperature=1.0,
+        seed=3,
+        n=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )
+    assert len(r.choices) == 3 and [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+    assert r.usage.completion_tokens >= 3 * 10  # every choice's tokens are counted
+    base = tenant_setup[0].gateway.model_name
+    obj = client.completions.create(
+        model=base,
+        prompt="Data:",
+        max_tokens=60,
+        temperature=0.9,
+        seed=1,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].text), dict)
+    else:
+        assert obj.choices[0].text.startswith("{")
+
+
+def test_unsupported_schema_is_a_400_naming_the_construct(tenant_setup):
+    *_, client = tenant_setup
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="bot",
+            messages=MSGS,
+            max_tokens=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+        )
+    assert 'Unsupported type "foo"' in e.value.body["message"] and e.value.body["param"] == "response_format"
+
+
+def test_named_and_required_tool_calls(tenant_setup):
+    *_, client = tenant_setup
+    named = client.chat.completions.create(
+        model="bot",
+        messages=MSGS,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=1.0,
+        seed=2,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    c = named.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    call = c.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+    req = client.chat.completions.create(
+        model="bot", messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=1.0, seed=4
+    )
+    call = req.choices[0].message.tool_calls[0]
+    assert req.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(
+        json.loads(call.function.arguments), {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    )
+
+    # Streaming: tool-call deltas that assemble to the same call as the non-streamed answer.
+    chunks = list(
+        client.chat.completions.create(
+            model="bot",
+            messages=MSGS,
+            tools=TOOLS,
+            max_tokens=60,
+            temperature=1.0,
+            seed=2,
+            stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+    )
+    deltas = [tc for ch in chunks for ch_c in ch.choices for tc in (ch_c.delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id
+    assert (
+        "".join(d.function.arguments or "" for d in deltas) == named.choices[0].message.tool_calls[0].function.arguments
+    )
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+    # The conversation continues with the assistant's tool call and the tool's answer.
+    follow = client.chat.completions.create(
+        model="bot",
+        max_tokens=5,
+        temperature=0,
+        tools=TOOLS,
+        messages=MSGS
+        + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+        ],
+    )
+    assert follow.choices[0].message.role == "assistant"
+
+
+def test_logit_bias_forces_a_token(tenant_setup):
+    ctx, *_, client = tenant_setup
+    tok = ctx.gateway.tokenizer
+    forced = tok.encode("fox")[0]
+    r = client.completions.create(
+        model="bot",
+        prompt="Hello",
+        max_tokens=5,
+        temperature=1.0,
+        seed=0,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == tok.decode([forced] * 5)
+    banned = client.completions.create(
+        model="bot", prompt="Hello", max_tokens=5, temperature=0, logprobs=0, logit_bias={str(forced): -100}
+    )
+    assert tok.decode([forced]) not in banned.choices[0].logprobs.tokens
+
+
+def test_n_times_logprobs_shapes_and_values(tenant_setup, demo_model_dir):
+    ctx, *_, client = tenant_setup
+    base = ctx.gateway.model_name
+    prompt = [5, 17, 42, 8]
+    r = client.completions.create(
+        model=base,
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0.8,
+        seed=9,
+        n=3,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+        assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert r.usage.completion_tokens == 12
+    # Oracle: HF transformers' own log-softmax of the first generated position.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    greedy = client.completions.create(model=base, prompt=prompt, max_tokens=1, temperature=0, logprobs=3)
+    top = greedy.choices[0].logprobs.top_logprobs[0]
+    ref_top = ref.topk(3)
+    tok = ctx.gateway.tokenizer
+    assert list(top) == [tok.decode([i]) for i in ref_top.indices.tolist()]
+    assert list(top.values()) == pytest.approx(ref_top.values.tolist(), abs=1e-3)
+
+    chat = client.chat.completions.create(
+        model="bot",
+        messages=MSGS,
+        max_tokens=3,
+        n=2,
+        logprobs=True,
+        top_logprobs=4,
+        temperature=1.0,
+        seed=1,
+        extra_body={"ignore_eos": True},
+    )
+    for c in chat.choices:
+        assert len(c.logprobs.content) == 3 and all(len(t.top_logprobs) == 4 for t in c.logprobs.content)
+        assert bytes(b for t in c.logprobs.content for b in t.bytes).decode("utf-8", "ignore") == c.message.content
+
+
+def test_penalties_change_a_greedy_output(tenant_setup):
+    *_, client = tenant_setup
+    kw = dict(model="bot", prompt="The quick brown", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw, logprobs=0).choices[0]
+    pen = client.completions.create(
+        **{**kw, "extra_body": {"ignore_eos": True, "repetition_penalty": 1.5}},
+        frequency_penalty=1.5,
+        presence_penalty=1.0,
+        logprobs=0,
+    ).choices[0]
+    assert pen.text != plain.text
+    assert len(set(pen.logprobs.tokens)) > len(set(plain.logprobs.tokens))
+
+
+def test_prompt_lists_n_streaming_usage_and_echo(tenant_setup):
+    *_, client = tenant_setup
+    r = client.completions.create(
+        model="bot",
+        prompt=["abc", "Hello, world"],
+        n=2,
+        max_tokens=3,
+        temperature=0.7,
+        seed=1,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.usage.completion_tokens == 12
+    single = client.completions.create(model="bot", prompt="abc", max_tokens=3, extra_body={"ignore_eos": True})
+    both = client.completions.create(
+        model="bot", prompt="abc", max_tokens=3, extra_body={"ignore_eos": True}, echo=True
+    )
+    assert both.choices[0].text.startswith("abc")
+    assert (
+        r.usage.prompt_tokens
+        == single.usage.prompt_tokens
+        + client.completions.create(model="bot", prompt="Hello, world", max_tokens=1).usage.prompt_tokens
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="bot",
+            messages=MSGS,
+            n=3,
+            max_tokens=4,
+            temperature=1.0,
+            seed=5,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2}
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_unsupported_parameters_are_400_and_unknown_ones_ignored(tenant_setup):
+    *_, client = tenant_setup
+    cases = [
+        (dict(extra_body={"audio": {"voice": "alloy"}}), "audio"),
+        (dict(extra_body={"modalities": ["text", "audio"]}), "modalities"),
+        (dict(extra_body={"functions": [{"name": "f"}]}), "functions"),
+        (
+            dict(
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
+            ),
+            "messages[0].content[0].type",
+        ),
+        (dict(tool_choice="required"), "tool_choice"),
+        (dict(top_logprobs=2), "top_logprobs"),
+    ]
+    for kwargs, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**{"model": "bot", "messages": MSGS, "max_tokens": 2, **kwargs})
+        assert e.value.body["param"] == param, kwargs
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="bot", prompt="x", max_tokens=2, echo=True, logprobs=1)
+    assert e.value.body["param"] == "echo"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="bot", prompt="x", max_tokens=2, logit_bias={"999999": 5})
+    assert e.value.body["param"] == "logit_bias"
+    ok = client.chat.completions.create(
+        model="bot",
+        messages=MSGS,
+        max_tokens=2,
+        store=False,
+        metadata={"a": "b"},
+        user="u-1",
+        extra_body={"some_future_field": 1, "min_p": 0.1, "top_k": 5},
+    )
+    assert ok.choices[0].message.role == "assistant"
+
+
+def test_tokenize_and_detokenize(tenant_setup):
+    ctx, url, tid, key, ada, client = tenant_setup
+    h = {"Authorization": f"Bearer {key}"}
+    tok = ctx.gateway.tokenizer
+    r = httpx.post(url + "/tokenize", json={"model": "bot", "prompt": "Hello, world"}, headers=h).json()
+    assert r["tokens"] == tok.encode("Hello, world") and r["count"] == len(r["tokens"])
+    back = httpx.post(url + "/detokenize", json={"model": "bot", "tokens": r["tokens"]}, headers=h).json()
+    assert back["prompt"] == "Hello, world"
+    chat = httpx.post(
+        url + "/tokenize", json={"model": "bot", "messages": [{"role": "user", "content": "Hi"}]}, headers=h
+    ).json()
+    completion = client.chat.completions.create(model="bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert chat["count"] == completion.usage.prompt_tokens
+    assert httpx.post(url + "/tokenize", json={"model": "nope", "prompt": "x"}, headers=h).status_code == 404
+    assert httpx.post(url + "/tokenize", json={"model": "bot", "prompt": "x"}).status_code == 401
