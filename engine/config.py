@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from loraplex.kernels import BACKENDS as KERNEL_BACKENDS
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCHING_MODES = ("continuous", "static")
 POLICIES = ("fcfs", "priority", "fair", "sjf")
@@ -24,7 +26,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 1.0
     watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
     batching: str = "continuous"
-    kernel_backend: str = "auto"  # auto | torch | triton
+    kernel_backend: str = "auto"  # auto | torch | cpu | triton (see loraplex.kernels.dispatch)
     scheduling_policy: str = "fair"
     enable_prefix_caching: bool = False
     # multi-LoRA
@@ -56,8 +58,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
-        if self.kernel_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"kernel_backend must be auto, torch or triton, got {self.kernel_backend!r}")
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_cpu_loras", "max_lora_rank"):
