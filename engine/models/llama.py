@@ -25,11 +25,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x, batch).split(self.qkv_proj.slice_sizes, dim=-1)
-        q = q.reshape(T, self.num_heads, self.head_dim)
-        k = k.reshape(T, self.num_kv_heads, self.head_dim)
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        qkv = self.qkv_proj(x, batch)
+        q_size, kv_size, _ = self.qkv_proj.slice_sizes
+        # Rotate q and k heads in one pass: they are adjacent columns of the fused projection.
+        cos, sin = self.rotary.tables(positions, qkv.dtype, batch.memo)
+        qk = self.rotary.rotate(qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
+                                cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         ops = batch.ops
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
