@@ -127,9 +127,10 @@ def _call(q, k_cache, v_cache, block_tables, row_seq, row_len, scale) -> torch.T
     row_seq = row_seq.to(torch.int32).contiguous()
     row_len = row_len.to(torch.int32).contiguous()
     fn = _lib.lp_paged_attention_f32 if q.dtype == torch.float32 else _lib.lp_paged_attention_bf16
-    fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.shape[1] if bt.dim() == 2 else 0,
-       row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.shape[1],
-       float(scale), torch.get_num_threads())
+    with torch.profiler.record_function("loraplex::cpu_paged_attention"):  # visible in torch.profiler tables
+        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.shape[1] if bt.dim() == 2 else 0,
+           row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.shape[1],
+           float(scale), torch.get_num_threads())
     return out
 
 
