@@ -126,7 +126,9 @@ def compile_one(index: int) -> dict:
     """Compile captured config ``index`` (run in a forked worker that inherited ``_captured``)."""
     cfg = list(_captured.values())[index]
     fn = _kernel_fn(cfg.kernel)
-    dtype = next((v for v in cfg.signature.values() if isinstance(v, str) and v in ("*bf16", "*fp16", "*fp32")), "")
+    # The model dtype: a 16-bit pointer if any (fp32 pointers may be partials/shrunk buffers).
+    ptrs = [v for v in cfg.signature.values() if isinstance(v, str) and v in ("*bf16", "*fp16", "*fp32")]
+    dtype = next((v for v in ptrs if v != "*fp32"), ptrs[0] if ptrs else "")
     row = {"kernel": cfg.kernel, "arch": cfg.arch, "label": cfg.label, "dtype": dtype.lstrip("*"),
            "constexprs": cfg.declared}
     t0 = time.perf_counter()
@@ -222,7 +224,8 @@ def main() -> int:
             print(f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {'':>5s} {'':>4s} {'':>5s} {'':>7s} FAIL {bad[0]}")
             continue
         smem = max(r["shared"], r["triton_shared"])
-        status = "ok" if not bad else "FAIL " + "; ".join(bad)
+        # At the 255-register cap without spilling: passes, but flagged (one more live value spills).
+        status = ("ok" + (" (REG at cap)" if r["reg"] >= 255 else "")) if not bad else "FAIL " + "; ".join(bad)
         print(f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {r['num_warps']:>5d} {r['reg']:>4d} {r['local']:>5d} "
               f"{smem:>7d} {status}")
     for name in missing:
