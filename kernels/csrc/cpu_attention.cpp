@@ -43,6 +43,17 @@ struct Scratch {
     std::vector<float> q, acc, s, kv;
 };
 
+// The next block of a sequence is anywhere in the pool: start fetching it while this one is used.
+template <typename T>
+inline void prefetch_rows(const T* cache, const int32_t* table, int next_block, int n_blocks, int block_size,
+                          int64_t tok_stride, int tt) {
+    if (next_block >= n_blocks) return;
+    const char* row = reinterpret_cast<const char*>(
+        cache + (static_cast<int64_t>(table[next_block]) * block_size + tt) * tok_stride);
+    const int64_t bytes = tok_stride * static_cast<int64_t>(sizeof(T));
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 1);
+}
+
 // One tile: `m_rows` query vectors (nt consecutive rows x the `group` heads of KV head h), row m
 // seeing the first len[m] cached positions. Two passes (scores, then softmax-weighted V) walking the
 // block table directly.
@@ -68,6 +79,7 @@ void attend(const T* const* qp, T* const* op, const int* len, const int* head_of
         const int64_t slot0 = static_cast<int64_t>(table[b]) * block_size;
         const int tn = std::min(block_size, max_len - b * block_size);
         for (int tt = 0; tt < tn; ++tt) {
+            prefetch_rows(k_cache, table, b + 1, n_blocks, block_size, tok_stride, tt);
             const int t = b * block_size + tt;
             // The whole token row (every KV head) is contiguous: read it once, in order.
             const T* kr = k_cache + (slot0 + tt) * tok_stride;
@@ -101,6 +113,7 @@ void attend(const T* const* qp, T* const* op, const int* len, const int* head_of
         const int64_t slot0 = static_cast<int64_t>(table[b]) * block_size;
         const int tn = std::min(block_size, max_len - b * block_size);
         for (int tt = 0; tt < tn; ++tt) {
+            prefetch_rows(v_cache, table, b + 1, n_blocks, block_size, tok_stride, tt);
             const int t = b * block_size + tt;
             const T* vr = v_cache + (slot0 + tt) * tok_stride;
             const float* vrow;
