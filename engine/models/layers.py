@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
     """Inverse frequencies for the rope types Llama-family checkpoints use."""
     theta = float(rope.get("rope_theta", 10000.0))
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # Explicitly on CPU, even when the model is being built under a meta-device context: math on
+    # meta tensors goes through torch's Python decompositions, whose first use imports torch._dynamo.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     kind = rope.get("rope_type", "default")
     if kind == "default":
         return inv_freq
@@ -53,7 +55,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, rope: dict):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, rope)
-        t = torch.arange(max_positions, dtype=torch.float32)
+        t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
