@@ -125,7 +125,9 @@ def main() -> None:
     ap.add_argument("--kernel-backends", default="auto",
                     help="loraplex kernel_backend(s), comma-separated: each is a system of its own (e.g. torch,cpu "
                          "= before/after the native CPU attention)")
-    ap.add_argument("--loraplex-preload", action="store_true", help="give loraplex the same tcmalloc preload")
+    ap.add_argument("--loraplex-preload", action="store_true",
+                    help="give loraplex vLLM's preload too (tcmalloc + the vLLM venv's Intel OpenMP, which then "
+                         "serves torch's GOMP calls)")
     ap.add_argument("--quick", action="store_true", help="64 requests x 16 tokens, 1 repeat, bf16 base + 8")
     args = ap.parse_args()
     if args.quick:
@@ -142,7 +144,7 @@ def main() -> None:
                 "OMP_NUM_THREADS": str(args.threads)}
     preload = [p for p in (TCMALLOC, str(args.vllm_venv / "lib" / "libiomp5.so")) if os.path.exists(p)]
     vllm_env = {**base_env, "LD_PRELOAD": ":".join(preload)}
-    lp_env = {**base_env, **({"LD_PRELOAD": TCMALLOC} if args.loraplex_preload and os.path.exists(TCMALLOC) else {})}
+    lp_env = {**base_env, **({"LD_PRELOAD": ":".join(preload)} if args.loraplex_preload and preload else {})}
 
     from loraplex.engine.demo_model import create_random_checkpoint
 
