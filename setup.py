@@ -30,6 +30,7 @@ def _packages():
 setup(
     package_dir=FOLDERS,
     packages=_packages(),
-    package_data={"loraplex.migrations": ["*.mako", "*.ini"], "loraplex.admin_ui": ["**/*"]},
+    package_data={"loraplex.migrations": ["*.mako", "*.ini"], "loraplex.admin_ui": ["**/*"],
+                  "loraplex.kernels": ["csrc/*.cpp"]},  # native CPU kernels are built from source on first use
     include_package_data=True,
 )

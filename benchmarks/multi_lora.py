@@ -73,7 +73,7 @@ def make_workload(n: int, num_adapters: int, out_tokens: int, vocab: int, seed: 
 
 def run_loraplex(model_dir: str, arrivals: list[Arrival], adapters: dict[str, str], args) -> tuple[list[Record], dict]:
     engine = LLMEngine(EngineConfig(
-        model=model_dir, dtype=args.dtype, kernel_backend="torch", max_num_seqs=args.max_num_seqs,
+        model=model_dir, dtype=args.dtype, kernel_backend="auto", max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=16, max_loras=args.max_loras,
         max_cpu_loras=max(args.max_loras, len(adapters)), max_lora_rank=max(RANKS)))
     needed = {a.adapter for a in arrivals if a.adapter is not None}
@@ -242,7 +242,7 @@ def main() -> None:
                      "quick": args.quick, "repeats": args.repeats, "reported": "best run of each system",
                      "torch_threads": torch.get_num_threads()},
         "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                   "max_loras": args.max_loras, "kernel_backend": "torch", "dtype": args.dtype},
+                   "max_loras": args.max_loras, "kernel_backend": "auto", "dtype": args.dtype},
         "notes": "hf-peft serves its requests serially; its TTFT is measured from the start of its own burst",
         "results": rows, "targets": targets})
     print(f"wrote {path}")

@@ -41,7 +41,7 @@ def make_workload(n: int, rate: float, vocab: int, seed: int, lengths: str = "pa
 def run_loraplex(model_dir: str, arrivals: list[Arrival], batching: str, max_batch: int, dtype: str,
                  horizon: float) -> tuple[list[Record], int]:
     engine = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, batching=batching, max_num_seqs=max_batch,
-                                    max_num_batched_tokens=1024, block_size=16, kernel_backend="torch",
+                                    max_num_batched_tokens=1024, block_size=16, kernel_backend="auto",
                                     scheduling_policy="fcfs"))
     params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
     return drive_engine_for(engine, arrivals, params, horizon)

@@ -18,7 +18,7 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "fair", "sjf"]
-KernelBackend = Literal["auto", "torch", "triton"]
+KernelBackend = Literal["auto", "torch", "cpu", "triton"]  # = loraplex.kernels.BACKENDS (a test checks)
 BATCHING_MODES: tuple[str, ...] = get_args(Batching)
 POLICIES: tuple[str, ...] = get_args(Policy)
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
@@ -144,7 +144,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 1.0
     watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
     batching: Batching = "continuous"
-    kernel_backend: KernelBackend = "auto"
+    kernel_backend: KernelBackend = "auto"  # auto | torch | cpu | triton (see loraplex.kernels.dispatch)
     scheduling_policy: Policy = "fair"
     enable_prefix_caching: bool = False
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,

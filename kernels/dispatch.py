@@ -1,7 +1,8 @@
 """Choose the implementation of every op once, from the backend name and the device.
 
-``auto``: CUDA tensors -> Triton, anything else -> the torch reference.
-``torch``: always the reference. ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
+``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
+``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place) + the torch
+reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from . import int8, reference
 from .lora_meta import LoraSegments
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 class WriteKV(Protocol):
@@ -74,6 +75,21 @@ TORCH_OPS = KernelOps(
 )
 
 
+def _cpu_ops() -> KernelOps | None:
+    from . import cpu_native
+
+    if not cpu_native.available():
+        return None
+    return KernelOps(
+        name="cpu",
+        write_kv=reference.write_kv,
+        paged_decode_attention=cpu_native.paged_decode_attention,
+        paged_prefill_attention=cpu_native.paged_prefill_attention,
+        sgmv_shrink=reference.sgmv_shrink,
+        sgmv_expand=reference.sgmv_expand,
+    )
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -99,6 +115,13 @@ def get_kernel_ops(backend: str = "auto", device: torch.device | str = "cpu") ->
         if not triton_available():
             raise RuntimeError("kernel_backend='triton' but triton is not installed")
         return _triton_ops()
+    if backend == "cpu":
+        ops = _cpu_ops()
+        if ops is None:
+            raise RuntimeError("kernel_backend='cpu' but the native CPU kernels could not be built (see the warning)")
+        return ops
     if device.type == "cuda" and triton_available():
         return _triton_ops()
+    if device.type == "cpu":
+        return _cpu_ops() or TORCH_OPS
     return TORCH_OPS

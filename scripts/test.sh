@@ -37,5 +37,10 @@ if ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 fi
 
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+# Every Triton kernel compiles for sm_80 and sm_90 without spills or excess shared memory (no GPU
+# needed). Only on a whole-suite run (no pytest arguments): a targeted run stays quick.
+if [ "$#" -eq 0 ]; then
+    scripts/gpu-check.sh --aot
+fi
 # Coverage of the loraplex package (in-process code; servers started as subprocesses are not traced).
 .venv/bin/python -m pytest -q --cov=loraplex --cov-report=term:skip-covered "$@"

@@ -1,7 +1,7 @@
 """Everything one model forward needs besides the weights: the flattened token batch of a step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,8 @@ class ForwardBatch:
     prefill_context_lens: torch.Tensor  # int32 [num_prefill]
     ops: KernelOps
     lora_segments: LoraSegments | None = None  # None: no token in this step uses an adapter
+    # Values every layer of this step derives identically (rotary cos/sin rows): computed once.
+    memo: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
     """Inverse frequencies for the rope types Llama-family checkpoints use."""
     theta = float(rope.get("rope_theta", 10000.0))
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # Explicitly on CPU, even when the model is being built under a meta-device context: math on
+    # meta tensors goes through torch's Python decompositions, whose first use imports torch._dynamo.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     kind = rope.get("rope_type", "default")
     if kind == "default":
         return inv_freq
@@ -53,15 +55,30 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, rope: dict):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, rope)
-        t = torch.arange(max_positions, dtype=torch.float32)
+        t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self.tables(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None):
+        """cos/sin rows [T, 1, D/2] of ``positions`` in ``dtype``. Every layer of a step needs the
+        same rows: pass the step's ``memo`` dict to look them up once per step, not once per layer."""
+        key = ("rope", id(self), dtype)
+        if memo is not None and key in memo:
+            return memo[key]
+        tables = (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
+        if memo is not None:
+            memo[key] = tables
+        return tables
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate [T, heads, D]; q and k heads may come as one tensor (one pass for both)."""
+        return _rotate(x, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

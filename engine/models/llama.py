@@ -25,11 +25,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x, batch).split(self.qkv_proj.slice_sizes, dim=-1)
-        q = q.reshape(T, self.num_heads, self.head_dim)
-        k = k.reshape(T, self.num_kv_heads, self.head_dim)
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        qkv = self.qkv_proj(x, batch)
+        q_size, kv_size, _ = self.qkv_proj.slice_sizes
+        # Rotate q and k heads in one pass: they are adjacent columns of the fused projection.
+        cos, sin = self.rotary.tables(positions, qkv.dtype, batch.memo)
+        qk = self.rotary.rotate(qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
+                                cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         ops = batch.ops
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
@@ -70,15 +73,26 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x), batch)
 
 
+class LMHead(nn.Module):
+    """The output projection's weight ([vocab, hidden], name ``lm_head.weight``), uninitialised."""
+
+    def __init__(self, hidden_size: int, vocab_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Weights come from the checkpoint: skip nn's random init, whose first call imports
+        # torch._dynamo (seconds of start-up) just to fill tensors that are overwritten.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.hidden_size, cfg.vocab_size)
         self.quantized_head: nn.Module | None = None  # INT8: replaces the (tied) output projection
 
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
