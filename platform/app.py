@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
@@ -74,7 +74,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     app.include_router(tenant_router)
     app.include_router(tokenize_router)
 
-    if ctx.observer is not None and ctx.observer.metrics is not None:
+    if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics
 
         @app.get("/metrics", tags=["health"], include_in_schema=False)

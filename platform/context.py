@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,8 +16,8 @@ from loraplex.platform.inference.inflight import InflightRegistry
 from loraplex.platform.observability.metrics import Metrics
 from loraplex.platform.observability.requests import RequestObserver, make_tracer
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaStore
-from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.settings import Settings
+from loraplex.platform.usage.ledger import UsageLedger
 
 
 @dataclass
@@ -28,24 +29,22 @@ class PlatformContext:
     key_cache: KeyCache
     store: AdapterStore
     gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
-    quotas: QuotaStore | None = None
-    ledger: UsageLedger | None = None
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
-    observer: RequestObserver | None = None
+    # Built from the fields above in __post_init__ (a deployment may swap ``quotas`` afterwards).
+    quotas: QuotaStore = field(init=False)
+    ledger: UsageLedger = field(init=False)
+    observer: RequestObserver = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.observer is None:
-            obs = self.settings.observability
-            metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
-                       if obs.metrics else None)
-            self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        if self.quotas is None:
-            self.quotas = InProcessQuotaStore(self._tokens_since)
-        if self.ledger is None:
-            self.ledger = UsageLedger(self.sessions, self.settings.usage_spool_dir,
-                                      replay_interval_s=self.settings.ledger.replay_interval_s)
+        obs = self.settings.observability
+        metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
+                   if obs.metrics else None)
+        self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
+        self.quotas = InProcessQuotaStore(self._tokens_since)
+        self.ledger = UsageLedger(self.sessions, self.settings.usage_spool_dir,
+                                  replay_interval_s=self.settings.ledger.replay_interval_s)
 
-    def _tokens_since(self, tenant_id, since) -> int:
+    def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         from loraplex.platform.usage.repository import tokens_since
 
         self.ledger.flush()  # records still queued count against the budget too
@@ -53,7 +52,7 @@ class PlatformContext:
             return tokens_since(session, tenant_id, since)
 
     @classmethod
-    def build(cls, settings: Settings, gateway: EngineGateway | None = None) -> "PlatformContext":
+    def build(cls, settings: Settings, gateway: EngineGateway | None = None) -> PlatformContext:
         db_engine = make_db_engine(settings.db_url)
         return cls(
             settings=settings,

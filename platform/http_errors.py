@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -47,7 +49,7 @@ async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
 
 async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+    first: dict[str, Any] = errors[0] if errors else {"msg": "invalid request", "loc": ()}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
@@ -57,7 +59,7 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
             return error_response(400, "a JSON request body is required", code="invalid_body")
         if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return error_response(400, "request body must be a JSON object", code="invalid_body")
-    message = first.get("msg", "invalid request")
+    message: str = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"
     if len(errors) > 1:
@@ -97,10 +99,19 @@ async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal server error", code="internal_error")
 
 
+_E = TypeVar("_E", bound=Exception)
+
+
+def _on(app: FastAPI, exc_type: type[_E], handler: Callable[[Request, _E], Awaitable[Response]]) -> None:
+    # Starlette calls a handler only with instances of the class it is registered for, but types
+    # every handler as taking any Exception; the cast records that pairing in one place.
+    app.add_exception_handler(exc_type, cast(Callable[[Request, Exception], Awaitable[Response]], handler))
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(PlatformError, _platform_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(IntegrityError, _integrity_error)
-    app.add_exception_handler(SQLAlchemyError, _database_error)
-    app.add_exception_handler(Exception, _unexpected)
+    _on(app, PlatformError, _platform_error)
+    _on(app, RequestValidationError, _validation_error)
+    _on(app, StarletteHTTPException, _http_error)
+    _on(app, IntegrityError, _integrity_error)
+    _on(app, SQLAlchemyError, _database_error)
+    _on(app, Exception, _unexpected)

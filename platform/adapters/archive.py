@@ -10,11 +10,11 @@ import posixpath
 import stat
 import tarfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from loraplex.platform.errors import BadRequest, PayloadTooLarge
 
@@ -42,7 +42,11 @@ class ArchiveLimits:
 class _Member:
     name: str  # path inside the archive, normalised
     size: int  # declared uncompressed size
-    handle: object  # ZipInfo or TarInfo
+    handle: zipfile.ZipInfo | tarfile.TarInfo
+
+
+# Opens one member for reading (the archive's own kind of member handle).
+_Reader = Callable[[_Member], AbstractContextManager[IO[bytes]]]
 
 
 def extract_adapter_archive(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
@@ -65,7 +69,7 @@ def extract_adapter_archive(archive: Path, dest: Path, limits: ArchiveLimits) ->
 
 
 @contextmanager
-def _open(archive: Path) -> Iterator[tuple[list[_Member], object]]:
+def _open(archive: Path) -> Iterator[tuple[list[_Member], _Reader]]:
     with open(archive, "rb") as f:
         magic = f.read(4)
     if magic.startswith(b"PK\x03\x04") or magic.startswith(b"PK\x05\x06"):
@@ -74,7 +78,7 @@ def _open(archive: Path) -> Iterator[tuple[list[_Member], object]]:
         except (zipfile.BadZipFile, OSError) as exc:
             raise UploadRejected(f"the .zip archive is corrupt: {exc}", param="file") from None
         with zf:
-            yield [_zip_member(i) for i in zf.infolist()], lambda m: _guard(zf.open(m.handle))
+            yield [_zip_member(i) for i in zf.infolist()], lambda m: _guard(zf.open(cast(zipfile.ZipInfo, m.handle)))
         return
     if magic.startswith(b"\x1f\x8b"):
         try:
@@ -86,7 +90,7 @@ def _open(archive: Path) -> Iterator[tuple[list[_Member], object]]:
                 infos = _tar_members(tf)
             except (tarfile.TarError, OSError, EOFError) as exc:
                 raise UploadRejected(f"the .tar.gz archive is corrupt: {exc}", param="file") from None
-            yield infos, lambda m: _guard(tf.extractfile(m.handle))
+            yield infos, lambda m: _guard(tf.extractfile(cast(tarfile.TarInfo, m.handle)))
         return
     raise UploadRejected("the upload is not a .zip or .tar.gz archive", param="file")
 

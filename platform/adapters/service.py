@@ -3,6 +3,7 @@ register with the engine), versions, grants and deletion."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -195,9 +196,13 @@ def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> No
     for old in repository.versions(session, previous.name):
         if old.id != current.id and old.status in repository.SERVED:
             old.status = "superseded"
-            old_id = old.id
-            on_commit(session, lambda old_id=old_id: ctx.gateway.remove_adapter(old_id))
+            on_commit(session, _unload_later(ctx, old.id))
     session.flush()
+
+
+def _unload_later(ctx, adapter_id: str) -> Callable[[], None]:
+    """A callback that takes ``adapter_id`` out of the engine (bound now, run after commit)."""
+    return lambda: ctx.gateway.remove_adapter(adapter_id)
 
 
 def _copy_limited(src: IO[bytes], dest, limit: int) -> None:

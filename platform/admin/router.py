@@ -1,6 +1,8 @@
 """The admin REST API: every domain's admin routes under /admin/v1."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from loraplex.platform.adapters.routes import router as adapters
@@ -15,7 +17,7 @@ from loraplex.platform.usage.series import router as usage_series
 
 ADMIN_PREFIX = "/admin/v1"
 
-_ERROR_RESPONSES = {
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": desc, "content": {"application/json": {"example": {"error": {
         "message": desc, "type": "invalid_request_error", "param": None, "code": None}}}}}
     for code, desc in [(400, "Bad request"), (401, "Missing or invalid admin key"),

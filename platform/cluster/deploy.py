@@ -47,7 +47,6 @@ class Ingress:
         gateway = RemoteEngineGateway(settings, self.engine_handle, control, resolve_model_dir(settings))
         ctx = PlatformContext.build(settings, gateway)
         ctx.quotas = ActorQuotaStore(control)
-        assert ctx.ledger is not None
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, gateway, ctx.store.root)  # idempotent: the same state from every ingress
@@ -135,7 +134,6 @@ def prepare_once(settings: Settings) -> str | None:
     try:
         with unit_of_work(ctx.sessions) as session:
             admin_key = ensure_admin_key(session, ctx.hasher, settings.admin_key)
-        assert ctx.ledger is not None
         ctx.ledger.recover()
         with unit_of_work(ctx.sessions) as session:
             cleanup_store(session, ctx.store)

@@ -92,7 +92,7 @@ class Generation:
         return self.ctx.ledger.write(
             request_id=p.request_id, tenant_id=p.auth.tenant_id, api_key_id=p.auth.key_id,
             adapter_id=p.adapter_id, adapter_name=p.model if p.adapter_id else None, endpoint=p.endpoint,
-            prompt_tokens=len(p.prompt_ids), completion_tokens=self.delivered,
+            user=p.user[:256] if p.user else None, prompt_tokens=len(p.prompt_ids), completion_tokens=self.delivered,
             ttft_ms=(self.first_token_at - p.started) * 1000 if self.first_token_at else None,
             latency_ms=(now - p.started) * 1000, status=status,
         )

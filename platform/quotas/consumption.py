@@ -32,7 +32,6 @@ class QuotaConsumption(BaseModel):
 @router.get("/consumption", response_model=QuotaConsumption)
 def consumption(tenant_id: str, session: SessionDep, ctx: ContextDep, _actor: AdminDep) -> QuotaConsumption:
     q = service.get_quota(session, tenant_id)
-    assert ctx.quotas is not None and ctx.ledger is not None  # built in PlatformContext.__post_init__
     now = ctx.quotas.usage_now(tenant_id)
     start = period_start(q.budget_period, datetime.now(timezone.utc))
     ctx.ledger.flush()

@@ -29,7 +29,7 @@ class TenantUpdate(BaseModel):
     status: Status | None = None
 
     @model_validator(mode="after")
-    def _no_nulls(self) -> "TenantUpdate":
+    def _no_nulls(self) -> TenantUpdate:
         for field in self.model_fields_set:
             if getattr(self, field) is None:
                 raise ValueError(f"{field} cannot be null")

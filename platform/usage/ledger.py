@@ -74,8 +74,9 @@ class UsageLedger:
         self._max_batch = max_batch
         self._replay_interval = replay_interval_s
         self._queue: list[_Op] = []
-        self._cond = threading.Condition()
-        self._idle = threading.Condition(self._cond)
+        lock = threading.RLock()  # one lock, two conditions: work queued / queue drained
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._busy = False
         self._stopping = False
         self._thread: threading.Thread | None = None

@@ -27,6 +27,7 @@ class UsageRecord(Base):
     adapter_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     adapter_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32), default="")
+    user: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the OpenAI ``user`` field
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

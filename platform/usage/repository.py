@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import CursorResult, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -35,11 +36,12 @@ def upsert(session: Session, rows: list[dict]) -> None:
 
 def close_running(session: Session, *, except_instance: str, now: datetime) -> int:
     """Records left running by a server that died: they become ``interrupted``, billed as checkpointed."""
-    result = session.execute(
+    # An UPDATE's result is a CursorResult (it carries rowcount); Session.execute is typed as Result.
+    result = cast(CursorResult[Any], session.execute(
         update(UsageRecord)
         .where(UsageRecord.status == "running", UsageRecord.instance_id != except_instance)
         .values(status="interrupted", updated_at=now)
-    )
+    ))
     return int(result.rowcount or 0)
 
 

@@ -43,7 +43,7 @@ def report(
 
 
 EXPORT_FIELDS = ("request_id", "created_at", "updated_at", "tenant_id", "api_key_id", "adapter_id",
-                 "adapter_name", "endpoint", "prompt_tokens", "completion_tokens", "ttft_ms", "latency_ms",
+                 "adapter_name", "endpoint", "user", "prompt_tokens", "completion_tokens", "ttft_ms", "latency_ms",
                  "status")
 
 

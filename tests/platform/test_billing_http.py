@@ -164,8 +164,8 @@ def test_soft_deleted_tenant_keeps_its_usage_history_and_exports(live, good_file
     tid, key = new_tenant(live.url, "acme")
     new_adapter(live.url, "bot", tid, good_files)
     client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0)
-    done = [client.completions.create(model=m, prompt="hi", max_tokens=3, temperature=0)
-            for m in (_model(live), "bot")]
+    done = [client.completions.create(model=m, prompt="hi", max_tokens=3, temperature=0, user=f"end-user-{i}")
+            for i, m in enumerate((_model(live), "bot"))]
     with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
         assert c.delete(f"/admin/v1/tenants/{tid}").status_code == 200
         assert c.get(f"/admin/v1/tenants/{tid}").status_code == 404
@@ -183,6 +183,7 @@ def test_soft_deleted_tenant_keeps_its_usage_history_and_exports(live, good_file
     rows = list(csv.DictReader(io.StringIO(text)))
     assert {r["request_id"] for r in rows} == {d.id.removeprefix("cmpl-") for d in done}
     assert {r["adapter_name"] for r in rows} == {"", "bot"} and {r["status"] for r in rows} == {"ok"}
+    assert {r["adapter_name"]: r["user"] for r in rows} == {"": "end-user-0", "bot": "end-user-1"}  # OpenAI `user`
     assert sorted(int(r["completion_tokens"]) for r in rows) == sorted(d.usage.completion_tokens for d in done)
 
 
