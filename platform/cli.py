@@ -47,12 +47,35 @@ def serve(
     server = {k: v for k, v in (("host", host), ("port", port)) if v is not None} or None
     settings = _settings(config, data_dir, engine=engine, server=server)
     ctx, admin_key = build_context(settings)
+    if ctx.gateway.enabled:
+        from loraplex.engine.describe import format_config
+
+        typer.echo("Engine configuration (resolved):")
+        typer.echo(format_config(ctx.gateway.resolved_config()))
     if admin_key:
         typer.echo("=" * 72)
         typer.echo("Generated admin key (shown once, store it now; only its hash is kept):")
         typer.echo(f"  {admin_key}")
         typer.echo("=" * 72)
+    if settings.environment == "demo":
+        _print_demo_key(ctx, settings)
     uvicorn.run(create_app(ctx), host=settings.server.host, port=settings.server.port, log_level="info")
+
+
+def _print_demo_key(ctx, settings: Settings) -> None:
+    from loraplex.platform.demo.bootstrap import DEMO_TENANT, demo_snippets, ensure_demo_tenant
+
+    demo_key = ensure_demo_tenant(ctx)
+    if demo_key is None:
+        return
+    host = settings.server.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base_url = f"http://{host}:{settings.server.port}"
+    typer.echo(f"Demo tenant {DEMO_TENANT!r} created; its API key (shown once):")
+    typer.echo(f"  {demo_key}")
+    typer.echo("Try it:")
+    typer.echo(demo_snippets(base_url, demo_key, ctx.gateway.model_name or "MODEL"))
+    typer.echo("=" * 72)
 
 
 @db_app.command("upgrade")

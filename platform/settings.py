@@ -34,11 +34,12 @@ class ServerSettings(_Table):
 
 class EngineSettings(_Table):
     enabled: bool = True
-    # Empty model = the embedded demo model, built on first start inside the data directory.
+    # Empty model = the embedded demo model (SmolLM2-135M-Instruct), converted on first start into
+    # the data directory; "tiny-random" = a 3M-parameter random-weight model (tests, no package).
     model: str = ""
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_num_seqs: int = Field(16, ge=1)
+    dtype: str = "auto"  # auto: checkpoint dtype on CUDA, bf16 on a CPU with native bf16, else fp32
+    device: str = "auto"  # auto: CUDA when present
+    max_num_seqs: int | None = Field(None, ge=1)  # None: sized from the device's free memory
     max_loras: int = Field(4, ge=1)
     max_lora_rank: int = Field(16, ge=1)
     kernel_backend: str = "auto"

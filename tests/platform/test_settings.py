@@ -22,7 +22,7 @@ def clean_env(monkeypatch):
 def test_builtin_defaults_are_the_default_toml():
     assert load_settings(CONFIGS / "default.toml") == load_settings()
     s = load_settings()
-    assert s.environment == "demo" and s.engine.device == "cpu" and s.db_url.startswith("sqlite:///")
+    assert s.environment == "demo" and s.engine.device == "auto" and s.db_url.startswith("sqlite:///")
 
 
 def test_example_configs_load(monkeypatch):
