@@ -97,11 +97,14 @@ def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> N
         raise typer.Exit(1) from None
 
 
+TRAIN_STEPS = 24  # TrainRecipe's default; not imported here so `loraplex --help` stays fast
+
+
 @demo_app.command("adapters")
 def demo_adapters(
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per adapter")] = 40,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per adapter")] = TRAIN_STEPS,
 ) -> None:
     """Train the demo adapters (french, pirate) with peft on this machine and register them for
     the demo tenant. A running server loads them on its next start."""
