@@ -63,9 +63,7 @@ def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRec
     num_layers = model.config.num_hidden_layers
     first = max(0, num_layers - recipe.layers_from_top)
     examples = [_encode(tokenizer, q, a) for q, a in conversations(adapter)]
-    with torch.no_grad():  # the frozen bottom: hidden_states[first] is the input of layer `first`
-        frozen = [model.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False).hidden_states[first][0]
-                  for ids, _ in examples]
+    frozen = _frozen_inputs(model, [ids for ids, _ in examples], first)
     # The trainable top: the same model object with only its upper layers (weights shared, not copied).
     model.model.layers = torch.nn.ModuleList(list(model.model.layers)[first:])
     model.config.num_hidden_layers = num_layers - first
@@ -103,6 +101,20 @@ def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRec
             progress(f"[loraplex]   {adapter}: step {step + 1}/{recipe.steps} loss {loss.item():.3f} "
                      f"({time.monotonic() - start:.0f} s)")
     return _save(peft_model, get_peft_model_state_dict, save_file, out_dir, first, num_layers, recipe, model_dir)
+
+
+def _frozen_inputs(model, prompts: list[list[int]], first: int) -> list:
+    """The input of layer ``first`` for every example, in one right-padded batch (causal
+    attention: padding at the end changes nothing before it)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                             use_cache=False).hidden_states[first]
+    return [hidden[i, :len(p)].clone() for i, p in enumerate(prompts)]
 
 
 def _save(peft_model, state_dict_of, save_file, out_dir: Path, first: int, num_layers: int,
