@@ -39,15 +39,14 @@ def demo_model_dir() -> Path:
 
 
 def demo_adapters(model_dir: Path) -> dict[str, str]:
-    """name -> PEFT folder of the two demo adapters, trained once (the CLI's recipe)."""
+    """name -> PEFT folder of the two demo adapters, trained once (the CLI's recipes)."""
     from loraplex.platform.demo.adapters import train_demo_adapters
     from loraplex.platform.demo.dataset import ADAPTERS
-    from loraplex.platform.demo.train import TrainRecipe
 
     root = CACHE / "demo-adapters"
     missing = [n for n in ADAPTERS if not (root / n / "adapter_model.safetensors").is_file()]
     if missing:
-        train_demo_adapters(model_dir, root, TrainRecipe(), print, names=missing)
+        train_demo_adapters(model_dir, root, print, names=missing)
     return {n: str(root / n) for n in ADAPTERS}
 
 

@@ -97,27 +97,23 @@ def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> N
         raise typer.Exit(1) from None
 
 
-TRAIN_STEPS = 24  # TrainRecipe's default; not imported here so `loraplex --help` stays fast
-
-
 @demo_app.command("adapters")
 def demo_adapters(
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per adapter")] = TRAIN_STEPS,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per adapter (default: its recipe)")] = None,
 ) -> None:
     """Train the demo adapters (french, pirate) with peft on this machine and register them for
     the demo tenant. A running server loads them on its next start."""
     from loraplex.platform.demo.adapters import register_for_demo_tenant, train_demo_adapters
     from loraplex.platform.demo.bootstrap import ensure_demo_tenant
-    from loraplex.platform.demo.train import TrainRecipe
 
     ctx = _admin_ctx(config, data_dir, with_engine=True)
     new_key = ensure_demo_tenant(ctx)
     if new_key:
         typer.echo(f"demo tenant created; its API key (shown once): {new_key}")
     folders = train_demo_adapters(ctx.gateway.model_dir, ctx.settings.data_dir / "demo-adapters",
-                                  TrainRecipe(steps=steps), typer.echo)
+                                  typer.echo, steps=steps)
     with _cli_errors():
         _print(register_for_demo_tenant(ctx, folders))
 

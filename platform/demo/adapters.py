@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from loraplex.platform.adapters import repository as adapters_repo
@@ -13,7 +14,7 @@ from loraplex.platform.adapters import service as adapters
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.demo.bootstrap import DEMO_ACTOR, DEMO_TENANT
 from loraplex.platform.demo.dataset import ADAPTERS
-from loraplex.platform.demo.train import TrainRecipe, train_adapter
+from loraplex.platform.demo.train import RECIPES, train_adapter
 from loraplex.platform.tenants import repository as tenants_repo
 
 Progress = Callable[[str], None]
@@ -29,12 +30,14 @@ def zip_folder(folder: Path) -> io.BytesIO:
     return buf
 
 
-def train_demo_adapters(model_dir: Path, out_root: Path, recipe: TrainRecipe, progress: Progress,
-                        names: list[str] | None = None) -> dict[str, Path]:
-    """Train each demo adapter into ``out_root/<name>``; returns name -> PEFT folder."""
+def train_demo_adapters(model_dir: Path, out_root: Path, progress: Progress, names: list[str] | None = None,
+                        steps: int | None = None) -> dict[str, Path]:
+    """Train each demo adapter (its own recipe; ``steps`` overrides) into ``out_root/<name>``;
+    returns name -> PEFT folder."""
     folders = {}
     for name in names or list(ADAPTERS):
-        progress(f"[loraplex] training demo adapter {name!r} ({ADAPTERS[name][1]}) ...")
+        recipe = RECIPES[name] if steps is None else replace(RECIPES[name], steps=steps)
+        progress(f"[loraplex] training demo adapter {name!r} ({ADAPTERS[name][1]}, {recipe.steps} steps) ...")
         folders[name] = train_adapter(model_dir, name, out_root / name, recipe, progress)
     return folders
 

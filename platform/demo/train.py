@@ -23,8 +23,8 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class TrainRecipe:
-    # 24 steps of 6 = 4.5 passes over the 32 examples: enough for the style to carry over to
-    # unseen questions (tests/demo checks it), short enough for CI.
+    # 24 steps of 6 = 4.5 passes over the 32 examples: enough for the pirate's style to carry
+    # over to unseen questions (tests/demo checks it), short enough for CI.
     steps: int = 24
     batch_size: int = 6
     learning_rate: float = 3e-3
@@ -34,6 +34,13 @@ class TrainRecipe:
     layers_from_top: int = 8
     seed: int = 0
 
+
+# French needs more than style: new words. It gets more steps, more layers and bigger batches
+# (loss 0.09 vs 1.4 with the pirate's recipe, whose answers then drift back into English).
+RECIPES = {
+    "pirate": TrainRecipe(),
+    "french": TrainRecipe(steps=40, batch_size=8, learning_rate=2e-3, layers_from_top=10),
+}
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

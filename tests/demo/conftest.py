@@ -12,11 +12,9 @@ import pytest
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME, ensure_demo_checkpoint
 from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
-from loraplex.platform.demo.train import TrainRecipe
+from loraplex.platform.demo.train import RECIPES
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "test-models"
-# The CLI's own recipe: what the tests check is what `loraplex demo adapters` produces.
-CI_RECIPE = TrainRecipe()
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +27,10 @@ def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
     """name -> PEFT folder; retrained whenever the recipe or the dataset changes."""
     from loraplex.platform.demo.adapters import train_demo_adapters
 
-    key = hashlib.sha256(json.dumps([asdict(CI_RECIPE), EXAMPLES]).encode()).hexdigest()[:12]
+    # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces.
+    key = hashlib.sha256(json.dumps([{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES]).encode()).hexdigest()[:12]
     root = CACHE / f"demo-adapters-{key}"
     dirs = {name: root / name for name in ADAPTERS}
     if all((d / "adapter_model.safetensors").is_file() for d in dirs.values()):
         return dirs
-    return train_demo_adapters(smollm2_dir, root, CI_RECIPE, print)
+    return train_demo_adapters(smollm2_dir, root, print)
