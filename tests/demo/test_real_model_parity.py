@@ -9,6 +9,11 @@ from loraplex.engine import LLM, SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Write one sentence about the sea.", "What is 3 plus 4?"]
 MAX_NEW = 16
+EOS = 2  # <|im_end|>: both sides stop there (a real model ends its answers; forcing it on diverges)
+
+
+def _strip_eos(ids: list[int]) -> list[int]:
+    return ids[:-1] if ids and ids[-1] == EOS else ids
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
@@ -23,8 +28,8 @@ def hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
         for p in prompts:
             ids = torch.tensor([p])
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)
-            outs.append(gen[0, len(p):].tolist())
+                                 max_new_tokens=MAX_NEW, eos_token_id=EOS, pad_token_id=EOS)
+            outs.append(_strip_eos(gen[0, len(p):].tolist()))
     return outs
 
 
@@ -36,10 +41,11 @@ def test_engine_greedy_equals_transformers_and_peft_on_smollm2(smollm2_dir, demo
     llm = LLM(model=str(smollm2_dir), dtype="float32", kernel_backend="torch", max_num_seqs=8,
               kv_cache_memory_gb=0.1)
     llm.add_adapter("french", str(demo_adapter_dirs["french"]))
-    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     # Base and adapter rows in ONE engine batch.
     outs = llm.generate(prompts + prompts[:2], params, adapters=[None] * len(prompts) + ["french"] * 2)
-    ours = [o.token_ids for o in outs]
+    ours = [_strip_eos(list(o.token_ids)) for o in outs]
+    assert llm.tokenizer.convert_ids_to_tokens(EOS) == "<|im_end|>"
 
     hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
     assert ours[:len(prompts)] == hf_greedy(hf, prompts)
