@@ -107,16 +107,16 @@ def main() -> None:
     rows = []
     for b in batches:
         print(f"batch {b}: base ...", flush=True)
-        rows.append({"system": f"base, batch {b}", **run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed)})
+        rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed), "system": f"base, batch {b}"})
         if b > 1:
             print(f"batch {b}: base + french + pirate mixed ...", flush=True)
-            rows.append({"system": f"mixed 3-way, batch {b}",
-                         **run_batches(model_dir, b, args.rounds, max_tokens, adapters, mix, args.seed)})
+            rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, adapters, mix, args.seed),
+                         "system": f"base+french+pirate mixed, batch {b}"})
     b = batches[-1] if len(batches) > 1 else batches[0]
     for caching in (False, True):
         print(f"prefix caching {'on' if caching else 'off'}, no hits, batch {b} ...", flush=True)
-        rows.append({"system": f"prefix cache {'on' if caching else 'off'} (no hits), batch {b}",
-                     **run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed, caching, True)})
+        rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed, caching, True),
+                     "system": f"prefix cache {'on' if caching else 'off'} (no hits), batch {b}"})
     cols = ["system", "dtype", "requests", "output_tok_per_s", "ttft_p50_ms", "tpot_p50_ms", "mean_output_tokens",
             "eos_share", "prefix_hit_tokens"]
     print()
