@@ -81,7 +81,8 @@ def run_loraplex(model_dir: str, arrivals: list[Arrival], adapters: dict[str, st
     for name in sorted(needed):
         engine.lora.add_adapter(name, adapters[name])
     load_s = time.perf_counter() - t0
-    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
+    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0,  # noqa: E731
+                                      ignore_eos=not getattr(args, "real", False))
     drive_engine(engine, arrivals[: min(4, len(arrivals))], params)  # warm-up (allocator, first slot loads)
     cpu0 = time.process_time()
     records = drive_engine(engine, arrivals, params)
@@ -161,7 +162,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                     help="dtype for EVERY system (bf16 matmuls are ~4x faster than fp32 on this CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real", action="store_true",
+                    help="SmolLM2-135M-Instruct on chat prompts (EOS-terminated) with the 2 demo adapters")
     args = ap.parse_args()
+    if args.real:
+        return main_real(args)
     counts = args.adapters or ([1, 8, 64] if args.quick else [1, 8, 64, 256])
     n_req = args.requests or (64 if args.quick else 128)
     n_peft = args.peft_requests or (6 if args.quick else 12)
@@ -245,6 +250,38 @@ def main() -> None:
                    "max_loras": args.max_loras, "kernel_backend": "auto", "dtype": args.dtype},
         "notes": "hf-peft serves its requests serially; its TTFT is measured from the start of its own burst",
         "results": rows, "targets": targets})
+    print(f"wrote {path}")
+
+
+def main_real(args) -> None:
+    """Base only vs base + french + pirate interleaved in every batch, on real chat requests."""
+    from real_text import demo_adapters, demo_model_dir, real_arrivals
+
+    from loraplex.engine.tokenizer import load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n_req = args.requests or (32 if args.quick else 128)
+    out_tokens = args.output_tokens or (32 if args.quick else 96)
+    model_dir = str(demo_model_dir())
+    adapters = demo_adapters(Path(model_dir))
+    tok = load_tokenizer(model_dir)
+    zeros = [0.0] * n_req
+    runs = {"base": real_arrivals(tok, n_req, zeros, out_tokens, args.seed),
+            "base+french+pirate": real_arrivals(tok, n_req, zeros, out_tokens, args.seed, [None, *adapters])}
+    rows = []
+    for rep in range(args.repeats or 1):
+        for name, arrivals in runs.items():
+            recs, extra = run_loraplex(model_dir, arrivals, adapters, args)
+            row = summarize(name, recs, {"rep": rep, "adapters": len({a.adapter for a in arrivals} - {None}),
+                                         "mean_output_tokens": sum(r.output_tokens for r in recs) / len(recs), **extra})
+            rows.append(row)
+            print(f"[rep {rep}] {name}: {row['output_tok_per_s']:.1f} tok/s", flush=True)
+    print()
+    print_table(rows, ["system", "adapters", "requests", "output_tok_per_s", "ttft_p50_ms", "tpot_p50_ms",
+                       "mean_output_tokens", "output_tok_per_cpu_s", "max_adapters_per_step"])
+    path = write_json("multi_lora_real", {"model": model_dir, "requests": n_req, "max_tokens": out_tokens,
+                                          "dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "results": rows})
     print(f"wrote {path}")
 
 

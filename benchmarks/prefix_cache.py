@@ -10,6 +10,10 @@ All requests arrive at t=0 (saturation), in random app order. The cache starts c
 first request pays the full prefill; a warm-up on unrelated prompts runs before each system.
 Systems: loraplex with enable_prefix_caching off, then on; same engine settings otherwise, on the
 ~24M "bench" model. Greedy outputs of both systems must be identical (checked).
+
+``--real``: SmolLM2-135M-Instruct on real text: each app's system prompt is written English
+rendered through the chat template with a real user question, apps 1 and 2 run under the french and
+pirate demo adapters, answers end at EOS (``--output-tokens`` caps them).
 """
 from __future__ import annotations
 
@@ -44,6 +48,41 @@ def make_workload(args, vocab: int) -> tuple[list[Arrival], dict]:
     return arrivals, {"shared_prompt_fraction": shared / total, "prompt_tokens": total}
 
 
+APP_SYSTEM_PROMPTS = [
+    ("You are the help desk of a public library. Opening hours are nine to six on weekdays and ten to four on "
+    "Saturdays; the library is closed on Sundays and public holidays. Members may borrow up to eight books for "
+    "three weeks and renew them twice online unless another member has reserved them. Late returns cost ten "
+    "cents a day per item. Study rooms can be booked for two hours at a time. Be friendly and brief."),
+    ("You are the assistant of a small bakery. We bake sourdough, rye and spelt loaves every morning, croissants "
+    "on weekends, and cakes to order with three days' notice. Everything is made with organic flour; we do not "
+    "offer gluten-free bread because our kitchen is full of flour dust. Orders can be collected from seven in "
+    "the morning. Answer questions about our products politely and in a few sentences."),
+    ("You are a travel guide for a coastal town. The old harbour has fish restaurants and boat trips to the "
+    "lighthouse island every hour in summer. The museum of the sea opens at ten and is free on the first Sunday "
+    "of the month. Trains to the city leave every thirty minutes from the station north of the market square. "
+    "Give short, practical answers to visitors."),
+]
+
+
+def make_real_workload(args, tokenizer, adapters: dict[str, str]) -> tuple[list[Arrival], dict]:
+    from real_text import QUESTIONS, chat_prompt
+
+    rng = random.Random(args.seed)
+    names = [None, *adapters]
+    apps = len(APP_SYSTEM_PROMPTS)
+    arrivals, shared = [], 0
+    # The tokens every request of an app shares: the common prefix of two different questions.
+    probes = [(chat_prompt(tokenizer, "a", system=s), chat_prompt(tokenizer, "b", system=s)) for s in APP_SYSTEM_PROMPTS]
+    prefix_len = [next(i for i, (x, y) in enumerate(zip(p, q)) if x != y) for p, q in probes]
+    for i in range(args.requests):
+        app = rng.randrange(apps) if i >= apps else i
+        prompt = chat_prompt(tokenizer, rng.choice(QUESTIONS), system=APP_SYSTEM_PROMPTS[app])
+        shared += prefix_len[app]
+        arrivals.append(Arrival(0.0, prompt, args.output_tokens, names[app % len(names)], tenant=f"tenant{app}"))
+    total = sum(len(a.prompt) for a in arrivals)
+    return arrivals, {"shared_prompt_fraction": shared / total, "prompt_tokens": total}
+
+
 def run(model_dir: str, adapters: dict[str, str], arrivals: list[Arrival], caching: bool, args):
     engine = LLMEngine(EngineConfig(
         model=model_dir, dtype="float32", kernel_backend="torch", max_num_seqs=args.max_num_seqs,
@@ -59,7 +98,7 @@ def run(model_dir: str, adapters: dict[str, str], arrivals: list[Arrival], cachi
         return add(prompt, params, request_id=f"{next(ids):05d}", cache_salt=salt_of.get(kw.get("tenant_id")), **kw)
 
     engine.add_request = add_request
-    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
+    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=not args.real)  # noqa: E731
     rng = random.Random(99)
     vocab = engine.model_config.vocab_size
     warm = [Arrival(0.0, [rng.randrange(10, vocab) for _ in range(64)], 4, a, "warmup")
@@ -100,19 +139,32 @@ def main() -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--no-adapters", action="store_true", help="every app on the base model")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct, real system prompts, demo adapters")
     args = ap.parse_args()
     if args.quick:
         args.requests, args.system_tokens, args.output_tokens, args.rounds = 12, 192, 4, 1
         args.user_tokens = (8, 24)
 
+    if args.real:
+        args.output_tokens = max(args.output_tokens, 48)
+        args.apps = len(APP_SYSTEM_PROMPTS)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(Path(tmp) / "bench")
-        create_random_checkpoint(model_dir, preset="bench", seed=0)
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        adapters = {} if args.no_adapters else {
-            f"app{i}": write_peft_adapter(Path(tmp) / f"app{i}", model_dir, cfg, rank=16, seed=i)
-            for i in range(1, args.apps)}
-        arrivals, info = make_workload(args, cfg["vocab_size"])
+        if args.real:
+            from real_text import demo_adapters, demo_model_dir
+
+            from loraplex.engine.tokenizer import load_tokenizer
+
+            model_dir = str(demo_model_dir())
+            adapters = {} if args.no_adapters else demo_adapters(Path(model_dir))
+            arrivals, info = make_real_workload(args, load_tokenizer(model_dir), adapters)
+        else:
+            model_dir = str(Path(tmp) / "bench")
+            create_random_checkpoint(model_dir, preset="bench", seed=0)
+            cfg = json.loads((Path(model_dir) / "config.json").read_text())
+            adapters = {} if args.no_adapters else {
+                f"app{i}": write_peft_adapter(Path(tmp) / f"app{i}", model_dir, cfg, rank=16, seed=i)
+                for i in range(1, args.apps)}
+            arrivals, info = make_workload(args, cfg["vocab_size"])
         # Rounds alternate off/on so that a noisy neighbour hits both alike; each system's best
         # (shortest) round goes in the table, every round in the JSON.
         rounds, outs = [], {}
@@ -135,7 +187,7 @@ def main() -> int:
                        "tpot_p50_ms", "hit_rate", "duration_s", "cpu_s"])
     print(f"throughput x{speedup['throughput_x']:.2f}, mean TTFT {speedup['mean_ttft_x_lower']:.2f}x lower; "
           f"greedy outputs identical: {identical}")
-    path = write_json("prefix_cache", {"args": vars(args), "workload": info, "adapters": len(adapters),
+    path = write_json("prefix_cache_real" if args.real else "prefix_cache", {"args": vars(args), "workload": info, "adapters": len(adapters),
                                        "results": rows, "rounds": rounds, "speedup": speedup,
                                        "outputs_identical": identical})
     print(f"wrote {path}")

@@ -10,6 +10,10 @@ bounded Pareto, most answers under 10 tokens, a few hundreds; ``--lengths bimoda
 (the sustained service rate under overload, not skewed by the one long request a finite run ends
 on); TTFT/TPOT are over the requests that finished inside it. All systems run in this one process on
 the same ~24M-parameter random Llama, one after another: compare RATIOS.
+
+``--real``: the real demo model (SmolLM2-135M-Instruct) on real text instead: chat prompts through
+its chat template, outputs that end at EOS (``--max-tokens`` caps them); loraplex continuous vs
+static only (HF generate's rows assume fixed lengths).
 """
 from __future__ import annotations
 
@@ -39,11 +43,11 @@ def make_workload(n: int, rate: float, vocab: int, seed: int, lengths: str = "pa
 
 
 def run_loraplex(model_dir: str, arrivals: list[Arrival], batching: str, max_batch: int, dtype: str,
-                 horizon: float) -> tuple[list[Record], int]:
+                 horizon: float, ignore_eos: bool = True) -> tuple[list[Record], int]:
     engine = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, batching=batching, max_num_seqs=max_batch,
                                     max_num_batched_tokens=1024, block_size=16, kernel_backend="auto",
                                     scheduling_policy="fcfs"))
-    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
+    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=ignore_eos)  # noqa: E731
     return drive_engine_for(engine, arrivals, params, horizon)
 
 
@@ -120,7 +124,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny model, few requests: a smoke run")
     ap.add_argument("--skip-hf-serial", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on chat prompts, EOS-terminated")
+    ap.add_argument("--max-tokens", type=int, default=256, help="--real: cap on each answer")
     args = ap.parse_args()
+    if args.real:
+        return main_real(args)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     preset = "demo" if args.quick else "bench"
     horizon = 8.0 if args.quick else args.seconds
@@ -159,6 +167,33 @@ def main() -> None:
                      "output_len_mean": sum(lengths) / n},
         "results": rows,
     })
+    print(f"\nwrote {path}")
+
+
+def main_real(args) -> None:
+    from real_text import demo_model_dir, real_arrivals
+
+    from loraplex.engine.tokenizer import load_tokenizer
+
+    horizon = 8.0 if args.quick else args.seconds
+    rate = min(args.rate, 40.0)  # a 135M model: 40/s already overloads both systems here
+    n = int(rate * horizon * 1.2) + 8
+    model_dir = str(demo_model_dir())
+    rng = random.Random(args.seed)
+    arrivals = real_arrivals(load_tokenizer(model_dir), n, poisson_arrivals(n, rate, rng), args.max_tokens, args.seed)
+    rows = []
+    for batching in ("continuous", "static"):
+        print(f"running loraplex {batching} on SmolLM2-135M-Instruct for {horizon:.0f} s ...", flush=True)
+        records, tokens = run_loraplex(model_dir, arrivals, batching, args.max_batch, args.dtype, horizon, ignore_eos=False)
+        rows.append(summarize_window(f"loraplex {batching} (real text)", records, tokens, horizon,
+                                     {"mean_output_tokens": sum(r.output_tokens for r in records) / max(1, len(records))}))
+    cols = ["system", "requests", "req_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+            "mean_output_tokens"]
+    print()
+    print_table(rows, cols)
+    path = write_json("throughput_real", {"workload": {"model": model_dir, "arrivals": n, "rate": rate, "window_s": horizon,
+                                                       "max_batch": args.max_batch, "dtype": args.dtype,
+                                                       "max_tokens": args.max_tokens}, "results": rows})
     print(f"\nwrote {path}")
 
 

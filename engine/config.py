@@ -69,16 +69,18 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_gb: float = 1.0
+    num_kv_blocks: int | None = None  # fixes the pool; else sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float | None = 1.0
     watermark: float = 0.01
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 2):
             raise ValueError(f"num_kv_blocks must be an integer >= 2, got {self.num_kv_blocks!r}")
-        if not self.kv_cache_memory_gb > 0:
+        if self.num_kv_blocks is None and self.kv_cache_memory_gb is None:
+            raise ValueError("set kv_cache_memory_gb or num_kv_blocks")
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         if not 0.0 <= self.watermark < 0.5:
             raise ValueError(f"watermark must be in [0, 0.5), got {self.watermark!r}")
@@ -127,6 +129,9 @@ class SpeculativeConfig:
             raise ValueError(f"draft_num_kv_blocks must be an integer >= 2, got {self.draft_num_kv_blocks!r}")
 
 
+# Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
+# to check the others with before that.
+_AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
 
@@ -134,19 +139,20 @@ _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
 @dataclass
 class EngineConfig:
     model: str
-    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
+    dtype: str = "auto"  # auto: see resolve_dtype (checkpoint dtype on CUDA, bf16 on a bf16-capable CPU)
     device: str = "auto"  # auto: cuda if available, else cpu
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
-    max_num_seqs: int = 64
+    max_num_seqs: int | None = None  # None: sized from the device and the KV memory (engine/memory.py)
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
+    kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory
     watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
     batching: Batching = "continuous"
     kernel_backend: KernelBackend = "auto"  # auto | torch | cpu | triton (see loraplex.kernels.dispatch)
     scheduling_policy: Policy = "fair"
-    enable_prefix_caching: bool = False
+    # On by default: with no hits it costs a hash per full block (benchmarks/prefix_cache.py measures it).
+    enable_prefix_caching: bool = True
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
     # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.
     quantization: str | None = None
@@ -182,12 +188,16 @@ class EngineConfig:
         path = Path(self.model)
         if not (path / "config.json").is_file():
             raise ValueError(f"model must be a local checkpoint directory with config.json, got {self.model!r}")
+        self.validate_fields(sizes_may_be_auto=True)  # before sizing reads dtype and device
+        if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
+            self._size_from_memory()
         self.validate_fields()
         if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
             raise ValueError(f"draft_model must be a local checkpoint directory with config.json, got {self.draft_model!r}")
 
-    def validate_fields(self) -> None:
-        """Every check that does not need the model directory (the platform runs it at settings load)."""
+    def validate_fields(self, sizes_may_be_auto: bool = False) -> None:
+        """Every check that does not need the model directory (the platform runs it at settings load,
+        where ``max_num_seqs`` / ``kv_cache_memory_gb`` may still be None = sized at start)."""
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -199,11 +209,16 @@ class EngineConfig:
             _positive_int("max_model_len", self.max_model_len)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
+            raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         for view in _VIEWS:  # builds (and so validates) every view
-            self._view(view)
+            self._view(view, sizes_may_be_auto=sizes_may_be_auto)
 
-    def _view(self, cls: type[_V]) -> _V:
-        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+    def _view(self, cls: type[_V], sizes_may_be_auto: bool = False) -> _V:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(cls)}
+        if sizes_may_be_auto:  # None = sized from the device at construction: validate the rest
+            values.update({k: _AUTO_PLACEHOLDER[k] for k in _AUTO_PLACEHOLDER if k in values and values[k] is None})
+        return cls(**values)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -237,7 +252,23 @@ class EngineConfig:
         for name, default in cls.field_defaults().items():
             setattr(probe, name, fields.get(name, default))
         probe.model = fields.get("model", "")
-        probe.validate_fields()
+        probe.validate_fields(sizes_may_be_auto=True)
+
+    def _size_from_memory(self) -> None:
+        """Fill the unset KV memory (unless num_kv_blocks fixes the pool) and batch size."""
+        from .memory import auto_kv_cache_gb, auto_max_num_seqs, kv_bytes_per_token
+        from .models import ModelConfig
+
+        mc = ModelConfig.from_dir(self.model)
+        device = self.torch_device
+        dtype = self.torch_dtype(mc.checkpoint_dtype)
+        if self.kv_cache_memory_gb is None and self.num_kv_blocks is None:
+            self.kv_cache_memory_gb = auto_kv_cache_gb(device, Path(self.model), mc, dtype)
+        if self.max_num_seqs is None:
+            # A pool fixed by num_kv_blocks is the caller's choice: only the device caps the batch.
+            kv_tokens = None if self.num_kv_blocks is not None else (
+                int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
+            self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
 
     @property
     def torch_device(self) -> torch.device:
@@ -246,8 +277,43 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
-        if self.dtype != "auto":
-            return _DTYPES[self.dtype]
-        if self.torch_device.type == "cpu" or checkpoint_dtype is None:
-            return torch.float32
-        return checkpoint_dtype
+        return resolve_dtype(self.dtype, self.torch_device, checkpoint_dtype)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where bf16 beats fp32.
+
+    Without it, torch emulates bf16 matmuls through fp32 and bf16 is slower than fp32."""
+    flags = _cpu_flags()
+    if flags:
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
+    # No /proc/cpuinfo (macOS, Windows): torch's own detection, which only sees AMX.
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "AMX" in capability.upper()
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+    """What ``dtype`` means on ``device``: an explicit name is taken as is; ``auto`` is the
+    checkpoint's dtype on CUDA (a bf16 checkpoint runs in float16 on a GPU without bf16), bfloat16
+    on a CPU with native bf16 whatever the checkpoint (half the memory traffic of float32), and
+    float32 on any other CPU."""
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        return _DTYPES[dtype]
+    if device.type == "cuda":
+        if checkpoint_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return checkpoint_dtype or torch.float32
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32

@@ -18,7 +18,9 @@ _BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
     per_block = 2 * mcfg.num_layers * config.block_size * mcfg.num_kv_heads * mcfg.head_dim * _BYTES[dtype]
-    by_memory = int(config.kv_cache_memory_gb * (1 << 30) // per_block)
+    memory_gb = config.kv_cache_memory_gb
+    assert memory_gb is not None, "EngineConfig sizes the KV memory when num_kv_blocks is unset"
+    by_memory = int(memory_gb * (1 << 30) // per_block)
     # More than every sequence at full length is never useful.
     by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
     return max(2, min(by_memory, by_need))

@@ -14,8 +14,12 @@ from loraplex.platform.settings import ConfigError, Settings, load_settings
 app = typer.Typer(help="loraplex: multi-LoRA, multi-tenant LLM serving", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
 admin_app = typer.Typer(help="Headless administration (same services as /admin/v1)", no_args_is_help=True)
+models_app = typer.Typer(help="Base models", no_args_is_help=True)
+demo_app = typer.Typer(help="The embedded demo (SmolLM2-135M-Instruct)", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
+app.add_typer(models_app, name="models")
+app.add_typer(demo_app, name="demo")
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="SQLite file + adapter store")]
@@ -55,7 +59,14 @@ def serve(
         _serve_on_ray(settings)
         return
     ctx, admin_key = build_context(settings)
+    if ctx.gateway.enabled:
+        from loraplex.engine.describe import format_config
+
+        typer.echo("Engine configuration (resolved):")
+        typer.echo(format_config(ctx.gateway.resolved_config()))
     _show_admin_key(admin_key)
+    if settings.environment == "demo":
+        _print_demo_key(ctx, settings)
     from loraplex.platform import access_log
 
     app = create_app(ctx)
@@ -92,6 +103,58 @@ def _serve_on_ray(settings: Settings) -> None:
 
     _show_admin_key(deploy.prepare_once(settings))
     deploy.run(settings)
+
+
+def _print_demo_key(ctx, settings: Settings) -> None:
+    from loraplex.platform.demo.bootstrap import DEMO_TENANT, demo_snippets, ensure_demo_tenant
+
+    demo_key = ensure_demo_tenant(ctx)
+    if demo_key is None:
+        return
+    host = settings.server.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base_url = f"http://{host}:{settings.server.port}"
+    typer.echo(f"Demo tenant {DEMO_TENANT!r} created; its API key (shown once):")
+    typer.echo(f"  {demo_key}")
+    typer.echo("Try it:")
+    typer.echo(demo_snippets(base_url, demo_key, ctx.gateway.model_name or "MODEL"))
+    typer.echo("=" * 72)
+
+
+@models_app.command("pull-demo")
+def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Convert the packaged SmolLM2-135M-Instruct GGUF into the data dir now (serve does it on
+    first start otherwise); prints the checkpoint's path."""
+    from loraplex.engine.real_model import DemoModelUnavailable, ensure_demo_checkpoint
+    from loraplex.platform.engine_gateway import demo_model_dir
+
+    settings = _settings(config, data_dir)
+    try:
+        typer.echo(ensure_demo_checkpoint(demo_model_dir(settings)))
+    except DemoModelUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@demo_app.command("adapters")
+def demo_adapters(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per adapter (default: its recipe)")] = None,
+) -> None:
+    """Train the demo adapters (french, pirate) with peft on this machine and register them for
+    the demo tenant. A running server loads them on its next start."""
+    from loraplex.platform.demo.adapters import register_for_demo_tenant, train_demo_adapters
+    from loraplex.platform.demo.bootstrap import ensure_demo_tenant
+
+    ctx = _admin_ctx(config, data_dir, with_engine=True)
+    new_key = ensure_demo_tenant(ctx)
+    if new_key:
+        typer.echo(f"demo tenant created; its API key (shown once): {new_key}")
+    folders = train_demo_adapters(ctx.gateway.model_dir, ctx.settings.data_dir / "demo-adapters",
+                                  typer.echo, steps=steps)
+    with _cli_errors():
+        _print(register_for_demo_tenant(ctx, folders))
 
 
 @db_app.command("upgrade")

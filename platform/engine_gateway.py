@@ -34,16 +34,31 @@ class AdapterInvalid(Unprocessable):
     code = "invalid_adapter"
 
 
+TINY_RANDOM_MODEL = "tiny-random"
+
+
+def demo_model_dir(settings: Settings) -> Path:
+    """Where the embedded SmolLM2 checkpoint lives once converted (inside the data directory)."""
+    from loraplex.engine.real_model import DEMO_MODEL_NAME
+
+    return settings.data_dir / "models" / DEMO_MODEL_NAME
+
+
 def resolve_model_dir(settings: Settings) -> Path:
-    """The configured base model, or the embedded demo model built inside the data directory."""
+    """The configured base model; empty = SmolLM2-135M-Instruct converted once into the data
+    directory; ``tiny-random`` = the random-weight demo model (tiny shapes, no package needed)."""
+    if settings.engine.model == TINY_RANDOM_MODEL:
+        from loraplex.engine.demo_model import ensure_demo_model
+
+        return Path(ensure_demo_model(settings.data_dir / "demo-model"))
     if settings.engine.model:
         path = Path(settings.engine.model).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(f"engine.model {path} is not a directory")
         return path
-    from loraplex.engine.demo_model import ensure_demo_model
+    from loraplex.engine.real_model import ensure_demo_checkpoint
 
-    return Path(ensure_demo_model(settings.data_dir / "demo-model"))
+    return ensure_demo_checkpoint(demo_model_dir(settings))
 
 
 class EngineGateway:
@@ -114,6 +129,11 @@ class EngineGateway:
             longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
             self._max_prompt_chars = int(self._engine.stats()["max_model_len"]) * max(longest, 1)
         return self._max_prompt_chars
+    def resolved_config(self) -> dict[str, Any]:
+        """The engine configuration with every ``auto`` resolved (printed by ``serve``)."""
+        from loraplex.engine.describe import resolved_config
+
+        return resolved_config(self.engine.engine)
 
     def shutdown(self) -> None:
         if self._engine is not None:

