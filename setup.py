@@ -4,6 +4,7 @@ The repo's top-level folders are mapped into the ``loraplex`` namespace. ``platf
 ``__init__.py`` on purpose (it would shadow the standard library's ``platform`` module whenever the
 repo root is on sys.path), so setuptools' finders can't see it: we walk the folders ourselves.
 """
+
 import os
 
 from setuptools import setup
@@ -30,7 +31,10 @@ def _packages():
 setup(
     package_dir=FOLDERS,
     packages=_packages(),
-    package_data={"loraplex.migrations": ["*.mako", "*.ini"], "loraplex.admin_ui": ["**/*"],
-                  "loraplex.kernels": ["csrc/*.cpp"]},  # native CPU kernels are built from source on first use
+    package_data={
+        "loraplex.migrations": ["*.mako", "*.ini"],
+        "loraplex.admin_ui": ["**/*"],
+        "loraplex.kernels": ["csrc/*.cpp"],
+    },  # native CPU kernels are built from source on first use
     include_package_data=True,
 )

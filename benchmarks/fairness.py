@@ -18,6 +18,7 @@ tenants backlogged through a window, per-tenant TTFT p50/p99, total throughput (
 w_p·prompt + w_q·output tokens (1 and 2). Writes benchmarks/results/fairness.json and one PNG per
 workload (service over time per tenant and policy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,14 @@ clock = time.process_time
 RESULTS = Path(__file__).resolve().parent / "results"
 W_P, W_Q = 1.0, 2.0
 POLICIES = ("fcfs", "priority", "fair")
-ENGINE_ARGS = dict(max_num_seqs=16, max_num_batched_tokens=256, block_size=16, num_kv_blocks=160,
-                   kernel_backend="torch", dtype="float32")
+ENGINE_ARGS = dict(
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    block_size=16,
+    num_kv_blocks=160,
+    kernel_backend="torch",
+    dtype="float32",
+)
 
 
 @dataclass
@@ -78,13 +85,22 @@ def workloads(capacity: float, seconds: float, seed: int = 0) -> list[Workload]:
     for k in (0, 2):  # B is on during the 1st and 3rd quarters
         on_off += poisson("B", 1.5 * capacity, k * quarter, (k + 1) * quarter, rng=rng, **mid)
     return [
-        Workload("overload", poisson("A", 2 * capacity, 0, seconds, rng=rng, **mid)
-                 + poisson("B", capacity, 0, seconds, rng=rng, **mid), {"A": 1.0, "B": 1.0}),
-        Workload("short_long", poisson("A", 1.5 * capacity, 0, seconds, (160, 200), (8, 16), rng)
-                 + poisson("B", 1.5 * capacity, 0, seconds, (8, 16), (100, 140), rng), {"A": 1.0, "B": 1.0}),
-        Workload("weighted", [a for i, t in enumerate("ABCD") for a in
-                              poisson(t, capacity, 0, seconds, rng=rng, **mid)],
-                 {"A": 1.0, "B": 2.0, "C": 3.0, "D": 4.0}),
+        Workload(
+            "overload",
+            poisson("A", 2 * capacity, 0, seconds, rng=rng, **mid) + poisson("B", capacity, 0, seconds, rng=rng, **mid),
+            {"A": 1.0, "B": 1.0},
+        ),
+        Workload(
+            "short_long",
+            poisson("A", 1.5 * capacity, 0, seconds, (160, 200), (8, 16), rng)
+            + poisson("B", 1.5 * capacity, 0, seconds, (8, 16), (100, 140), rng),
+            {"A": 1.0, "B": 1.0},
+        ),
+        Workload(
+            "weighted",
+            [a for i, t in enumerate("ABCD") for a in poisson(t, capacity, 0, seconds, rng=rng, **mid)],
+            {"A": 1.0, "B": 2.0, "C": 3.0, "D": 4.0},
+        ),
         Workload("on_off", on_off, {"A": 1.0, "B": 1.0}),
     ]
 
@@ -99,8 +115,10 @@ def measure_capacity(model: str, seconds: float = 6.0) -> float:
     rng = random.Random(1)
     vocab = engine.model_config.vocab_size
     for _ in range(400):
-        engine.add_request([rng.randrange(5, vocab) for _ in range(64)],
-                           SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+        engine.add_request(
+            [rng.randrange(5, vocab) for _ in range(64)],
+            SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True),
+        )
     for _ in range(20):  # warm up
         engine.step()
     start, done = clock(), 0
@@ -129,9 +147,12 @@ def replay(model: str, policy: str, wl: Workload, seconds: float) -> dict:
         while nxt < len(arrivals) and arrivals[nxt].t <= now:
             a = arrivals[nxt]
             nxt += 1
-            req = engine.add_request([rng.randrange(5, vocab) for _ in range(a.prompt_len)],
-                                     SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True),
-                                     tenant_id=a.tenant, arrival_time=t0 + a.t)
+            req = engine.add_request(
+                [rng.randrange(5, vocab) for _ in range(a.prompt_len)],
+                SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True),
+                tenant_id=a.tenant,
+                arrival_time=t0 + a.t,
+            )
             reqs.append(req)
             arrived[req.request_id] = a.t
         if not engine.scheduler.has_work():
@@ -143,15 +164,25 @@ def replay(model: str, policy: str, wl: Workload, seconds: float) -> dict:
         for o in outs:
             if o.request_id not in ttft_of and any(c.token_ids for c in o.outputs):
                 ttft_of[o.request_id] = now - arrived[o.request_id]
-        timeline.append((now,
-                         {t: W_P * book.prompt_tokens[t] + W_Q * book.output_tokens[t] for t in wl.weights},
-                         {t: book.num_waiting.get(t, 0) > 0 for t in wl.weights}))
+        timeline.append(
+            (
+                now,
+                {t: W_P * book.prompt_tokens[t] + W_Q * book.output_tokens[t] for t in wl.weights},
+                {t: book.num_waiting.get(t, 0) > 0 for t in wl.weights},
+            )
+        )
     tokens = sum(book.prompt_tokens.values()) + sum(book.output_tokens.values())
-    ttft = {t: sorted(ttft_of[r.request_id] for r in reqs if r.tenant_id == t and r.request_id in ttft_of)
-            for t in wl.weights}
-    return {"timeline": timeline, "throughput_tok_s": tokens / seconds, "ttft": ttft,
-            "served": {t: timeline[-1][1][t] if timeline else 0.0 for t in wl.weights},
-            "requests": {t: sum(1 for r in reqs if r.tenant_id == t) for t in wl.weights}}
+    ttft = {
+        t: sorted(ttft_of[r.request_id] for r in reqs if r.tenant_id == t and r.request_id in ttft_of)
+        for t in wl.weights
+    }
+    return {
+        "timeline": timeline,
+        "throughput_tok_s": tokens / seconds,
+        "ttft": ttft,
+        "served": {t: timeline[-1][1][t] if timeline else 0.0 for t in wl.weights},
+        "requests": {t: sum(1 for r in reqs if r.tenant_id == t) for t in wl.weights},
+    }
 
 
 def service_difference(timeline, weights) -> tuple[float, float, list[tuple[float, float]]]:
@@ -180,7 +211,7 @@ def windowed_jain(timeline, weights, window: float) -> tuple[float | None, float
             end += 1
         if end >= len(timeline):
             break
-        steps = timeline[start:end + 1]
+        steps = timeline[start : end + 1]
         tenants = [t for t in weights if all(b[t] for _, _, b in steps)]
         if len(tenants) >= 2:
             x = [(steps[-1][1][t] - steps[0][1][t]) / weights[t] for t in tenants]
@@ -200,6 +231,7 @@ def pct(xs, q):
 
 def plot(name: str, weights, runs: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -232,10 +264,17 @@ def main(argv=None) -> int:
     capacity = measure_capacity(model)
     print(f"model preset={args.preset}  capacity ≈ {capacity:.1f} req/s (64 in / 64 out)  run={args.seconds:g}s")
     wanted = args.workloads.split(",")
-    report = {"preset": args.preset, "seconds": args.seconds, "capacity_req_s": capacity,
-              "engine": ENGINE_ARGS, "workloads": {}}
-    header = f"{'workload':<11} {'policy':<9} {'diff max':>9} {'diff end':>9} {'jain mean':>9} {'jain min':>8} " \
-             f"{'tok/s':>7}  TTFT p50/p99 per tenant (s)"
+    report = {
+        "preset": args.preset,
+        "seconds": args.seconds,
+        "capacity_req_s": capacity,
+        "engine": ENGINE_ARGS,
+        "workloads": {},
+    }
+    header = (
+        f"{'workload':<11} {'policy':<9} {'diff max':>9} {'diff end':>9} {'jain mean':>9} {'jain min':>8} "
+        f"{'tok/s':>7}  TTFT p50/p99 per tenant (s)"
+    )
     print(header)
     print("-" * len(header))
     for wl in workloads(capacity, args.seconds):
@@ -248,14 +287,24 @@ def main(argv=None) -> int:
             dmax, dend, series = service_difference(run["timeline"], wl.weights)
             jmean, jmin = windowed_jain(run["timeline"], wl.weights, args.jain_window)
             ttft = {t: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "n": len(v)} for t, v in run["ttft"].items()}
-            rows[policy] = {"service_diff_max": dmax, "service_diff_final": dend, "jain_mean": jmean,
-                            "jain_min": jmin, "throughput_tok_s": run["throughput_tok_s"], "ttft": ttft,
-                            "served": run["served"], "requests": run["requests"],
-                            "service_diff_series": series[:: max(1, len(series) // 200)]}
+            rows[policy] = {
+                "service_diff_max": dmax,
+                "service_diff_final": dend,
+                "jain_mean": jmean,
+                "jain_min": jmin,
+                "throughput_tok_s": run["throughput_tok_s"],
+                "ttft": ttft,
+                "served": run["served"],
+                "requests": run["requests"],
+                "service_diff_series": series[:: max(1, len(series) // 200)],
+            }
             fmt = lambda x: "  n/a" if x is None else f"{x:.3f}"  # noqa: E731
             tt = " ".join(f"{t}:{fmt(v['p50'])}/{fmt(v['p99'])}" for t, v in ttft.items())
-            print(f"{wl.name:<11} {policy:<9} {dmax:>9.0f} {dend:>9.0f} {fmt(jmean):>9} {fmt(jmin):>8} "
-                  f"{run['throughput_tok_s']:>7.0f}  {tt}", flush=True)
+            print(
+                f"{wl.name:<11} {policy:<9} {dmax:>9.0f} {dend:>9.0f} {fmt(jmean):>9} {fmt(jmin):>8} "
+                f"{run['throughput_tok_s']:>7.0f}  {tt}",
+                flush=True,
+            )
         fcfs_tp = rows["fcfs"]["throughput_tok_s"]
         for r in rows.values():
             r["throughput_vs_fcfs"] = r["throughput_tok_s"] / fcfs_tp if fcfs_tp else None

@@ -10,6 +10,7 @@ reference, and the device's measured copy bandwidth (a large ``copy_``) to read 
 Shapes are Llama-3-8B-like: hidden 4096, qkv 4096+2x1024, gate_up 2x14336, 32 q / 8 kv heads of 128,
 KV block 16. Without CUDA (and without ``--cpu-smoke``) it says so and exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,8 +102,11 @@ def sgmv_rows(b: Bench) -> list[Row]:
             shapes = [("decode", t) for t in decode_tokens] + [("prefill", t) for t in prefill_tokens]
             for kind, tokens in shapes:
                 if kind == "decode":  # tokens spread over all adapters, sorted by slot like the engine does
-                    slots = [i * num_adapters // tokens for i in range(tokens)] if tokens >= num_adapters \
+                    slots = (
+                        [i * num_adapters // tokens for i in range(tokens)]
+                        if tokens >= num_adapters
                         else list(range(tokens))
+                    )
                 else:  # a few long prefill chunks, one adapter each
                     n_seq = 4
                     slots = [min(i * n_seq // tokens, n_seq - 1) for i in range(tokens)]
@@ -114,20 +118,43 @@ def sgmv_rows(b: Bench) -> list[Row]:
                 case = f"{layer} r{rank} {kind} T={tokens} adapters={used}"
                 ms = b.time_ms(lambda: triton_sgmv.sgmv_shrink(x, a, seg, ranks, out=shrunk))
                 ref_ms = b.time_ms(lambda: reference.sgmv_shrink(x, a, seg, ranks)) if tokens <= 1024 else None
-                rows.append(Row(
-                    "sgmv_shrink", case, ms,
-                    gbytes=(tokens * hidden * e + used * len(widths) * rank * hidden * e
-                            + len(widths) * tokens * rank * 4) / 1e9,
-                    gflop=2 * tokens * len(widths) * rank * hidden / 1e9, torch_ms=ref_ms,
-                    extra={"split_k": triton_sgmv._shrink_config(seg, len(widths), rank, hidden, b.device)[4]}))
+                rows.append(
+                    Row(
+                        "sgmv_shrink",
+                        case,
+                        ms,
+                        gbytes=(
+                            tokens * hidden * e
+                            + used * len(widths) * rank * hidden * e
+                            + len(widths) * tokens * rank * 4
+                        )
+                        / 1e9,
+                        gflop=2 * tokens * len(widths) * rank * hidden / 1e9,
+                        torch_ms=ref_ms,
+                        extra={"split_k": triton_sgmv._shrink_config(seg, len(widths), rank, hidden, b.device)[4]},
+                    )
+                )
                 ms = b.time_ms(lambda: triton_sgmv.sgmv_expand(y, shrunk, bw, seg, ranks, scales, offsets))
-                ref_ms = b.time_ms(lambda: reference.sgmv_expand(y, shrunk, bw, seg, ranks, scales, offsets)) \
-                    if tokens <= 1024 else None
-                rows.append(Row(
-                    "sgmv_expand", case, ms,
-                    gbytes=(len(widths) * tokens * rank * 4 + used * rank * offsets[-1] * e
-                            + 2 * tokens * offsets[-1] * e) / 1e9,
-                    gflop=2 * tokens * rank * offsets[-1] / 1e9, torch_ms=ref_ms))
+                ref_ms = (
+                    b.time_ms(lambda: reference.sgmv_expand(y, shrunk, bw, seg, ranks, scales, offsets))
+                    if tokens <= 1024
+                    else None
+                )
+                rows.append(
+                    Row(
+                        "sgmv_expand",
+                        case,
+                        ms,
+                        gbytes=(
+                            len(widths) * tokens * rank * 4
+                            + used * rank * offsets[-1] * e
+                            + 2 * tokens * offsets[-1] * e
+                        )
+                        / 1e9,
+                        gflop=2 * tokens * rank * offsets[-1] / 1e9,
+                        torch_ms=ref_ms,
+                    )
+                )
     return rows
 
 
@@ -142,7 +169,7 @@ def _paged_cache(b: Bench, ctx_lens, block_size, hkv, d):
     table = torch.zeros(len(ctx_lens), max(blocks_per_seq), dtype=torch.int32, device=b.device)
     at = 0
     for s, n in enumerate(blocks_per_seq):
-        table[s, :n] = perm[at:at + n]
+        table[s, :n] = perm[at : at + n]
         at += n
     ctx = torch.tensor(ctx_lens, dtype=torch.int32, device=b.device)
     return k_cache, v_cache, table, ctx
@@ -164,7 +191,7 @@ def attention_rows(b: Bench) -> list[Row]:
             decode = [(1, 2048), (32, 2048), (128, 8192)]
             prefill = [(1, 2048, 0), (4, 512, 2048)]
     e = torch.tensor([], dtype=b.dtype).element_size()
-    scale = d ** -0.5
+    scale = d**-0.5
     rows: list[Row] = []
     for batch, ctx_len in decode:
         k_cache, v_cache, table, ctx = _paged_cache(b, [ctx_len] * batch, block_size, hkv, d)
@@ -172,25 +199,43 @@ def attention_rows(b: Bench) -> list[Row]:
         ms = b.time_ms(lambda: triton_attention.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale))
         # The reference materialises every sequence's K/V in fp32: skip it where that is huge.
         ref_ok = batch * ctx_len * hkv * d * 4 * 2 <= (64 << 20 if b.smoke else 4 << 30)
-        ref_ms = b.time_ms(lambda: reference.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale)) \
-            if ref_ok else None
+        ref_ms = (
+            b.time_ms(lambda: reference.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale))
+            if ref_ok
+            else None
+        )
         kv_tokens = batch * ctx_len
-        rows.append(Row(
-            "paged_decode", f"batch={batch} ctx={ctx_len}", ms,
-            gbytes=(2 * kv_tokens * hkv * d * e + 2 * batch * hq * d * e) / 1e9,
-            gflop=4 * kv_tokens * hq * d / 1e9, torch_ms=ref_ms))
+        rows.append(
+            Row(
+                "paged_decode",
+                f"batch={batch} ctx={ctx_len}",
+                ms,
+                gbytes=(2 * kv_tokens * hkv * d * e + 2 * batch * hq * d * e) / 1e9,
+                gflop=4 * kv_tokens * hq * d / 1e9,
+                torch_ms=ref_ms,
+            )
+        )
     for n_seq, q_len, prefix in prefill:
         k_cache, v_cache, table, ctx = _paged_cache(b, [prefix + q_len] * n_seq, block_size, hkv, d)
         q = torch.randn(n_seq * q_len, hq, d, device=b.device).to(b.dtype)
         qsl = torch.arange(0, n_seq * q_len + 1, q_len, dtype=torch.int32, device=b.device)
-        ms = b.time_ms(lambda: triton_attention.paged_prefill_attention(
-            q, k_cache, v_cache, table, qsl, ctx, scale, max_query_len=q_len))
+        ms = b.time_ms(
+            lambda: triton_attention.paged_prefill_attention(
+                q, k_cache, v_cache, table, qsl, ctx, scale, max_query_len=q_len
+            )
+        )
         ref_ms = b.time_ms(lambda: reference.paged_prefill_attention(q, k_cache, v_cache, table, qsl, ctx, scale))
         visible = n_seq * (q_len * prefix + q_len * (q_len + 1) // 2)  # causal (query, key) pairs
-        rows.append(Row(
-            "paged_prefill", f"seqs={n_seq} chunk={q_len} prefix={prefix}", ms,
-            gbytes=(2 * n_seq * (prefix + q_len) * hkv * d * e + 2 * n_seq * q_len * hq * d * e) / 1e9,
-            gflop=4 * visible * hq * d / 1e9, torch_ms=ref_ms))
+        rows.append(
+            Row(
+                "paged_prefill",
+                f"seqs={n_seq} chunk={q_len} prefix={prefix}",
+                ms,
+                gbytes=(2 * n_seq * (prefix + q_len) * hkv * d * e + 2 * n_seq * q_len * hq * d * e) / 1e9,
+                gflop=4 * visible * hq * d / 1e9,
+                torch_ms=ref_ms,
+            )
+        )
     return rows
 
 
@@ -206,8 +251,10 @@ def print_table(rows: list[Row], copy_gb_s: float, device_name: str) -> None:
     print("-" * len(head))
     for r in rows:
         speed = r.torch_ms / r.triton_ms if r.torch_ms else None
-        print(f"{r.op:<14} {r.case:<44} {r.triton_ms:>10.4f} {r.gb_s:>9,.0f} {100 * r.gb_s / copy_gb_s:>5.0f}% "
-              f"{r.tflop_s:>8.2f} {_fmt(r.torch_ms, '>9.4f'):>9} {_fmt(speed, '>7.1f'):>8}")
+        print(
+            f"{r.op:<14} {r.case:<44} {r.triton_ms:>10.4f} {r.gb_s:>9,.0f} {100 * r.gb_s / copy_gb_s:>5.0f}% "
+            f"{r.tflop_s:>8.2f} {_fmt(r.torch_ms, '>9.4f'):>9} {_fmt(speed, '>7.1f'):>8}"
+        )
 
 
 def write_json(rows: list[Row], copy_gb_s: float, device_name: str, mode: str, path: Path) -> None:
@@ -235,12 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not args.cpu_smoke and not torch.cuda.is_available():
-        print("benchmarks/kernels.py: no CUDA device; nothing measured (use --cpu-smoke to exercise "
-              "the code path through the Triton interpreter).")
+        print(
+            "benchmarks/kernels.py: no CUDA device; nothing measured (use --cpu-smoke to exercise "
+            "the code path through the Triton interpreter)."
+        )
         return 0
     b = Bench(args.cpu_smoke, args.quick)
-    device_name = "cpu (Triton interpreter smoke; times are meaningless)" if b.smoke \
-        else torch.cuda.get_device_name(b.device)
+    device_name = (
+        "cpu (Triton interpreter smoke; times are meaningless)" if b.smoke else torch.cuda.get_device_name(b.device)
+    )
     copy_gb_s = b.copy_bandwidth_gb_s()
     rows: list[Row] = []
     if args.only in (None, "sgmv"):

@@ -12,6 +12,7 @@ ranks 8-64 on q/k/v/o. Systems, one after another in this one process, on the ~2
   * hf-peft   : transformers + peft.PeftModel, set_adapter per request, requests served serially
 Compare RATIOS: all numbers come from the same machine and process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,26 @@ def write_peft_adapter(out: Path, base_dir: str, cfg: dict, rank: int, seed: int
         for m in TARGETS:
             fan_in, fan_out = shapes[m]
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{m}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) / fan_in ** 0.5
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) / fan_in**0.5
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=g) * 0.02
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS), "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
-        "base_model_name_or_path": base_dir, "inference_mode": True}))
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": list(TARGETS),
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "use_rslora": False,
+                "base_model_name_or_path": base_dir,
+                "inference_mode": True,
+            }
+        )
+    )
     return str(out)
 
 
@@ -72,25 +85,42 @@ def make_workload(n: int, num_adapters: int, out_tokens: int, vocab: int, seed: 
 
 
 def run_loraplex(model_dir: str, arrivals: list[Arrival], adapters: dict[str, str], args) -> tuple[list[Record], dict]:
-    engine = LLMEngine(EngineConfig(
-        model=model_dir, dtype=args.dtype, kernel_backend="auto", max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=16, max_loras=args.max_loras,
-        max_cpu_loras=max(args.max_loras, len(adapters)), max_lora_rank=max(RANKS)))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            dtype=args.dtype,
+            kernel_backend="auto",
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=16,
+            max_loras=args.max_loras,
+            max_cpu_loras=max(args.max_loras, len(adapters)),
+            max_lora_rank=max(RANKS),
+        )
+    )
     needed = {a.adapter for a in arrivals if a.adapter is not None}
     t0 = time.perf_counter()
     for name in sorted(needed):
         engine.lora.add_adapter(name, adapters[name])
     load_s = time.perf_counter() - t0
-    params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0,  # noqa: E731
-                                      ignore_eos=not getattr(args, "real", False))
+
+    def params(a):
+        return SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=not getattr(args, "real", False))
+
     drive_engine(engine, arrivals[: min(4, len(arrivals))], params)  # warm-up (allocator, first slot loads)
     cpu0 = time.process_time()
     records = drive_engine(engine, arrivals, params)
     cpu_s = time.process_time() - cpu0
     lora = engine.stats()["lora"]
-    extra = {**_cpu_extra(records, cpu_s), "adapters_registered": len(needed), "register_s": load_s,
-             "slot_loads": lora["slot_loads"], "slot_evictions": lora["slot_evictions"],
-             "max_adapters_per_step": lora["max_adapters_per_step"], "steps": engine.counters["steps"]}
+    extra = {
+        **_cpu_extra(records, cpu_s),
+        "adapters_registered": len(needed),
+        "register_s": load_s,
+        "slot_loads": lora["slot_loads"],
+        "slot_evictions": lora["slot_evictions"],
+        "max_adapters_per_step": lora["max_adapters_per_step"],
+        "steps": engine.counters["steps"],
+    }
     return records, extra
 
 
@@ -114,8 +144,9 @@ class _FirstTokenClock:
         pass
 
 
-def run_hf_peft(model_dir: str, arrivals: list[Arrival], adapters: dict[str, str],
-                dtype: str = "float32") -> tuple[list[Record], dict]:
+def run_hf_peft(
+    model_dir: str, arrivals: list[Arrival], adapters: dict[str, str], dtype: str = "float32"
+) -> tuple[list[Record], dict]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -138,8 +169,14 @@ def run_hf_peft(model_dir: str, arrivals: list[Arrival], adapters: dict[str, str
                 peft_model.set_adapter(a.adapter)
             ids = torch.tensor([a.prompt])
             clock = _FirstTokenClock()
-            gen = peft_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=a.max_tokens, min_new_tokens=a.max_tokens, streamer=clock)
+            gen = peft_model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=a.max_tokens,
+                min_new_tokens=a.max_tokens,
+                streamer=clock,
+            )
             done = time.monotonic()
             records.append(Record(0.0, clock.first - start, done - start, gen.shape[1] - ids.shape[1], len(a.prompt)))
     return records, _cpu_extra(records, time.process_time() - cpu0)
@@ -157,13 +194,24 @@ def main() -> None:
     ap.add_argument("--max-loras", type=int, default=64, help="device slots (and distinct adapters per step)")
     ap.add_argument("--model-dir", help="reuse a bench checkpoint instead of creating one")
     ap.add_argument("--repeats", type=int, help="runs per system, best kept (default 2; quick 1)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (default 1: stable on a shared box; 0 = torch's choice)")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                    help="dtype for EVERY system (bf16 matmuls are ~4x faster than fp32 on this CPU)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: stable on a shared box; 0 = torch's choice)",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16"],
+        help="dtype for EVERY system (bf16 matmuls are ~4x faster than fp32 on this CPU)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--real", action="store_true",
-                    help="SmolLM2-135M-Instruct on chat prompts (EOS-terminated) with the 2 demo adapters")
+    ap.add_argument(
+        "--real",
+        action="store_true",
+        help="SmolLM2-135M-Instruct on chat prompts (EOS-terminated) with the 2 demo adapters",
+    )
     args = ap.parse_args()
     if args.real:
         return main_real(args)
@@ -182,14 +230,17 @@ def main() -> None:
     vocab = cfg["vocab_size"]
     rng = random.Random(args.seed)
     max_n = max(counts)
-    adapters = {f"lora{i}": write_peft_adapter(Path(tmp.name) / f"lora{i}", model_dir, cfg, rng.choice(RANKS), seed=i)
-                for i in range(max_n)}
+    adapters = {
+        f"lora{i}": write_peft_adapter(Path(tmp.name) / f"lora{i}", model_dir, cfg, rng.choice(RANKS), seed=i)
+        for i in range(max_n)
+    }
     ranks = {n: json.loads((Path(p) / "adapter_config.json").read_text())["r"] for n, p in adapters.items()}
 
     # The machine may be shared: every system runs `repeats` times, interleaved, and the best run
     # (highest output tok/s) of each is reported, which estimates the uncontended speed.
-    base_arrivals = [Arrival(0.0, a.prompt, a.max_tokens, None)
-                     for a in make_workload(n_req, 1, out_tokens, vocab, args.seed)]
+    base_arrivals = [
+        Arrival(0.0, a.prompt, a.max_tokens, None) for a in make_workload(n_req, 1, out_tokens, vocab, args.seed)
+    ]
     workloads = {n: make_workload(n_req, n, out_tokens, vocab, args.seed) for n in counts}
     best: dict[tuple, dict] = {}
 
@@ -207,14 +258,34 @@ def main() -> None:
             arrivals = workloads[n]
             used = sorted({a.adapter for a in arrivals})
             recs, extra = run_loraplex(model_dir, arrivals, adapters, args)
-            keep(("loraplex", n), summarize("loraplex", recs, {
-                "adapters": n, "distinct_used": len(used), "ranks_used": sorted({ranks[u] for u in used}), **extra}))
+            keep(
+                ("loraplex", n),
+                summarize(
+                    "loraplex",
+                    recs,
+                    {
+                        "adapters": n,
+                        "distinct_used": len(used),
+                        "ranks_used": sorted({ranks[u] for u in used}),
+                        **extra,
+                    },
+                ),
+            )
             peft_arrivals = arrivals[:n_peft]
             precs, pextra = run_hf_peft(model_dir, peft_arrivals, adapters, args.dtype)
-            keep(("hf-peft", n), summarize("hf-peft", precs, {
-                "adapters": n, "distinct_used": len({a.adapter for a in peft_arrivals}), **pextra}))
-            print(f"[rep {rep}] N={n}: loraplex {best[('loraplex', n)]['runs_tok_per_s'][-1]} tok/s, "
-                  f"hf-peft {best[('hf-peft', n)]['runs_tok_per_s'][-1]} tok/s", flush=True)
+            keep(
+                ("hf-peft", n),
+                summarize(
+                    "hf-peft",
+                    precs,
+                    {"adapters": n, "distinct_used": len({a.adapter for a in peft_arrivals}), **pextra},
+                ),
+            )
+            print(
+                f"[rep {rep}] N={n}: loraplex {best[('loraplex', n)]['runs_tok_per_s'][-1]} tok/s, "
+                f"hf-peft {best[('hf-peft', n)]['runs_tok_per_s'][-1]} tok/s",
+                flush=True,
+            )
 
     base = best[("base", 0)]
     rows: list[dict] = [base]
@@ -228,28 +299,71 @@ def main() -> None:
         rows += [row, prow]
 
     print()
-    print_table(rows, ["system", "adapters", "requests", "req_per_s", "output_tok_per_s", "ttft_p50_ms",
-                       "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "vs_base", "vs_peft", "output_tok_per_cpu_s", "cpu_vs_base",
-                       "cpu_vs_peft"])
+    print_table(
+        rows,
+        [
+            "system",
+            "adapters",
+            "requests",
+            "req_per_s",
+            "output_tok_per_s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "tpot_p50_ms",
+            "tpot_p99_ms",
+            "vs_base",
+            "vs_peft",
+            "output_tok_per_cpu_s",
+            "cpu_vs_base",
+            "cpu_vs_peft",
+        ],
+    )
     at64 = next((r for r in rows if r["system"] == "loraplex" and r["adapters"] == 64), None)
     targets = None
     if at64 is not None:
-        targets = {"vs_base_at_64": at64["vs_base"], "vs_base_target": 0.75, "vs_peft_at_64": at64["vs_peft"],
-                   "vs_peft_target": 10.0, "met": at64["vs_base"] >= 0.75 and at64["vs_peft"] >= 10.0,
-                   "cpu_vs_base_at_64": at64["cpu_vs_base"], "cpu_vs_peft_at_64": at64["cpu_vs_peft"]}
-        print(f"\n64 adapters (wall): {at64['vs_base']:.2f}x base-only (target >= 0.75), "
-              f"{at64['vs_peft']:.1f}x HF PEFT (target >= 10)")
+        targets = {
+            "vs_base_at_64": at64["vs_base"],
+            "vs_base_target": 0.75,
+            "vs_peft_at_64": at64["vs_peft"],
+            "vs_peft_target": 10.0,
+            "met": at64["vs_base"] >= 0.75 and at64["vs_peft"] >= 10.0,
+            "cpu_vs_base_at_64": at64["cpu_vs_base"],
+            "cpu_vs_peft_at_64": at64["cpu_vs_peft"],
+        }
+        print(
+            f"\n64 adapters (wall): {at64['vs_base']:.2f}x base-only (target >= 0.75), "
+            f"{at64['vs_peft']:.1f}x HF PEFT (target >= 10)"
+        )
         print(f"64 adapters (per CPU-second): {at64['cpu_vs_base']:.2f}x base-only, {at64['cpu_vs_peft']:.1f}x HF PEFT")
-    path = write_json("multi_lora", {
-        "workload": {"requests": n_req, "peft_requests": n_peft, "output_tokens": out_tokens,
-                     "prompt_tokens": "16-96 uniform", "arrivals": "burst at t=0",
-                     "popularity": "power law alpha=1", "ranks": list(RANKS), "targets": list(TARGETS),
-                     "quick": args.quick, "repeats": args.repeats, "reported": "best run of each system",
-                     "torch_threads": torch.get_num_threads()},
-        "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                   "max_loras": args.max_loras, "kernel_backend": "auto", "dtype": args.dtype},
-        "notes": "hf-peft serves its requests serially; its TTFT is measured from the start of its own burst",
-        "results": rows, "targets": targets})
+    path = write_json(
+        "multi_lora",
+        {
+            "workload": {
+                "requests": n_req,
+                "peft_requests": n_peft,
+                "output_tokens": out_tokens,
+                "prompt_tokens": "16-96 uniform",
+                "arrivals": "burst at t=0",
+                "popularity": "power law alpha=1",
+                "ranks": list(RANKS),
+                "targets": list(TARGETS),
+                "quick": args.quick,
+                "repeats": args.repeats,
+                "reported": "best run of each system",
+                "torch_threads": torch.get_num_threads(),
+            },
+            "engine": {
+                "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+                "max_loras": args.max_loras,
+                "kernel_backend": "auto",
+                "dtype": args.dtype,
+            },
+            "notes": "hf-peft serves its requests serially; its TTFT is measured from the start of its own burst",
+            "results": rows,
+            "targets": targets,
+        },
+    )
     print(f"wrote {path}")
 
 
@@ -267,21 +381,52 @@ def main_real(args) -> None:
     adapters = demo_adapters(Path(model_dir))
     tok = load_tokenizer(model_dir)
     zeros = [0.0] * n_req
-    runs = {"base": real_arrivals(tok, n_req, zeros, out_tokens, args.seed),
-            "base+french+pirate": real_arrivals(tok, n_req, zeros, out_tokens, args.seed, [None, *adapters])}
+    runs = {
+        "base": real_arrivals(tok, n_req, zeros, out_tokens, args.seed),
+        "base+french+pirate": real_arrivals(tok, n_req, zeros, out_tokens, args.seed, [None, *adapters]),
+    }
     rows = []
     for rep in range(args.repeats or 1):
         for name, arrivals in runs.items():
             recs, extra = run_loraplex(model_dir, arrivals, adapters, args)
-            row = summarize(name, recs, {"rep": rep, "adapters": len({a.adapter for a in arrivals} - {None}),
-                                         "mean_output_tokens": sum(r.output_tokens for r in recs) / len(recs), **extra})
+            row = summarize(
+                name,
+                recs,
+                {
+                    "rep": rep,
+                    "adapters": len({a.adapter for a in arrivals} - {None}),
+                    "mean_output_tokens": sum(r.output_tokens for r in recs) / len(recs),
+                    **extra,
+                },
+            )
             rows.append(row)
             print(f"[rep {rep}] {name}: {row['output_tok_per_s']:.1f} tok/s", flush=True)
     print()
-    print_table(rows, ["system", "adapters", "requests", "output_tok_per_s", "ttft_p50_ms", "tpot_p50_ms",
-                       "mean_output_tokens", "output_tok_per_cpu_s", "max_adapters_per_step"])
-    path = write_json("multi_lora_real", {"model": model_dir, "requests": n_req, "max_tokens": out_tokens,
-                                          "dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "results": rows})
+    print_table(
+        rows,
+        [
+            "system",
+            "adapters",
+            "requests",
+            "output_tok_per_s",
+            "ttft_p50_ms",
+            "tpot_p50_ms",
+            "mean_output_tokens",
+            "output_tok_per_cpu_s",
+            "max_adapters_per_step",
+        ],
+    )
+    path = write_json(
+        "multi_lora_real",
+        {
+            "model": model_dir,
+            "requests": n_req,
+            "max_tokens": out_tokens,
+            "dtype": args.dtype,
+            "max_num_seqs": args.max_num_seqs,
+            "results": rows,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -15,6 +15,7 @@ Systems: loraplex with enable_prefix_caching off, then on; same engine settings 
 rendered through the chat template with a real user question, apps 1 and 2 run under the french and
 pirate demo adapters, answers end at EOS (``--output-tokens`` caps them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,18 +50,24 @@ def make_workload(args, vocab: int) -> tuple[list[Arrival], dict]:
 
 
 APP_SYSTEM_PROMPTS = [
-    ("You are the help desk of a public library. Opening hours are nine to six on weekdays and ten to four on "
-    "Saturdays; the library is closed on Sundays and public holidays. Members may borrow up to eight books for "
-    "three weeks and renew them twice online unless another member has reserved them. Late returns cost ten "
-    "cents a day per item. Study rooms can be booked for two hours at a time. Be friendly and brief."),
-    ("You are the assistant of a small bakery. We bake sourdough, rye and spelt loaves every morning, croissants "
-    "on weekends, and cakes to order with three days' notice. Everything is made with organic flour; we do not "
-    "offer gluten-free bread because our kitchen is full of flour dust. Orders can be collected from seven in "
-    "the morning. Answer questions about our products politely and in a few sentences."),
-    ("You are a travel guide for a coastal town. The old harbour has fish restaurants and boat trips to the "
-    "lighthouse island every hour in summer. The museum of the sea opens at ten and is free on the first Sunday "
-    "of the month. Trains to the city leave every thirty minutes from the station north of the market square. "
-    "Give short, practical answers to visitors."),
+    (
+        "You are the help desk of a public library. Opening hours are nine to six on weekdays and ten to four on "
+        "Saturdays; the library is closed on Sundays and public holidays. Members may borrow up to eight books for "
+        "three weeks and renew them twice online unless another member has reserved them. Late returns cost ten "
+        "cents a day per item. Study rooms can be booked for two hours at a time. Be friendly and brief."
+    ),
+    (
+        "You are the assistant of a small bakery. We bake sourdough, rye and spelt loaves every morning, croissants "
+        "on weekends, and cakes to order with three days' notice. Everything is made with organic flour; we do not "
+        "offer gluten-free bread because our kitchen is full of flour dust. Orders can be collected from seven in "
+        "the morning. Answer questions about our products politely and in a few sentences."
+    ),
+    (
+        "You are a travel guide for a coastal town. The old harbour has fish restaurants and boat trips to the "
+        "lighthouse island every hour in summer. The museum of the sea opens at ten and is free on the first Sunday "
+        "of the month. Trains to the city leave every thirty minutes from the station north of the market square. "
+        "Give short, practical answers to visitors."
+    ),
 ]
 
 
@@ -72,7 +79,9 @@ def make_real_workload(args, tokenizer, adapters: dict[str, str]) -> tuple[list[
     apps = len(APP_SYSTEM_PROMPTS)
     arrivals, shared = [], 0
     # The tokens every request of an app shares: the common prefix of two different questions.
-    probes = [(chat_prompt(tokenizer, "a", system=s), chat_prompt(tokenizer, "b", system=s)) for s in APP_SYSTEM_PROMPTS]
+    probes = [
+        (chat_prompt(tokenizer, "a", system=s), chat_prompt(tokenizer, "b", system=s)) for s in APP_SYSTEM_PROMPTS
+    ]
     prefix_len = [next(i for i, (x, y) in enumerate(zip(p, q)) if x != y) for p, q in probes]
     for i in range(args.requests):
         app = rng.randrange(apps) if i >= apps else i
@@ -84,11 +93,21 @@ def make_real_workload(args, tokenizer, adapters: dict[str, str]) -> tuple[list[
 
 
 def run(model_dir: str, adapters: dict[str, str], arrivals: list[Arrival], caching: bool, args):
-    engine = LLMEngine(EngineConfig(
-        model=model_dir, dtype="float32", kernel_backend="torch", max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=16, max_loras=max(1, len(adapters)),
-        max_cpu_loras=max(1, len(adapters)), max_lora_rank=16, enable_prefix_caching=caching,
-        kv_cache_memory_gb=1.0))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            dtype="float32",
+            kernel_backend="torch",
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=16,
+            max_loras=max(1, len(adapters)),
+            max_cpu_loras=max(1, len(adapters)),
+            max_lora_rank=16,
+            enable_prefix_caching=caching,
+            kv_cache_memory_gb=1.0,
+        )
+    )
     for name, path in adapters.items():
         engine.lora.add_adapter(name, path)
     salt_of = {a.tenant: a.tenant for a in arrivals}  # what the platform does: one salt per tenant
@@ -101,8 +120,7 @@ def run(model_dir: str, adapters: dict[str, str], arrivals: list[Arrival], cachi
     params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=not args.real)  # noqa: E731
     rng = random.Random(99)
     vocab = engine.model_config.vocab_size
-    warm = [Arrival(0.0, [rng.randrange(10, vocab) for _ in range(64)], 4, a, "warmup")
-            for a in [None, *adapters]]
+    warm = [Arrival(0.0, [rng.randrange(10, vocab) for _ in range(64)], 4, a, "warmup") for a in [None, *adapters]]
     drive_engine(engine, warm, params)  # allocator, adapter slots; shares no prefix with the run
     outputs: dict[str, list[int]] = {}
     orig_step = engine.step
@@ -119,10 +137,17 @@ def run(model_dir: str, adapters: dict[str, str], arrivals: list[Arrival], cachi
     records = drive_engine(engine, arrivals, params)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     kv = engine.stats()["kv_cache"]
-    extra = {"prefix_caching": caching, "wall_s": wall, "cpu_s": cpu, "hit_rate": kv["prefix_cache_hit_rate"],
-             "hit_tokens": kv["prefix_cache_hits"], "query_tokens": kv["prefix_cache_queries"],
-             "cached_blocks": kv["cached_blocks"], "evictions": kv["prefix_cache_evictions"],
-             "steps": engine.counters["steps"]}
+    extra = {
+        "prefix_caching": caching,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "hit_rate": kv["prefix_cache_hit_rate"],
+        "hit_tokens": kv["prefix_cache_hits"],
+        "query_tokens": kv["prefix_cache_queries"],
+        "cached_blocks": kv["cached_blocks"],
+        "evictions": kv["prefix_cache_evictions"],
+        "steps": engine.counters["steps"],
+    }
     return records, extra, outputs
 
 
@@ -161,9 +186,14 @@ def main() -> int:
             model_dir = str(Path(tmp) / "bench")
             create_random_checkpoint(model_dir, preset="bench", seed=0)
             cfg = json.loads((Path(model_dir) / "config.json").read_text())
-            adapters = {} if args.no_adapters else {
-                f"app{i}": write_peft_adapter(Path(tmp) / f"app{i}", model_dir, cfg, rank=16, seed=i)
-                for i in range(1, args.apps)}
+            adapters = (
+                {}
+                if args.no_adapters
+                else {
+                    f"app{i}": write_peft_adapter(Path(tmp) / f"app{i}", model_dir, cfg, rank=16, seed=i)
+                    for i in range(1, args.apps)
+                }
+            )
             arrivals, info = make_workload(args, cfg["vocab_size"])
         # Rounds alternate off/on so that a noisy neighbour hits both alike; each system's best
         # (shortest) round goes in the table, every round in the JSON.
@@ -174,22 +204,52 @@ def main() -> int:
                 records, extra, outs[(caching, r)] = run(model_dir, adapters, arrivals, caching, args)
                 rounds.append(summarize(name, records, {"round": r, **extra}))
     identical = all(o == outs[(False, 0)] for o in outs.values())
-    off, on = (min((x for x in rounds if x["system"] == name), key=lambda x: x["duration_s"])
-               for name in ("caching-off", "caching-on"))
+    off, on = (
+        min((x for x in rounds if x["system"] == name), key=lambda x: x["duration_s"])
+        for name in ("caching-off", "caching-on")
+    )
     rows = [off, on]
-    speedup = {"throughput_x": on["output_tok_per_s"] / off["output_tok_per_s"],
-               "req_per_s_x": on["req_per_s"] / off["req_per_s"],
-               "mean_ttft_x_lower": off["ttft_mean_ms"] / on["ttft_mean_ms"]}
-    print(f"{args.requests} requests, {args.apps} apps ({len(adapters)} LoRA adapters + base), "
-          f"system prompt {args.system_tokens} tokens, {info['shared_prompt_fraction']:.0%} of "
-          f"{info['prompt_tokens']} prompt tokens shared, {args.output_tokens} output tokens each")
-    print_table(rows, ["system", "req_per_s", "output_tok_per_s", "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
-                       "tpot_p50_ms", "hit_rate", "duration_s", "cpu_s"])
-    print(f"throughput x{speedup['throughput_x']:.2f}, mean TTFT {speedup['mean_ttft_x_lower']:.2f}x lower; "
-          f"greedy outputs identical: {identical}")
-    path = write_json("prefix_cache_real" if args.real else "prefix_cache", {"args": vars(args), "workload": info, "adapters": len(adapters),
-                                       "results": rows, "rounds": rounds, "speedup": speedup,
-                                       "outputs_identical": identical})
+    speedup = {
+        "throughput_x": on["output_tok_per_s"] / off["output_tok_per_s"],
+        "req_per_s_x": on["req_per_s"] / off["req_per_s"],
+        "mean_ttft_x_lower": off["ttft_mean_ms"] / on["ttft_mean_ms"],
+    }
+    print(
+        f"{args.requests} requests, {args.apps} apps ({len(adapters)} LoRA adapters + base), "
+        f"system prompt {args.system_tokens} tokens, {info['shared_prompt_fraction']:.0%} of "
+        f"{info['prompt_tokens']} prompt tokens shared, {args.output_tokens} output tokens each"
+    )
+    print_table(
+        rows,
+        [
+            "system",
+            "req_per_s",
+            "output_tok_per_s",
+            "ttft_mean_ms",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "tpot_p50_ms",
+            "hit_rate",
+            "duration_s",
+            "cpu_s",
+        ],
+    )
+    print(
+        f"throughput x{speedup['throughput_x']:.2f}, mean TTFT {speedup['mean_ttft_x_lower']:.2f}x lower; "
+        f"greedy outputs identical: {identical}"
+    )
+    path = write_json(
+        "prefix_cache_real" if args.real else "prefix_cache",
+        {
+            "args": vars(args),
+            "workload": info,
+            "adapters": len(adapters),
+            "results": rows,
+            "rounds": rounds,
+            "speedup": speedup,
+            "outputs_identical": identical,
+        },
+    )
     print(f"wrote {path}")
     return 0 if identical else 1
 

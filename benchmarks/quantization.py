@@ -11,6 +11,7 @@ sequences whose whole output is identical, and the mean number of leading tokens
 Also a micro-benchmark of the int8 CPU op against dense F.linear per row count, which is how
 ``INT8PACK_MAX_ROWS`` was chosen. All runs in one process, one after another: compare ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,12 @@ from loraplex.engine.models.quantization import weight_bytes  # noqa: E402
 from loraplex.kernels import quantize_per_channel_int8  # noqa: E402
 from loraplex.kernels.int8 import int8_linear_cpu  # noqa: E402
 
-CONFIGS = [("fp32", "float32", None), ("int8 (fp32 act)", "float32", "int8"),
-           ("bf16", "bfloat16", None), ("int8 (bf16 act)", "bfloat16", "int8")]
+CONFIGS = [
+    ("fp32", "float32", None),
+    ("int8 (fp32 act)", "float32", "int8"),
+    ("bf16", "bfloat16", None),
+    ("int8 (bf16 act)", "bfloat16", "int8"),
+]
 
 
 def decode_tok_s(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
@@ -100,32 +105,54 @@ def main() -> None:
         rng = random.Random(0)
         prompts = [[rng.randrange(10, 700) for _ in range(rng.randint(16, 48))] for _ in range(32)]
         rows, fp32_outputs, fp32_bytes = [], None, None
-        for name, dtype, quant in ([] if args.op_only else CONFIGS):
-            llm = LLM(model=model_dir, dtype=dtype, quantization=quant, kernel_backend="torch",
-                      max_num_seqs=32, max_num_batched_tokens=2048)
+        for name, dtype, quant in [] if args.op_only else CONFIGS:
+            llm = LLM(
+                model=model_dir,
+                dtype=dtype,
+                quantization=quant,
+                kernel_backend="torch",
+                max_num_seqs=32,
+                max_num_batched_tokens=2048,
+            )
             wb = weight_bytes(llm.engine.runner.model)
             if fp32_bytes is None:
                 fp32_bytes = wb
             mc, bs = llm.engine.model_config, llm.engine.kv.block_size
             per_block = 2 * mc.num_layers * bs * mc.num_kv_heads * mc.head_dim * (4 if dtype == "float32" else 2)
-            outs = [o.outputs[0].token_ids for o in llm.generate(
-                prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))]
+            outs = [
+                o.outputs[0].token_ids
+                for o in llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+            ]
             if fp32_outputs is None:
                 fp32_outputs = outs
             same = sum(o == r for o, r in zip(outs, fp32_outputs)) / len(outs)
-            lead = sum(next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r))
-                       for o, r in zip(outs, fp32_outputs)) / len(outs)
-            rows.append({
-                "config": name, "weight MiB": wb / 2**20, "x fp32": wb / fp32_bytes,
-                "KV blocks bought": (fp32_bytes - wb) // per_block,
-                "tok/s b1": decode_tok_s(llm, prompts[:1], tokens * 2),
-                "tok/s b32": decode_tok_s(llm, prompts, tokens),
-                "greedy = fp32": same, "lead tokens = fp32": lead,
-            })
+            lead = sum(
+                next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) for o, r in zip(outs, fp32_outputs)
+            ) / len(outs)
+            rows.append(
+                {
+                    "config": name,
+                    "weight MiB": wb / 2**20,
+                    "x fp32": wb / fp32_bytes,
+                    "KV blocks bought": (fp32_bytes - wb) // per_block,
+                    "tok/s b1": decode_tok_s(llm, prompts[:1], tokens * 2),
+                    "tok/s b32": decode_tok_s(llm, prompts, tokens),
+                    "greedy = fp32": same,
+                    "lead tokens = fp32": lead,
+                }
+            )
             print(rows[-1], flush=True)
             del llm
-        cols = ["config", "weight MiB", "x fp32", "KV blocks bought", "tok/s b1", "tok/s b32",
-                "greedy = fp32", "lead tokens = fp32"]
+        cols = [
+            "config",
+            "weight MiB",
+            "x fp32",
+            "KV blocks bought",
+            "tok/s b1",
+            "tok/s b32",
+            "greedy = fp32",
+            "lead tokens = fp32",
+        ]
         clock = "process CPU time" if args.cpu_time else "wall time"
         if rows:
             print(f"\nmodel preset {preset!r}, {tokens} output tokens, {torch.get_num_threads()} threads, {clock}")

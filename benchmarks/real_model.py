@@ -14,6 +14,7 @@ Rows, all in this one process on the same converted checkpoint, engine defaults 
   * start-up: `loraplex serve` on a FRESH data dir until /health answers (GGUF conversion included),
     then again on the same data dir (conversion reused).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,22 @@ from workload import Arrival, drive_engine, print_table, summarize, write_json  
 from loraplex.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
 
-def run_batches(model_dir: Path, batch: int, rounds: int, max_tokens: int, adapters: dict[str, str],
-                mix: list[str | None], seed: int, caching: bool = True, unique_system: bool = False) -> dict:
-    engine = LLMEngine(EngineConfig(model=str(model_dir), max_num_seqs=batch, enable_prefix_caching=caching,
-                                    max_loras=max(1, len(adapters))))
+def run_batches(
+    model_dir: Path,
+    batch: int,
+    rounds: int,
+    max_tokens: int,
+    adapters: dict[str, str],
+    mix: list[str | None],
+    seed: int,
+    caching: bool = True,
+    unique_system: bool = False,
+) -> dict:
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir), max_num_seqs=batch, enable_prefix_caching=caching, max_loras=max(1, len(adapters))
+        )
+    )
     for name, path in adapters.items():
         engine.lora.add_adapter(name, path)
     params = lambda a: SamplingParams(max_tokens=a.max_tokens, temperature=0.0)  # noqa: E731  (EOS ends)
@@ -48,17 +61,30 @@ def run_batches(model_dir: Path, batch: int, rounds: int, max_tokens: int, adapt
         arrivals = real_arrivals(engine.tokenizer, batch, [0.0] * batch, max_tokens, seed + r, mix)
         if unique_system:  # a fresh system prompt per request: no full KV block is shared
             rng = random.Random(seed + r)
-            arrivals = [Arrival(0.0, chat_prompt(engine.tokenizer, rng.choice(QUESTIONS),
-                                                 system=f"Conversation {rng.randrange(10**9)}. Be helpful."),
-                                a.max_tokens, a.adapter) for a in arrivals]
+            arrivals = [
+                Arrival(
+                    0.0,
+                    chat_prompt(
+                        engine.tokenizer,
+                        rng.choice(QUESTIONS),
+                        system=f"Conversation {rng.randrange(10**9)}. Be helpful.",
+                    ),
+                    a.max_tokens,
+                    a.adapter,
+                )
+                for a in arrivals
+            ]
         got = drive_engine(engine, arrivals, params)
         span += max(x.finish for x in got) - min(x.arrival for x in got)
         records += got
     row = summarize("", records)  # latencies: each round's times are relative to its own start
     row["output_tok_per_s"] = sum(x.output_tokens for x in records) / span  # rounds ran back to back
-    row.update(dtype=str(engine.runner.dtype).removeprefix("torch."), mean_output_tokens=sum(
-        r.output_tokens for r in records) / len(records), eos_share=sum(r.output_tokens < max_tokens for r in records) / len(records),
-        prefix_hit_tokens=engine.kv.stats()["prefix_cache_hits"])
+    row.update(
+        dtype=str(engine.runner.dtype).removeprefix("torch."),
+        mean_output_tokens=sum(r.output_tokens for r in records) / len(records),
+        eos_share=sum(r.output_tokens < max_tokens for r in records) / len(records),
+        prefix_hit_tokens=engine.kv.stats()["prefix_cache_hits"],
+    )
     return row
 
 
@@ -75,8 +101,12 @@ def time_serve_start(data_dir: Path) -> float:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data_dir),
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         while proc.poll() is None:
             try:
@@ -107,18 +137,37 @@ def main() -> None:
     rows = []
     for b in batches:
         print(f"batch {b}: base ...", flush=True)
-        rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed), "system": f"base, batch {b}"})
+        rows.append(
+            {**run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed), "system": f"base, batch {b}"}
+        )
         if b > 1:
             print(f"batch {b}: base + french + pirate mixed ...", flush=True)
-            rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, adapters, mix, args.seed),
-                         "system": f"base+french+pirate mixed, batch {b}"})
+            rows.append(
+                {
+                    **run_batches(model_dir, b, args.rounds, max_tokens, adapters, mix, args.seed),
+                    "system": f"base+french+pirate mixed, batch {b}",
+                }
+            )
     b = batches[-1] if len(batches) > 1 else batches[0]
     for caching in (False, True):
         print(f"prefix caching {'on' if caching else 'off'}, no hits, batch {b} ...", flush=True)
-        rows.append({**run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed, caching, True),
-                     "system": f"prefix cache {'on' if caching else 'off'} (no hits), batch {b}"})
-    cols = ["system", "dtype", "requests", "output_tok_per_s", "ttft_p50_ms", "tpot_p50_ms", "mean_output_tokens",
-            "eos_share", "prefix_hit_tokens"]
+        rows.append(
+            {
+                **run_batches(model_dir, b, args.rounds, max_tokens, {}, [None], args.seed, caching, True),
+                "system": f"prefix cache {'on' if caching else 'off'} (no hits), batch {b}",
+            }
+        )
+    cols = [
+        "system",
+        "dtype",
+        "requests",
+        "output_tok_per_s",
+        "ttft_p50_ms",
+        "tpot_p50_ms",
+        "mean_output_tokens",
+        "eos_share",
+        "prefix_hit_tokens",
+    ]
     print()
     print_table(rows, cols)
     startup = {}
@@ -128,10 +177,14 @@ def main() -> None:
             startup["fresh_data_dir_s"] = time_serve_start(Path(tmp) / "data")
             print("serve again on the same data dir (reuses the conversion) ...", flush=True)
             startup["second_start_s"] = time_serve_start(Path(tmp) / "data")
-        print(f"start-up to /health: fresh data dir {startup['fresh_data_dir_s']:.1f} s, "
-              f"second start {startup['second_start_s']:.1f} s")
-    path = write_json("real_model", {"model": str(model_dir), "max_tokens": max_tokens, "rounds": args.rounds,
-                                     "results": rows, "startup": startup})
+        print(
+            f"start-up to /health: fresh data dir {startup['fresh_data_dir_s']:.1f} s, "
+            f"second start {startup['second_start_s']:.1f} s"
+        )
+    path = write_json(
+        "real_model",
+        {"model": str(model_dir), "max_tokens": max_tokens, "rounds": args.rounds, "results": rows, "startup": startup},
+    )
     print(f"\nwrote {path}")
 
 

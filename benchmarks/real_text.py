@@ -6,6 +6,7 @@ The checkpoint is converted once into ``.cache/bench-models/`` (git-ignored) and
 trained once next to it, with the same code as ``loraplex models pull-demo`` / ``loraplex demo
 adapters``.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,16 +20,38 @@ CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-models"
 
 # Everyday questions (not the adapters' training questions): short factual, how-to and open ones.
 QUESTIONS = [
-    "What is the capital of Germany?", "Name a fruit.", "What color is the sky?", "What is a river?",
-    "How do airplanes fly?", "Give me three tips for learning a language.", "What is photosynthesis?",
-    "Write a haiku about autumn.", "Why do cats purr?", "What is the difference between weather and climate?",
-    "Explain what a computer program is.", "How many hours are in a day?", "What is the speed of light?",
-    "Suggest a name for a pet dog.", "What causes earthquakes?", "Describe a rainbow in two sentences.",
-    "What is the largest desert?", "How do I boil an egg?", "What is democracy?", "Why is exercise healthy?",
-    "What is an atom?", "Tell me a short story about a robot.", "What is the capital of Canada?",
-    "How does a refrigerator keep food cold?", "What are the primary colors?", "What is gravity?",
-    "Give an example of a mammal that lives in the sea.", "What is the Internet?", "Who was Albert Einstein?",
-    "How do plants drink water?", "What is a volcano?", "Summarize the plot of Cinderella in one sentence.",
+    "What is the capital of Germany?",
+    "Name a fruit.",
+    "What color is the sky?",
+    "What is a river?",
+    "How do airplanes fly?",
+    "Give me three tips for learning a language.",
+    "What is photosynthesis?",
+    "Write a haiku about autumn.",
+    "Why do cats purr?",
+    "What is the difference between weather and climate?",
+    "Explain what a computer program is.",
+    "How many hours are in a day?",
+    "What is the speed of light?",
+    "Suggest a name for a pet dog.",
+    "What causes earthquakes?",
+    "Describe a rainbow in two sentences.",
+    "What is the largest desert?",
+    "How do I boil an egg?",
+    "What is democracy?",
+    "Why is exercise healthy?",
+    "What is an atom?",
+    "Tell me a short story about a robot.",
+    "What is the capital of Canada?",
+    "How does a refrigerator keep food cold?",
+    "What are the primary colors?",
+    "What is gravity?",
+    "Give an example of a mammal that lives in the sea.",
+    "What is the Internet?",
+    "Who was Albert Einstein?",
+    "How do plants drink water?",
+    "What is a volcano?",
+    "Summarize the plot of Cinderella in one sentence.",
 ]
 
 
@@ -56,10 +79,13 @@ def chat_prompt(tokenizer, question: str, system: str | None = None) -> list[int
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def real_arrivals(tokenizer, n: int, times: list[float], max_tokens: int, seed: int,
-                  adapters: list[str | None] | None = None) -> list[Arrival]:
+def real_arrivals(
+    tokenizer, n: int, times: list[float], max_tokens: int, seed: int, adapters: list[str | None] | None = None
+) -> list[Arrival]:
     """``n`` chat requests over QUESTIONS; adapter i % len(adapters) for request i (mixed batches)."""
     rng = random.Random(seed)
     cycle = adapters or [None]
-    return [Arrival(times[i], chat_prompt(tokenizer, rng.choice(QUESTIONS)), max_tokens, cycle[i % len(cycle)])
-            for i in range(n)]
+    return [
+        Arrival(times[i], chat_prompt(tokenizer, rng.choice(QUESTIONS)), max_tokens, cycle[i % len(cycle)])
+        for i in range(n)
+    ]

@@ -14,6 +14,7 @@ Both parts run for this checkout and, with ``--before PYTHON``, for another chec
 
     .venv/bin/python benchmarks/server_latency.py --before /path/to/old/.venv/bin/python
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,11 +62,9 @@ async def _health_run(url: str, key: str, n_streams: int, prompt_words: int, max
 
     async def stream(client: httpx.AsyncClient, i: int) -> int:
         prompt = " ".join(rng.choice(words) for _ in range(prompt_words))
-        body = {"model": "bench-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True}
+        body = {"model": "bench-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
         chunks = 0
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as r:
+        async with client.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
                 chunks += line.startswith("data: ")
@@ -80,16 +79,25 @@ async def _health_run(url: str, key: str, n_streams: int, prompt_words: int, max
             await asyncio.sleep(0.01)
 
     limits = httpx.Limits(max_connections=n_streams + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as streams_client, \
-            httpx.AsyncClient(base_url=url, timeout=60) as probe_client:
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as streams_client,
+        httpx.AsyncClient(base_url=url, timeout=60) as probe_client,
+    ):
         prober = asyncio.create_task(probe(probe_client))
         t0 = time.perf_counter()
         chunks = await asyncio.gather(*(stream(streams_client, i) for i in range(n_streams)))
         wall = time.perf_counter() - t0
         done.set()
         await prober
-    return {"probes": len(probes), "health_p50_ms": statistics.median(probes), "health_p99_ms": _pct(probes, 0.99),
-            "health_max_ms": max(probes), "streams": n_streams, "sse_chunks": sum(chunks), "wall_s": wall}
+    return {
+        "probes": len(probes),
+        "health_p50_ms": statistics.median(probes),
+        "health_p99_ms": _pct(probes, 0.99),
+        "health_max_ms": max(probes),
+        "streams": n_streams,
+        "sse_chunks": sum(chunks),
+        "wall_s": wall,
+    }
 
 
 def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_tokens: int) -> dict:
@@ -97,11 +105,20 @@ def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_
 
     port = _free_port()
     data = Path(tempfile.mkdtemp(prefix="lpx-lat-", dir=root))
-    env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(model_dir(root)), "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-           "LORAPLEX_ENGINE__MAX_NUM_SEQS": "32", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "LORAPLEX_ENGINE__MODEL": str(model_dir(root)),
+        "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+        "LORAPLEX_ENGINE__MAX_NUM_SEQS": "32",
+        "PYTHONUNBUFFERED": "1",
+    }
     log = open(data / "serve.log", "w")
-    proc = subprocess.Popen([python, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data / "d"),
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [python, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data / "d"), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -133,8 +150,14 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
     from loraplex.engine import LLM, SamplingParams
 
     torch.set_num_threads(2)
-    llm = LLM(model=str(model_dir(root)), max_num_seqs=batch, max_num_batched_tokens=2048, dtype="float32",
-              num_kv_blocks=2048, block_size=16)
+    llm = LLM(
+        model=str(model_dir(root)),
+        max_num_seqs=batch,
+        max_num_batched_tokens=2048,
+        dtype="float32",
+        num_kv_blocks=2048,
+        block_size=16,
+    )
     engine = llm.engine
     forward = [0.0]
     execute = engine.runner.execute
@@ -159,8 +182,13 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
     for _ in range(steps):
         engine.step()
     total = time.perf_counter() - t0
-    return {"batch": batch, "steps": steps, "step_ms": total / steps * 1000, "forward_ms": forward[0] / steps * 1000,
-            "non_forward_share": 1 - forward[0] / total}
+    return {
+        "batch": batch,
+        "steps": steps,
+        "step_ms": total / steps * 1000,
+        "forward_ms": forward[0] / steps * 1000,
+        "non_forward_share": 1 - forward[0] / total,
+    }
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -170,8 +198,23 @@ def run_all(python: str, args: argparse.Namespace, root: Path) -> dict:
     if here:
         steps = part_steps(root, args.batch, args.steps)
     else:
-        out = subprocess.run([python, __file__, "--part", "steps", "--root", str(root), "--batch", str(args.batch),
-                              "--steps", str(args.steps)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                python,
+                __file__,
+                "--part",
+                "steps",
+                "--root",
+                str(root),
+                "--batch",
+                str(args.batch),
+                "--steps",
+                str(args.steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         steps = json.loads(out.stdout.strip().splitlines()[-1])
     return {**health, **steps}
 
@@ -197,8 +240,10 @@ def main() -> None:
     rows["after"] = run_all(sys.executable, args, root)
     print(f"\n{'':8} {'/health p50':>12} {'p99':>8} {'max':>8}   {'step ms':>8} {'forward ms':>10} {'non-fwd':>8}")
     for name, r in rows.items():
-        print(f"{name:8} {r['health_p50_ms']:>10.1f}ms {r['health_p99_ms']:>6.1f}ms {r['health_max_ms']:>6.1f}ms"
-              f"   {r['step_ms']:>8.2f} {r['forward_ms']:>10.2f} {r['non_forward_share']:>7.1%}")
+        print(
+            f"{name:8} {r['health_p50_ms']:>10.1f}ms {r['health_p99_ms']:>6.1f}ms {r['health_max_ms']:>6.1f}ms"
+            f"   {r['step_ms']:>8.2f} {r['forward_ms']:>10.2f} {r['non_forward_share']:>7.1%}"
+        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "server_latency.json").write_text(json.dumps(rows, indent=2))
     print(f"wrote {RESULTS / 'server_latency.json'}")

@@ -23,6 +23,7 @@ First, an in-process table measures the durable wait itself (queue → committed
 ledger adds twice per request, at 1/16/64 concurrent writers (SQLite, and PostgreSQL with
 --postgres-url); it is far less noisy than the end-to-end TTFT difference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,10 +61,22 @@ class Server:
         cfg = data.parent / "soak.toml"
         cfg.write_text("[engine]\nkv_cache_memory_gb = 0.2\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(cfg), "--data-dir", str(data),
-             "--port", str(port)],
-            stdout=open(data.parent / f"serve-{time.time_ns()}.log", "w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "LORAPLEX_ENGINE__MODEL": str(model), "LORAPLEX_ADMIN_KEY": ADMIN_KEY, **env})
+            [
+                sys.executable,
+                "-m",
+                "loraplex.platform.cli",
+                "serve",
+                "--config",
+                str(cfg),
+                "--data-dir",
+                str(data),
+                "--port",
+                str(port),
+            ],
+            stdout=open(data.parent / f"serve-{time.time_ns()}.log", "w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LORAPLEX_ENGINE__MODEL": str(model), "LORAPLEX_ADMIN_KEY": ADMIN_KEY, **env},
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -99,17 +112,43 @@ class Postgres:
         self.port = _free_port()
         self._run("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres")
         self.start()
-        subprocess.run([str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-qc",
-                        "create database soak"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(self.bin / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-qc",
+                "create database soak",
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/soak"
 
     def _run(self, tool: str, *args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / tool), *args], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w", "-o",
-                  f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.dir / "data"),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-o",
+            f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1",
+            "start",
+        )
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop")
@@ -141,17 +180,26 @@ class Run:
 
 
 def client(run: Run, key: str, model: str, max_tokens: int) -> None:
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     while not run.stop.is_set():
         s = Seen()
         with run.lock:
             run.seen.append(s)
         t0 = time.monotonic()
         try:
-            with httpx.Client(timeout=httpx.Timeout(60, connect=2)) as c, c.stream(
-                    "POST", run.base_url[0] + "/v1/completions", json=body,
-                    headers={"Authorization": f"Bearer {key}"}) as r:
+            with (
+                httpx.Client(timeout=httpx.Timeout(60, connect=2)) as c,
+                c.stream(
+                    "POST", run.base_url[0] + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                ) as r,
+            ):
                 s.status = r.status_code
                 if r.status_code != 200:
                     r.read()
@@ -181,8 +229,11 @@ def soak(name: str, args, model: Path, *, durable: bool, kill_every: float, outa
     root = Path(tempfile.mkdtemp(prefix=f"soak-{name}-"))
     data = root / "data"
     pg = Postgres() if outage else None
-    env = {"LORAPLEX_LEDGER__DURABLE": str(durable).lower(), "LORAPLEX_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
-           "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60"}
+    env = {
+        "LORAPLEX_LEDGER__DURABLE": str(durable).lower(),
+        "LORAPLEX_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
+        "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60",
+    }
     if pg:
         env["LORAPLEX_DATABASE_URL"] = pg.url
     port = _free_port()
@@ -194,9 +245,13 @@ def soak(name: str, args, model: Path, *, durable: bool, kill_every: float, outa
         for i in range(args.tenants):
             tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": f"t{i}"}, headers=H).json()["id"]
             keys.append(httpx.post(server.url + f"/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"])
-        base = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {keys[0]}"}).json()["data"][0]["id"]
-        threads = [threading.Thread(target=client, args=(run, keys[i % len(keys)], base, args.max_tokens), daemon=True)
-                   for i in range(args.streams)]
+        base = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {keys[0]}"}).json()["data"][0][
+            "id"
+        ]
+        threads = [
+            threading.Thread(target=client, args=(run, keys[i % len(keys)], base, args.max_tokens), daemon=True)
+            for i in range(args.streams)
+        ]
         for t in threads:
             t.start()
         start = time.monotonic()
@@ -232,19 +287,33 @@ def soak(name: str, args, model: Path, *, durable: bool, kill_every: float, outa
     sent = [s for s in run.seen if s.status or s.request_id]
     complete = [s for s in sent if s.done]
     cut = [s for s in sent if s.request_id and not s.done and s.chunks]
-    lost = sum(1 for s in complete if s.request_id not in rows or rows[s.request_id]["status"] != "ok"
-               or rows[s.request_id]["completion_tokens"] != s.completion)
+    lost = sum(
+        1
+        for s in complete
+        if s.request_id not in rows
+        or rows[s.request_id]["status"] != "ok"
+        or rows[s.request_id]["completion_tokens"] != s.completion
+    )
     lost += sum(1 for s in cut if s.request_id not in rows)
     ttfts = sorted(s.ttft_s for s in complete if s.ttft_s is not None)
     ids = {s.request_id for s in sent if s.request_id}
     return {
-        "config": name, "seconds": args.seconds, "streams": args.streams, "restarts": restarts, "outages": outages,
-        "sent": len(run.seen), "succeeded": len(complete), "failed": len(run.seen) - len(complete),
-        "http_503": sum(s.status == 503 for s in run.seen), "cut_streams": len(cut),
+        "config": name,
+        "seconds": args.seconds,
+        "streams": args.streams,
+        "restarts": restarts,
+        "outages": outages,
+        "sent": len(run.seen),
+        "succeeded": len(complete),
+        "failed": len(run.seen) - len(complete),
+        "http_503": sum(s.status == 503 for s in run.seen),
+        "cut_streams": len(cut),
         "tokens_delivered": sum(s.completion for s in complete) + sum(s.chunks for s in cut),
         "tokens_billed": sum(r["completion_tokens"] for rid, r in rows.items() if rid in ids),
-        "records": len(rows), "records_lost": lost,
-        "ttft_p50_ms": _pct(ttfts, 50) * 1000, "ttft_p99_ms": _pct(ttfts, 99) * 1000,
+        "records": len(rows),
+        "records_lost": lost,
+        "ttft_p50_ms": _pct(ttfts, 50) * 1000,
+        "ttft_p99_ms": _pct(ttfts, 99) * 1000,
     }
 
 
@@ -269,9 +338,19 @@ def ledger_latency(name: str, url: str, concurrency: int, per_thread: int) -> di
             rid = f"bench-{w}-{i}-{time.time_ns()}"
             for status in ("running", "ok"):
                 t0 = time.perf_counter()
-                ledger.write(request_id=rid, tenant_id="ten_bench", api_key_id=None, adapter_id=None,
-                             adapter_name=None, endpoint="completions", prompt_tokens=12, completion_tokens=48,
-                             ttft_ms=None, latency_ms=None, status=status).result(60)
+                ledger.write(
+                    request_id=rid,
+                    tenant_id="ten_bench",
+                    api_key_id=None,
+                    adapter_id=None,
+                    adapter_name=None,
+                    endpoint="completions",
+                    prompt_tokens=12,
+                    completion_tokens=48,
+                    ttft_ms=None,
+                    latency_ms=None,
+                    status=status,
+                ).result(60)
                 mine.append(time.perf_counter() - t0)
         with lock:
             waits.extend(mine)
@@ -288,9 +367,15 @@ def ledger_latency(name: str, url: str, concurrency: int, per_thread: int) -> di
     engine.dispose()
     shutil.rmtree(spool, ignore_errors=True)
     waits.sort()
-    return {"backend": name, "concurrency": concurrency, "writes": len(waits),
-            "writes_per_s": len(waits) / elapsed, "commits": stats.batches,
-            "durable_wait_p50_ms": _pct(waits, 50) * 1000, "durable_wait_p99_ms": _pct(waits, 99) * 1000}
+    return {
+        "backend": name,
+        "concurrency": concurrency,
+        "writes": len(waits),
+        "writes_per_s": len(waits) / elapsed,
+        "commits": stats.batches,
+        "durable_wait_p50_ms": _pct(waits, 50) * 1000,
+        "durable_wait_p99_ms": _pct(waits, 99) * 1000,
+    }
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -316,11 +401,14 @@ def main() -> int:
         args.seconds, args.streams = 10, 6
     micro_dir = Path(tempfile.mkdtemp(prefix="soak-ledger-"))
     targets = [("sqlite", f"sqlite:///{micro_dir / 'ledger.db'}")] + (
-        [("postgres", args.postgres_url)] if args.postgres_url else [])
+        [("postgres", args.postgres_url)] if args.postgres_url else []
+    )
     micro = [ledger_latency(n, u, c, 25 if args.quick else 100) for n, u in targets for c in (1, 16, 64)]
     shutil.rmtree(micro_dir, ignore_errors=True)
-    print_table(micro, ["backend", "concurrency", "writes", "writes_per_s", "commits", "durable_wait_p50_ms",
-                        "durable_wait_p99_ms"])
+    print_table(
+        micro,
+        ["backend", "concurrency", "writes", "writes_per_s", "commits", "durable_wait_p50_ms", "durable_wait_p99_ms"],
+    )
     print()
     if args.ledger_only:
         write_json("soak_ledger", {"args": vars(args), "ledger": micro})
@@ -328,8 +416,10 @@ def main() -> int:
     from loraplex.engine.demo_model import ensure_demo_model
 
     model = Path(ensure_demo_model(Path(tempfile.gettempdir()) / "loraplex-soak-model"))
-    rows = [soak("writer", args, model, durable=False, kill_every=0, outage=0),
-            soak("ledger", args, model, durable=True, kill_every=0, outage=0)]
+    rows = [
+        soak("writer", args, model, durable=False, kill_every=0, outage=0),
+        soak("ledger", args, model, durable=True, kill_every=0, outage=0),
+    ]
     if args.kill_every:
         rows.append(soak("ledger+kill", args, model, durable=True, kill_every=args.kill_every, outage=0))
     if args.db_outage:
@@ -337,9 +427,26 @@ def main() -> int:
     for r in rows[1:]:
         r["admission_p50_+ms"] = r["ttft_p50_ms"] - rows[0]["ttft_p50_ms"]
         r["admission_p99_+ms"] = r["ttft_p99_ms"] - rows[0]["ttft_p99_ms"]
-    print_table(rows, ["config", "restarts", "outages", "sent", "succeeded", "failed", "http_503", "cut_streams",
-                       "tokens_delivered", "tokens_billed", "records_lost", "ttft_p50_ms", "ttft_p99_ms",
-                       "admission_p50_+ms", "admission_p99_+ms"])
+    print_table(
+        rows,
+        [
+            "config",
+            "restarts",
+            "outages",
+            "sent",
+            "succeeded",
+            "failed",
+            "http_503",
+            "cut_streams",
+            "tokens_delivered",
+            "tokens_billed",
+            "records_lost",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "admission_p50_+ms",
+            "admission_p99_+ms",
+        ],
+    )
     path = write_json("soak", {"args": vars(args), "results": rows, "ledger": micro})
     print(f"\nwrote {path}")
     return 1 if any(r["records_lost"] for r in rows if r["config"] != "writer") else 0

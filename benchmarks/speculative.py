@@ -14,6 +14,7 @@ CPU time instead), acceptance rate, mean
 tokens per verification, target forward steps per output token (1.0 for plain decoding at batch 1;
 lower is what speculation buys), and whether the outputs equal plain decoding's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,15 @@ CLOCK = time.perf_counter  # --cpu-time: process CPU time, steadier than wall ti
 
 
 def run(model: str, prompts: list[list[int]], tokens: int, dtype: str, **spec) -> tuple[dict, list]:
-    llm = LLM(model=model, dtype=dtype, kernel_backend="torch", max_num_seqs=32, max_num_batched_tokens=2048,
-              scheduling_policy="fcfs", **spec)
+    llm = LLM(
+        model=model,
+        dtype=dtype,
+        kernel_backend="torch",
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        scheduling_policy="fcfs",
+        **spec,
+    )
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))  # warm-up
     steps0, gen0 = llm.engine.counters["steps"], llm.engine.counters["generated_tokens"]
@@ -61,9 +69,13 @@ def run(model: str, prompts: list[list[int]], tokens: int, dtype: str, **spec) -
     steps = llm.engine.counters["steps"] - steps0
     generated = llm.engine.counters["generated_tokens"] - gen0
     st = llm.engine.stats()["speculative"] or {}
-    return {"tok/s": generated / wall, "acceptance": st.get("acceptance_rate"),
-            "tokens/verify": st.get("mean_accepted_length"), "steps/token": steps * len(prompts) / generated,
-            "proposed": st.get("proposed_tokens", 0)}, [o.outputs[0].token_ids for o in outs]
+    return {
+        "tok/s": generated / wall,
+        "acceptance": st.get("acceptance_rate"),
+        "tokens/verify": st.get("mean_accepted_length"),
+        "steps/token": steps * len(prompts) / generated,
+        "proposed": st.get("proposed_tokens", 0),
+    }, [o.outputs[0].token_ids for o in outs]
 
 
 def main() -> None:
@@ -87,22 +99,44 @@ def main() -> None:
     tokens = 12 if args.quick else args.tokens
     preset = args.preset or ("demo" if args.quick else "bench")
     with tempfile.TemporaryDirectory() as tmp:
-        target = args.model or str(create_random_checkpoint(Path(tmp) / "target", preset=preset, seed=3,
-                                                            initializer_range=0.05))
+        target = args.model or str(
+            create_random_checkpoint(Path(tmp) / "target", preset=preset, seed=3, initializer_range=0.05)
+        )
         # A draft with the target's tokenizer and a quarter of its width and depth.
         from loraplex.engine.models import ModelConfig
 
         mc = ModelConfig.from_dir(target)
-        draft = str(create_random_checkpoint(
-            Path(tmp) / "draft", preset="demo", seed=5, vocab_size=mc.vocab_size, hidden_size=max(64, mc.hidden_size // 4),
-            intermediate_size=max(128, mc.intermediate_size // 4), num_hidden_layers=max(1, mc.num_layers // 4),
-            num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05))
-        systems = [("plain", {}),
-                   ("ngram", {"speculative_method": "ngram", "num_speculative_tokens": args.k}),
-                   ("draft (small random)", {"speculative_method": "draft", "draft_model": draft,
-                                             "num_speculative_tokens": args.k}),
-                   ("draft = target", {"speculative_method": "draft", "draft_model": target,
-                                       "num_speculative_tokens": args.k, "speculative_adaptive": False})]
+        draft = str(
+            create_random_checkpoint(
+                Path(tmp) / "draft",
+                preset="demo",
+                seed=5,
+                vocab_size=mc.vocab_size,
+                hidden_size=max(64, mc.hidden_size // 4),
+                intermediate_size=max(128, mc.intermediate_size // 4),
+                num_hidden_layers=max(1, mc.num_layers // 4),
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                initializer_range=0.05,
+            )
+        )
+        systems = [
+            ("plain", {}),
+            ("ngram", {"speculative_method": "ngram", "num_speculative_tokens": args.k}),
+            (
+                "draft (small random)",
+                {"speculative_method": "draft", "draft_model": draft, "num_speculative_tokens": args.k},
+            ),
+            (
+                "draft = target",
+                {
+                    "speculative_method": "draft",
+                    "draft_model": target,
+                    "num_speculative_tokens": args.k,
+                    "speculative_adaptive": False,
+                },
+            ),
+        ]
         rows = []
         for kind in ("repetitive", "free-form"):
             rng = random.Random(1)
@@ -114,12 +148,13 @@ def main() -> None:
                     res, outs = run(target, prompts, tokens, args.dtype, **spec)
                     if plain_out is None:
                         plain_out = outs
-                    rows.append({"workload": kind, "batch": b, "system": name, **res,
-                                 "= plain": outs == plain_out})
+                    rows.append({"workload": kind, "batch": b, "system": name, **res, "= plain": outs == plain_out})
                     print(rows[-1], flush=True)
         cols = ["workload", "batch", "system", "tok/s", "acceptance", "tokens/verify", "steps/token", "= plain"]
-        print(f"\ntarget {'random ' + preset if not args.model else args.model}, k={args.k}, {tokens} tokens, "
-              f"{args.dtype}, {torch.get_num_threads()} threads")
+        print(
+            f"\ntarget {'random ' + preset if not args.model else args.model}, k={args.k}, {tokens} tokens, "
+            f"{args.dtype}, {torch.get_num_threads()} threads"
+        )
         print_table(rows, cols)
         path = write_json("speculative", {"k": args.k, "tokens": tokens, "rows": rows})
         print(f"\nwrote {path}")

@@ -4,6 +4,7 @@ Every benchmark replays a list of ``Arrival``s (time offset, prompt, output leng
 tenant) against a system and records per-request timestamps, so all systems are measured the same
 way: TTFT = first token - arrival, TPOT = (finish - first token) / (output tokens - 1).
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,9 @@ def _replay(engine, arrivals: list[Arrival], params_for, horizon: float | None) 
         while nxt < len(pending) and arrivals[pending[nxt]].t <= now:
             i = pending[nxt]
             a = arrivals[i]
-            req = engine.add_request(a.prompt, params_for(a), adapter=a.adapter, tenant_id=a.tenant,
-                                     arrival_time=start + a.t)
+            req = engine.add_request(
+                a.prompt, params_for(a), adapter=a.adapter, tenant_id=a.tenant, arrival_time=start + a.t
+            )
             ids[req.request_id] = i
             nxt += 1
         if not engine.has_unfinished_requests():
@@ -95,8 +97,14 @@ def _replay(engine, arrivals: list[Arrival], params_for, horizon: float | None) 
             if out.finished:
                 m = out.metrics
                 i = ids[out.request_id]
-                done[i] = Record(m["arrival_time"] - start, m["first_token_time"] - start, m["finish_time"] - start,
-                                 len(out.token_ids), len(out.prompt_token_ids), arrivals[i].tenant)
+                done[i] = Record(
+                    m["arrival_time"] - start,
+                    m["first_token_time"] - start,
+                    m["finish_time"] - start,
+                    len(out.token_ids),
+                    len(out.prompt_token_ids),
+                    arrivals[i].tenant,
+                )
     return done, engine.counters["generated_tokens"] - tokens_before
 
 
@@ -129,13 +137,21 @@ def summarize(name: str, records: list[Record], extra: dict | None = None) -> di
     }
 
 
-def summarize_window(name: str, records: list[Record], output_tokens: int, horizon: float,
-                     extra: dict | None = None) -> dict:
+def summarize_window(
+    name: str, records: list[Record], output_tokens: int, horizon: float, extra: dict | None = None
+) -> dict:
     """Like ``summarize`` for a run cut at ``horizon`` seconds: throughput is what was generated in
     the window; latencies are over the requests that finished inside it."""
     row = summarize(name, records, extra) if records else {"system": name, **(extra or {})}
-    row.update({"duration_s": horizon, "requests": len(records), "req_per_s": len(records) / horizon,
-                "output_tok_per_s": output_tokens / horizon, "output_tokens": output_tokens})
+    row.update(
+        {
+            "duration_s": horizon,
+            "requests": len(records),
+            "req_per_s": len(records) / horizon,
+            "output_tok_per_s": output_tokens / horizon,
+            "output_tokens": output_tokens,
+        }
+    )
     return row
 
 
@@ -157,6 +173,7 @@ def write_json(name: str, payload: dict) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     payload = {"machine": {"cpus": os.cpu_count()}, **payload}
-    path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
+    path.write_text(
+        json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
+    )
     return path
-

@@ -2,6 +2,7 @@
 
 Never imports loraplex.platform, FastAPI or SQLAlchemy: a tenant is only fields on a request.
 """
+
 from .async_engine import AsyncEngine, RequestStream
 from .config import EngineConfig
 from .errors import EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError

@@ -12,6 +12,7 @@ two steps, so an admin change affects the very next step. Outputs travel back th
 asyncio queue (``call_soon_threadsafe``); with ``OutputKind.DELTA`` a stream that fell behind
 coalesces what queued up instead of dropping it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -152,8 +153,9 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive() and self.dead is None
 
     # ------------------------------------------------------------------ requests
-    def submit(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
-               **fields: Any) -> RequestStream:
+    def submit(
+        self, request: EngineRequest | str | list[int], params: SamplingParams | None = None, **fields: Any
+    ) -> RequestStream:
         """Validate and queue a request (an ``EngineRequest``, or its fields). Bad requests raise
         here, on the caller's thread, before any iteration; must be called from a running event
         loop. Never waits for the engine's step."""
@@ -175,8 +177,9 @@ class AsyncEngine:
         self._inbox.put(_Add(request, stream))
         return stream
 
-    async def generate(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
-                       **fields: Any) -> RequestOutput:
+    async def generate(
+        self, request: EngineRequest | str | list[int], params: SamplingParams | None = None, **fields: Any
+    ) -> RequestOutput:
         """Submit and wait for the final output."""
         final = None
         async for out in self.submit(request, params, **fields):
@@ -222,11 +225,19 @@ class AsyncEngine:
     def list_adapters(self) -> list[str]:
         return self._call(self.engine.lora.list_adapters)
 
-    def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
-                   max_running_seqs: int | None = UNCHANGED) -> None:
+    def set_tenant(
+        self,
+        tenant_id: str,
+        priority: int | None = None,
+        weight: float | None = None,
+        max_running_seqs: int | None = UNCHANGED,
+    ) -> None:
         """Update a tenant's scheduling fields; ``max_running_seqs=None`` removes its own cap."""
-        self._call(lambda: self.engine.set_tenant(tenant_id, priority=priority, weight=weight,
-                                                  max_running_seqs=max_running_seqs))
+        self._call(
+            lambda: self.engine.set_tenant(
+                tenant_id, priority=priority, weight=weight, max_running_seqs=max_running_seqs
+            )
+        )
 
     def stats(self) -> dict:
         return self._call(self.engine.stats)
@@ -277,8 +288,11 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     with self._streams_lock:
-                        stream = (self._streams.pop(out.request_id, None) if out.finished
-                                  else self._streams.get(out.request_id))
+                        stream = (
+                            self._streams.pop(out.request_id, None)
+                            if out.finished
+                            else self._streams.get(out.request_id)
+                        )
                     if stream is not None:
                         stream._push(out)
         except BaseException as exc:  # a bug in the loop: fail every stream, refuse new work

@@ -6,6 +6,7 @@ typed view — ``SchedulerConfig``, ``CacheConfig``, ``LoRAConfig`` — so a sch
 ``SchedulerConfig`` without a model directory. Each view validates its own fields; ``EngineConfig``
 validates by building them, so there is one rule per field and one place it is written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -112,7 +113,9 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.speculative_method not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative_method must be one of {list(SPECULATIVE_METHODS)}, got {self.speculative_method!r}")
+            raise ValueError(
+                f"speculative_method must be one of {list(SPECULATIVE_METHODS)}, got {self.speculative_method!r}"
+            )
         n = self.num_speculative_tokens
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {n!r}")
@@ -125,7 +128,8 @@ class SpeculativeConfig:
         if not self.draft_kv_cache_memory_gb > 0:
             raise ValueError(f"draft_kv_cache_memory_gb must be > 0, got {self.draft_kv_cache_memory_gb!r}")
         if self.draft_num_kv_blocks is not None and (
-                not isinstance(self.draft_num_kv_blocks, int) or self.draft_num_kv_blocks < 2):
+            not isinstance(self.draft_num_kv_blocks, int) or self.draft_num_kv_blocks < 2
+        ):
             raise ValueError(f"draft_num_kv_blocks must be an integer >= 2, got {self.draft_num_kv_blocks!r}")
 
 
@@ -193,7 +197,9 @@ class EngineConfig:
             self._size_from_memory()
         self.validate_fields()
         if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
-            raise ValueError(f"draft_model must be a local checkpoint directory with config.json, got {self.draft_model!r}")
+            raise ValueError(
+                f"draft_model must be a local checkpoint directory with config.json, got {self.draft_model!r}"
+            )
 
     def validate_fields(self, sizes_may_be_auto: bool = False) -> None:
         """Every check that does not need the model directory (the platform runs it at settings load,
@@ -266,8 +272,11 @@ class EngineConfig:
             self.kv_cache_memory_gb = auto_kv_cache_gb(device, Path(self.model), mc, dtype)
         if self.max_num_seqs is None:
             # A pool fixed by num_kv_blocks is the caller's choice: only the device caps the batch.
-            kv_tokens = None if self.num_kv_blocks is not None else (
-                int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
+            kv_tokens = (
+                None
+                if self.num_kv_blocks is not None
+                else (int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
+            )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
 
     @property

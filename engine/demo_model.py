@@ -4,16 +4,22 @@ The demo model lets ``loraplex serve`` run on a fresh machine; tests and benchma
 helpers to build tiny models of every supported architecture. Weights are random (seeded), the
 tokenizer is a real byte-level BPE trained on a built-in text, and there is a chat template.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 PRESETS = {
     # ~3M parameters: tests and the default `serve`.
-    "demo": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "demo": dict(
+        hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    ),
     # ~24M parameters: benchmarks ("a model of ~20-100M parameters").
-    "bench": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4),
+    "bench": dict(
+        hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+    ),
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -36,7 +42,7 @@ def main():\n    print("hello")\n    return 0\n
 """
 
 
-def build_tokenizer(vocab_size: int = 1024):
+def build_tokenizer(vocab_size: int = 1024) -> Any:
     """A byte-level BPE (every byte encodable, so any text round-trips) trained on ``_CORPUS``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -45,11 +51,15 @@ def build_tokenizer(vocab_size: int = 1024):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -61,24 +71,39 @@ def create_random_checkpoint(
     seed: int = 0,
     dtype: str = "float32",
     tie_word_embeddings: bool = False,
-    **overrides,
+    **overrides: Any,
 ) -> Path:
     """Write config.json, model.safetensors and the tokenizer files of a seeded random model."""
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     vocab = -(-len(tokenizer) // 64) * 64  # round up like real checkpoints do
-    kwargs = dict(PRESETS[preset])
-    kwargs.update(vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=tie_word_embeddings,
-                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    kwargs: dict[str, Any] = dict(PRESETS[preset])
+    kwargs.update(
+        vocab_size=vocab,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     kwargs.update(overrides)
     config_cls, model_cls = classes[arch]
     config = config_cls(**kwargs)

@@ -1,5 +1,6 @@
 """The engine's configuration as it actually runs: every ``auto`` resolved (device, dtype, KV
 blocks, batch size). ``loraplex serve`` prints it at start, so nobody runs fp32-on-CPU unawares."""
+
 from __future__ import annotations
 
 from typing import Any

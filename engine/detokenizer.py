@@ -4,6 +4,7 @@ Decoding the whole output every step is quadratic; instead we decode a short win
 tokens and emit only the text that has become stable (byte-level BPE can split a UTF-8 character
 across tokens, which decodes to U+FFFD until the rest arrives).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +20,10 @@ class DetokState:
 def append_text(tokenizer: Any, seq: Any, state: DetokState) -> str:
     """Extend ``seq.text`` with whatever the newly appended tokens spell. Returns the delta."""
     ids = seq.output_token_ids
-    prefix = tokenizer.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
-    full = tokenizer.decode(ids[state.prefix_offset:], skip_special_tokens=True)
+    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=True)
     if len(full) > len(prefix) and not full.endswith("\ufffd"):
-        delta: str = full[len(prefix):]
+        delta: str = full[len(prefix) :]
         state.prefix_offset, state.read_offset = state.read_offset, len(ids)
         seq.text += delta
         return delta
@@ -33,9 +34,9 @@ def flush_text(tokenizer: Any, seq: Any, state: DetokState) -> str:
     """At the end of a sample: append whatever is still pending (an incomplete UTF-8 tail decodes
     to U+FFFD, as a one-shot decode of the same tokens spells it). Returns the delta."""
     ids = seq.output_token_ids
-    prefix = tokenizer.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
-    full = tokenizer.decode(ids[state.prefix_offset:], skip_special_tokens=True)
-    delta = full[len(prefix):] if len(full) > len(prefix) else ""
+    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=True)
+    delta = full[len(prefix) :] if len(full) > len(prefix) else ""
     seq.text += delta
     state.prefix_offset = state.read_offset = len(ids)
     return delta

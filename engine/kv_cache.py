@@ -14,6 +14,7 @@ behind one seam:
   (``take_block_copies``) that the model runner applies before the forward.
 * Accounting: a block is used while any table references it, so shared blocks count once.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -101,8 +102,7 @@ class BlockPool:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01,
-                 enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01, enable_prefix_caching: bool = False):
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.watermark_blocks = int(watermark * num_blocks)
@@ -182,8 +182,7 @@ class KVCacheManager:
         bs = self.block_size
         if num_cached_tokens:
             hit = num_cached_tokens // bs
-            revived = sum(1 for h in self._seq_hashes(seq, hit)[:hit]
-                          if self.pool.refcounts[self.pool.cached[h]] == 0)
+            revived = sum(1 for h in self._seq_hashes(seq, hit)[:hit] if self.pool.refcounts[self.pool.cached[h]] == 0)
             return revived + self.blocks_for_tokens(num_cached_tokens + num_new_tokens) - hit
         table = self.block_tables.get(seq.seq_id, ())
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens

@@ -1,13 +1,14 @@
 """``LLM``: the offline, synchronous API (vLLM-like).
 
-    llm = LLM(model="path/to/checkpoint", max_num_seqs=32)
-    outs = llm.generate(["Hello", "Bonjour"], SamplingParams(max_tokens=32, temperature=0))
-    print(outs[0].text)
+llm = LLM(model="path/to/checkpoint", max_num_seqs=32)
+outs = llm.generate(["Hello", "Bonjour"], SamplingParams(max_tokens=32, temperature=0))
+print(outs[0].text)
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import Any
-from typing import Sequence as Seq
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
@@ -50,8 +51,11 @@ class LLM:
         ids = []
         try:
             for i, prompt in enumerate(prompts):
-                req = self.engine.add_request(EngineRequest(prompt, params[i], adapter=adapters[i], tenant_id=tenants[i],
-                                                            output_kind=OutputKind.FINAL_ONLY))
+                req = self.engine.add_request(
+                    EngineRequest(
+                        prompt, params[i], adapter=adapters[i], tenant_id=tenants[i], output_kind=OutputKind.FINAL_ONLY
+                    )
+                )
                 ids.append(req.request_id)
         except Exception:
             for rid in ids:  # all-or-nothing: don't leave half a batch running

@@ -8,6 +8,7 @@ One step is a short sequence of calls, each owned by its own part:
   output_processor                -> text, stop strings, the outputs callers receive
 ``LLM`` and ``AsyncEngine`` both drive this; a simulation drives the scheduler alone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,28 +57,41 @@ class LLMEngine:
         cache = config.cache_config
         num_blocks = cache.num_kv_blocks or default_num_kv_blocks(config, mc, dtype, self.max_model_len)
         self.runner = ModelRunner(config, mc, self.max_model_len, num_blocks)
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark,
-                                 enable_prefix_caching=cache.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            num_blocks, cache.block_size, cache.watermark, enable_prefix_caching=cache.enable_prefix_caching
+        )
         eos = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         sched_config = config.scheduler_config
         self.policy = make_policy(sched_config)
-        self.scheduler = Scheduler(sched_config, self.kv, self.policy, max_model_len=self.max_model_len,
-                                   eos_token_ids=self.eos_token_ids)
+        self.scheduler = Scheduler(
+            sched_config, self.kv, self.policy, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
+        )
         # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
         self.lora = LoRAManager(config, mc, self.runner.model)
         self.policy.resident_adapters_fn = self.lora.resident_adapters
-        self.spec = (SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
-                     if config.speculative_method else None)
+        self.spec = (
+            SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
+            if config.speculative_method
+            else None
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "errors": 0,
-                         "prompt_tokens": 0, "generated_tokens": 0, "preemptions": 0, "steps": 0}
+        self.counters = {
+            "requests": 0,
+            "finished": 0,
+            "aborted": 0,
+            "errors": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "preemptions": 0,
+            "steps": 0,
+        }
         self.step_seconds = dict.fromkeys(STEP_PHASES, 0.0)  # cumulative time per step phase
 
     # ------------------------------------------------------------------ requests in
@@ -87,9 +101,13 @@ class LLMEngine:
         the engine runs (the adapter registry is re-checked when the request is queued), so the
         server calls it on its own thread."""
         request.params.validate()
+        assert self.config.max_num_seqs is not None  # sized at construction
         if request.params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(f"n = {request.params.n} samples cannot run together: the batch holds at most "
-                                      f"max_num_seqs = {self.config.max_num_seqs} sequences", param="n")
+            raise InvalidRequestError(
+                f"n = {request.params.n} samples cannot run together: the batch holds at most "
+                f"max_num_seqs = {self.config.max_num_seqs} sequences",
+                param="n",
+            )
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
         self._check_vocab(request.params)
@@ -102,11 +120,13 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         bad = [t for t in params.logit_bias if t >= vocab]
         if bad:
-            raise InvalidRequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
-                                      param="logit_bias")
+            raise InvalidRequestError(
+                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})", param="logit_bias"
+            )
 
-    def add_request(self, request: EngineRequest | str | list[int], params: SamplingParams | None = None,
-                    **fields: Any) -> Request:
+    def add_request(
+        self, request: EngineRequest | str | list[int], params: SamplingParams | None = None, **fields: Any
+    ) -> Request:
         """Queue a request. Takes an ``EngineRequest``, or its fields (``add_request(prompt, params,
         adapter=..., tenant_id=...)``)."""
         if not isinstance(request, EngineRequest):
@@ -119,8 +139,12 @@ class LLMEngine:
         tenant = self.tenants.get(request.tenant_id) or self.set_tenant(request.tenant_id)
         params = request.params
         req = Request(
-            request_id=request.request_id, prompt_token_ids=token_ids, params=params, adapter=adapter,
-            tenant=tenant, cache_salt=request.cache_salt,
+            request_id=request.request_id,
+            prompt_token_ids=token_ids,
+            params=params,
+            adapter=adapter,
+            tenant=tenant,
+            cache_salt=request.cache_salt,
             arrival_time=request.arrival_time if request.arrival_time is not None else time.monotonic(),
         )
         for i in range(params.n):
@@ -147,9 +171,13 @@ class LLMEngine:
             vocab = self.model_config.vocab_size
             for t in ids:
                 if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                    raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab}), got {t!r}", param="prompt")
+                    raise InvalidRequestError(
+                        f"prompt token ids must be integers in [0, {vocab}), got {t!r}", param="prompt"
+                    )
         else:
-            raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt")
+            raise InvalidRequestError(
+                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt"
+            )
         if not ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
         return ids
@@ -159,24 +187,38 @@ class LLMEngine:
         if total > self.max_model_len:
             raise InvalidRequestError(
                 f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the maximum context length {self.max_model_len}", param="max_tokens")
+                f"the maximum context length {self.max_model_len}",
+                param="max_tokens",
+            )
         if self.kv.blocks_for_tokens(total) > self.kv.usable_blocks:
             raise InvalidRequestError(
                 f"prompt + max_tokens = {total} tokens needs {self.kv.blocks_for_tokens(total)} KV blocks but the "
-                f"KV cache holds only {self.kv.usable_blocks} usable blocks", param="max_tokens")
+                f"KV cache holds only {self.kv.usable_blocks} usable blocks",
+                param="max_tokens",
+            )
 
-    def set_tenant(self, tenant_id: str, priority: int | None = None, weight: float | None = None,
-                   max_running_seqs: int | None = UNCHANGED) -> TenantInfo:
+    def set_tenant(
+        self,
+        tenant_id: str,
+        priority: int | None = None,
+        weight: float | None = None,
+        max_running_seqs: int | None = UNCHANGED,
+    ) -> TenantInfo:
         """Create or update a tenant's scheduling fields — the only writer of them. Requests hold
         the same TenantInfo object, so a change reaches queued and running requests at the next step."""
         if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight > 0):
             raise InvalidRequestError(f"weight must be > 0, got {weight!r}", param="weight")
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
             raise InvalidRequestError(f"priority must be an integer, got {priority!r}", param="priority")
-        if max_running_seqs is not UNCHANGED and max_running_seqs is not None and (
-                not isinstance(max_running_seqs, int) or isinstance(max_running_seqs, bool) or max_running_seqs < 1):
-            raise InvalidRequestError(f"max_running_seqs must be a positive integer or None, got {max_running_seqs!r}",
-                                      param="max_running_seqs")
+        if (
+            max_running_seqs is not UNCHANGED
+            and max_running_seqs is not None
+            and (not isinstance(max_running_seqs, int) or isinstance(max_running_seqs, bool) or max_running_seqs < 1)
+        ):
+            raise InvalidRequestError(
+                f"max_running_seqs must be a positive integer or None, got {max_running_seqs!r}",
+                param="max_running_seqs",
+            )
         tenant = self.tenants.get(tenant_id)
         if tenant is None:
             tenant = self.tenants[tenant_id] = TenantInfo(tenant_id)
@@ -320,7 +362,8 @@ class LLMEngine:
             return []
         log.error("failing unschedulable request %s", seq.request.request_id)
         return self._fail_requests(
-            [seq.request], "request could not be scheduled (not enough KV cache or adapter slots)")
+            [seq.request], "request could not be scheduled (not enough KV cache or adapter slots)"
+        )
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:

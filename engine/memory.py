@@ -5,6 +5,7 @@ KV pool takes most of the memory the weights leave free (as vLLM's ``gpu_memory_
 does); on a CPU the pool shares RAM with everything else on the host, so it takes a modest slice
 of the available memory, and the batch stops at 64, past which a CPU step is compute-bound.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Turns a scheduler step into tensors, runs the model once, returns logits of the sampling rows."""
+
 from __future__ import annotations
 
 import torch
@@ -22,6 +23,7 @@ def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.
     assert memory_gb is not None, "EngineConfig sizes the KV memory when num_kv_blocks is unset"
     by_memory = int(memory_gb * (1 << 30) // per_block)
     # More than every sequence at full length is never useful.
+    assert config.max_num_seqs is not None, "EngineConfig sizes max_num_seqs at construction"
     by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
     return max(2, min(by_memory, by_need))
 
@@ -41,13 +43,19 @@ class ModelRunner:
             self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
         shape = (num_kv_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(model_config.num_layers)
         ]
 
     @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None,
+        self,
+        out: SchedulerOutput,
+        kv: KVCacheManager,
+        adapter_slots: dict[str, int] | None = None,
         logit_rows: dict[int, int] | None = None,
     ) -> tuple[list[Sequence], torch.Tensor | None]:
         """Run one step. Returns the sequences that sample a token this step and their logits
@@ -95,12 +103,15 @@ class ModelRunner:
             num_decode_tokens=len(decodes),
             decode_block_tables=self._block_tables([c.seq for c in decodes], kv),
             decode_context_lens=torch.tensor(
-                [c.seq.num_computed_tokens + 1 for c in decodes], dtype=torch.int32, device=dev),
+                [c.seq.num_computed_tokens + 1 for c in decodes], dtype=torch.int32, device=dev
+            ),
             prefill_block_tables=self._block_tables([c.seq for c in prefills], kv),
             prefill_query_start_loc=torch.tensor(
-                _cumsum([c.num_tokens for c in prefills]), dtype=torch.int32, device=dev),
+                _cumsum([c.num_tokens for c in prefills]), dtype=torch.int32, device=dev
+            ),
             prefill_context_lens=torch.tensor(
-                [c.seq.num_computed_tokens + c.num_tokens for c in prefills], dtype=torch.int32, device=dev),
+                [c.seq.num_computed_tokens + c.num_tokens for c in prefills], dtype=torch.int32, device=dev
+            ),
             ops=self.ops,
             lora_segments=make_lora_segments(token_lora, dev) if any(s >= 0 for s in token_lora) else None,
         )

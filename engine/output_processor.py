@@ -7,6 +7,7 @@ since the previous output travel (a long stream is not re-copied every step); wh
 still be cut by a stop string, the last ``len(stop) - 1`` characters are held back so that text
 already sent is never taken back.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,8 +40,8 @@ class OutputProcessor:
     def add(self, req: Request, kind: OutputKind) -> None:
         stops = req.params.stop
         self._states[req.request_id] = _RequestState(
-            kind, {s.seq_id: _SampleState() for s in req.sequences},
-            max((len(s) for s in stops), default=1) - 1)
+            kind, {s.seq_id: _SampleState() for s in req.sequences}, max((len(s) for s in stops), default=1) - 1
+        )
 
     def _streams_text(self, req: Request) -> bool:
         return self._states[req.request_id].kind is not OutputKind.FINAL_ONLY or bool(req.params.stop)
@@ -94,23 +95,40 @@ class OutputProcessor:
             s = state.samples.setdefault(seq.seq_id, _SampleState())
             tokens = seq.output_token_ids
             if state.kind is OutputKind.DELTA:
-                text_end = len(seq.text) if (final or seq.is_finished) else max(
-                    s.chars_sent, len(seq.text) - state.hold_back)
+                text_end = (
+                    len(seq.text) if (final or seq.is_finished) else max(s.chars_sent, len(seq.text) - state.hold_back)
+                )
                 first_new = s.tokens_sent
-                new_tokens, new_text = tokens[s.tokens_sent:], seq.text[s.chars_sent:text_end]
+                new_tokens, new_text = tokens[s.tokens_sent :], seq.text[s.chars_sent : text_end]
                 s.tokens_sent, s.chars_sent = len(tokens), text_end
             else:
                 first_new = 0
                 new_tokens, new_text = list(tokens), seq.text
-            outputs.append(CompletionOutput(
-                index=seq.index, token_ids=new_tokens, text=new_text,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-                logprobs=seq.logprobs[first_new:len(tokens)] if req.params.logprobs is not None else None))
-        metrics = {"arrival_time": req.arrival_time, "first_token_time": req.first_token_time,
-                   "finish_time": req.finish_time,
-                   "num_cached_tokens": max((s.num_cached_tokens for s in req.sequences), default=0),
-                   "num_preemptions": sum(s.num_preemptions for s in req.sequences)}
-        return RequestOutput(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, outputs=outputs,
-                             finished=final, adapter=req.adapter_name, tenant_id=req.tenant_id,
-                             metrics=metrics, error=req.error, kind=state.kind)
-
+            outputs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    token_ids=new_tokens,
+                    text=new_text,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                    logprobs=seq.logprobs[first_new : len(tokens)] if req.params.logprobs is not None else None,
+                )
+            )
+        metrics = {
+            "arrival_time": req.arrival_time,
+            "first_token_time": req.first_token_time,
+            "finish_time": req.finish_time,
+            "num_cached_tokens": max((s.num_cached_tokens for s in req.sequences), default=0),
+            "num_preemptions": sum(s.num_preemptions for s in req.sequences),
+        }
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=outputs,
+            finished=final,
+            adapter=req.adapter_name,
+            tenant_id=req.tenant_id,
+            metrics=metrics,
+            error=req.error,
+            kind=state.kind,
+        )

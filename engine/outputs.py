@@ -1,4 +1,5 @@
 """What the engine hands back: one RequestOutput per request, one CompletionOutput per sample."""
+
 from __future__ import annotations
 
 import enum

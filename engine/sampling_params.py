@@ -1,4 +1,5 @@
 """Per-request generation settings (vLLM-compatible names, so users already know them)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ class StructuredOutputSpec:
     value: str = ""
 
     @classmethod
-    def json_schema(cls, schema: dict | str) -> "StructuredOutputSpec":
+    def json_schema(cls, schema: dict | str) -> StructuredOutputSpec:
         text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
         return cls("json_schema", text)
 
@@ -79,8 +80,7 @@ class SamplingParams:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise bad(f"stop_token_ids must be non-negative integers, got {t!r}", "stop_token_ids")
 
-        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
-                             ("min_p", 0.0, 1.0)):
+        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0), ("min_p", 0.0, 1.0)):
             v = getattr(self, name)
             if not _is_number(v) or not lo <= v <= hi:
                 raise bad(f"{name} must be a number in [{lo}, {hi}], got {v!r}", name)
@@ -91,12 +91,17 @@ class SamplingParams:
                 raise bad(f"logit_bias keys must be token ids (non-negative integers), got {t!r}", "logit_bias")
             if not _is_number(b) or not -100.0 <= b <= 100.0:
                 raise bad(f"logit_bias values must be in [-100, 100], got {b!r}", "logit_bias")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int)
+            or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
             raise bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
         so = self.structured_output
         if so is not None and (not isinstance(so, StructuredOutputSpec) or so.kind not in STRUCTURED_KINDS):
-            raise bad(f"structured_output must be a StructuredOutputSpec of kind {STRUCTURED_KINDS}", "structured_output")
+            raise bad(
+                f"structured_output must be a StructuredOutputSpec of kind {STRUCTURED_KINDS}", "structured_output"
+            )
 
     @property
     def has_penalties(self) -> bool:

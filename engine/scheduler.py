@@ -6,6 +6,7 @@ blocks and ``max_loras`` distinct adapters. Prefills longer than the remaining b
 When KV blocks run out, the policy names a victim whose blocks are freed; it is recomputed later.
 ``batching="static"`` forms a batch only when the previous one has fully drained (the baseline).
 """
+
 from __future__ import annotations
 
 import time
@@ -64,8 +65,15 @@ class Scheduler:
     (computed KV, sampled tokens, forks, token-level stops, policy accounting). Text-level work —
     detokenizing, stop strings, outputs — belongs to the OutputProcessor."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, *,
-                 max_model_len: int | None = None, eos_token_ids: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        policy: SchedulingPolicy,
+        *,
+        max_model_len: int | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ):
         self.config = config
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -181,8 +189,11 @@ class Scheduler:
             if seq is None:
                 break
             full = self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs
-            if full and self.policy.may_admit(seq, self.running) and \
-                    not self.policy.preemption_candidates(seq, self.running, now):
+            if (
+                full
+                and self.policy.may_admit(seq, self.running)
+                and not self.policy.preemption_candidates(seq, self.running, now)
+            ):
                 break
             if not self._adapter_fits(seq, running_adapters, starving) or not self.policy.may_admit(seq, self.running):
                 exclude.add(seq.seq_id)
@@ -193,8 +204,9 @@ class Scheduler:
                 # The policy may let a waiting request push running ones out (a better class...).
                 budget = self._preempt_for(seq, n, cached, out, budget, running_adapters, now)
                 n = min(seq.num_uncomputed_tokens - cached, budget)
-                if self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs or \
-                        not self.kv.can_admit(seq, n, cached):
+                if self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs or not self.kv.can_admit(
+                    seq, n, cached
+                ):
                     break  # out of KV: later arrivals must not overtake (they would starve big prompts)
             self._start(seq, n, out, cached)
             budget -= n
@@ -273,8 +285,16 @@ class Scheduler:
         self._lora_blocked.pop(oldest[0], None)
         return None
 
-    def _preempt_for(self, seq: Sequence, n: int, cached: int, out: SchedulerOutput, budget: int,
-                     running_adapters: Counter, now: float) -> int:
+    def _preempt_for(
+        self,
+        seq: Sequence,
+        n: int,
+        cached: int,
+        out: SchedulerOutput,
+        budget: int,
+        running_adapters: Counter,
+        now: float,
+    ) -> int:
         """Preempt the policy's candidates, in order, until ``seq`` fits — none at all if even all
         of them would not make room. Returns the token budget (a victim scheduled this step gives
         its chunk back)."""
@@ -344,7 +364,8 @@ class Scheduler:
         elif token in p.stop_token_ids:
             self.finish(seq, FinishReason.STOP, token)
         elif seq.num_output_tokens >= p.max_tokens or (
-                self.max_model_len is not None and seq.num_tokens >= self.max_model_len):
+            self.max_model_len is not None and seq.num_tokens >= self.max_model_len
+        ):
             self.finish(seq, FinishReason.LENGTH)
 
     def stats(self) -> dict:

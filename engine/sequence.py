@@ -1,4 +1,5 @@
 """Requests and the sequences (one per sample) the scheduler moves between queues."""
+
 from __future__ import annotations
 
 import enum
@@ -96,7 +97,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,4 +1,5 @@
 """Load a tokenizer from a local directory only (never the hub)."""
+
 from __future__ import annotations
 
 from pathlib import Path

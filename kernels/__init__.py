@@ -5,7 +5,8 @@ Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``trit
   (INT8 weight-only matmul; its CPU path and oracle live in ``int8``).
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
-from .dispatch import BACKENDS, KernelOps, TORCH_OPS, get_kernel_ops, triton_available
+
+from .dispatch import BACKENDS, TORCH_OPS, KernelOps, get_kernel_ops, triton_available
 from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
 

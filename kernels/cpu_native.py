@@ -11,6 +11,7 @@ flags, the compiler and the CPU; later processes just load it. ``ctypes`` calls 
 pointers (the GIL is released during the call). Without a compiler, or if the build fails, ``load()``
 returns None and dispatch keeps the torch path.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -91,12 +92,16 @@ def load() -> ctypes.CDLL | None:
         _tried = True
         cxx = _compiler()
         if cxx is None:
-            warnings.warn("no C++ compiler found: CPU attention uses the slower torch path", RuntimeWarning)
+            warnings.warn(
+                "no C++ compiler found: CPU attention uses the slower torch path", RuntimeWarning, stacklevel=2
+            )
             return None
         try:
             lib = ctypes.CDLL(str(build(cxx)))
         except (OSError, RuntimeError) as exc:
-            warnings.warn(f"native CPU attention unavailable, using the torch path: {exc}", RuntimeWarning)
+            warnings.warn(
+                f"native CPU attention unavailable, using the torch path: {exc}", RuntimeWarning, stacklevel=2
+            )
             return None
         p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         for name in ("lp_paged_attention_f32", "lp_paged_attention_bf16"):
@@ -113,12 +118,26 @@ def available() -> bool:
 
 def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     # fp16 (poor CPU support) and foreign devices keep the torch path.
-    return (_lib is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
-            and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
-            and k_cache.is_contiguous() and v_cache.is_contiguous())
+    return (
+        _lib is not None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and k_cache.dtype == q.dtype
+        and v_cache.dtype == q.dtype
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+    )
 
 
-def _call(q, k_cache, v_cache, block_tables, row_seq, row_len, scale) -> torch.Tensor:
+def _call(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     assert _lib is not None
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -128,13 +147,34 @@ def _call(q, k_cache, v_cache, block_tables, row_seq, row_len, scale) -> torch.T
     row_len = row_len.to(torch.int32).contiguous()
     fn = _lib.lp_paged_attention_f32 if q.dtype == torch.float32 else _lib.lp_paged_attention_bf16
     with torch.profiler.record_function("loraplex::cpu_paged_attention"):  # visible in torch.profiler tables
-        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.shape[1] if bt.dim() == 2 else 0,
-           row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.shape[1],
-           float(scale), torch.get_num_threads())
+        fn(
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            bt.data_ptr(),
+            bt.shape[1] if bt.dim() == 2 else 0,
+            row_seq.data_ptr(),
+            row_len.data_ptr(),
+            out.data_ptr(),
+            rows,
+            hq,
+            k_cache.shape[2],
+            d,
+            k_cache.shape[1],
+            float(scale),
+            torch.get_num_threads(),
+        )
     return out
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Same contract as ``reference.paged_decode_attention``."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
@@ -142,11 +182,21 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return _call(q, k_cache, v_cache, block_tables, rows, context_lens, scale)
 
 
-def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Same contract as ``reference.paged_prefill_attention``: query row i of sequence s sees
     positions ``< context_len - query_len + i + 1``."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
-        return reference.paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+        return reference.paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+        )
     qsl = query_start_loc.long()
     qlens = qsl[1:] - qsl[:-1]
     row_seq = torch.repeat_interleave(torch.arange(qlens.shape[0]), qlens)

@@ -5,6 +5,7 @@
 reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,35 +20,61 @@ BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 class WriteKV(Protocol):
-    def __call__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None: ...
+    def __call__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None: ...
 
 
 class PagedDecodeAttention(Protocol):
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 class PagedPrefillAttention(Protocol):
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 class SgmvShrink(Protocol):
-    def __call__(self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments,
-                 ranks: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class SgmvExpand(Protocol):
-    def __call__(self, y: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor, segments: LoraSegments,
-                 ranks: torch.Tensor, scales: torch.Tensor, slice_offsets: tuple[int, ...]) -> torch.Tensor: ...
+    def __call__(
+        self,
+        y: torch.Tensor,
+        shrunk: torch.Tensor,
+        lora_b: torch.Tensor,
+        segments: LoraSegments,
+        ranks: torch.Tensor,
+        scales: torch.Tensor,
+        slice_offsets: tuple[int, ...],
+    ) -> torch.Tensor: ...
 
 
 class Int8Linear(Protocol):
     """INT8 weight-only matmul: x @ (qweight * scales[:, None]).T + bias, in x's dtype."""
 
-    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -87,6 +114,7 @@ def _cpu_ops() -> KernelOps | None:
         paged_prefill_attention=cpu_native.paged_prefill_attention,
         sgmv_shrink=reference.sgmv_shrink,
         sgmv_expand=reference.sgmv_expand,
+        int8_linear=int8.int8_linear_cpu,
     )
 
 

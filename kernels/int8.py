@@ -16,6 +16,7 @@ Two implementations here:
     once into the activation dtype and run one dense GEMM, whose cost is then spread over many rows.
 The GPU path is the Triton kernel in ``triton_int8``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return (qweight.float() * scales[:, None]).to(dtype)
 
 
-def int8_linear_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
+def int8_linear_reference(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """y = x @ (q * s).T + bias, computed in float32, returned in x's dtype. x: [..., K]."""
     y = x.float() @ qweight.float().T * scales.float()
     if bias is not None:
@@ -54,8 +56,9 @@ def int8_linear_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.
     return y.to(x.dtype)
 
 
-def int8_linear_cpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+def int8_linear_cpu(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] <= INT8PACK_MAX_ROWS and x2.shape[1] % INT8PACK_K_MULTIPLE == 0:
@@ -63,12 +66,11 @@ def int8_linear_cpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
         # Unit scales in the op, the float32 per-channel scale applied after: bf16 scales would
         # round each channel's scale by up to 2^-9, a systematic per-channel error.
         ones = _unit_scales(qweight.shape[0], x.device)
-        y = torch.ops.aten._weight_int8pack_mm(xb, qweight, ones).to(x.dtype) * scales.to(x.dtype)
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(xb, qweight, ones).to(x.dtype) * scales.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
     else:
-        y = F.linear(x2, dequantize_int8(qweight, scales, x.dtype),
-                     None if bias is None else bias.to(x.dtype))
+        y = F.linear(x2, dequantize_int8(qweight, scales, x.dtype), None if bias is None else bias.to(x.dtype))
     return y.reshape(*lead, qweight.shape[0])
 
 

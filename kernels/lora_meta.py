@@ -3,6 +3,7 @@
 Built once per engine step and shared by every LoRA-wrapped layer, so the (cheap but not free)
 run-length encoding of token slots is not repeated per layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,6 +9,7 @@ Shapes (shared with the Triton kernels; see ``kernels/__init__.py``):
   block_tables:     int32 [num_seqs, max_blocks_per_seq] (unused tail entries may hold anything >= 0)
   context_lens:     int32 [num_seqs], KV length of each sequence INCLUDING the tokens of this step
 """
+
 from __future__ import annotations
 
 import torch
@@ -78,7 +79,14 @@ def paged_decode_attention(
     return out
 
 
-def _decode_padded(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+def _decode_padded(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     num_seqs, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     group = hq // hkv
@@ -182,7 +190,7 @@ def _plan(segments: LoraSegments, device: torch.device) -> _SgmvPlan:
     return plan
 
 
-def _gather_rank(plan: _SgmvPlan, ranks: torch.Tensor, rank_list: list[int]):
+def _gather_rank(plan: _SgmvPlan, ranks: torch.Tensor, rank_list: list[int]) -> tuple[int, torch.Tensor | None]:
     """Largest rank among gathered tokens and a [n, r_eff] mask of each token's own rank (None when
     all share it), so padding rows beyond a slot's rank never contribute."""
     r_eff = max(rank_list[s] for s in plan.short_slot_set)
@@ -264,7 +272,7 @@ def sgmv_expand(
             for n in range(num_slices):
                 c0, c1 = slice_offsets[n] - c_lo, slice_offsets[n + 1] - c_lo
                 delta = (s[n][:, :, None] * w[:, :, c0:c1]).sum(1)  # [n, width]
-                y[idx, c0 + c_lo:c1 + c_lo] += (tok_scale * delta).to(y.dtype)
+                y[idx, c0 + c_lo : c1 + c_lo] += (tok_scale * delta).to(y.dtype)
     for t0, t1, slot in segs:
         r = rank_list[slot]
         for n in range(num_slices):
@@ -275,7 +283,9 @@ def sgmv_expand(
 
 
 # Obvious one-matmul-per-segment versions: the yardstick the serving path above is tested against.
-def _sgmv_shrink_naive(x, lora_a, segments, ranks):
+def _sgmv_shrink_naive(
+    x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor
+) -> torch.Tensor:
     num_slices, _, max_rank, _ = lora_a.shape
     out = torch.zeros(num_slices, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
     rank_list = ranks.tolist()
@@ -289,7 +299,15 @@ def _sgmv_shrink_naive(x, lora_a, segments, ranks):
     return out
 
 
-def _sgmv_expand_naive(y, shrunk, lora_b, segments, ranks, scales, slice_offsets):
+def _sgmv_expand_naive(
+    y: torch.Tensor,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    segments: LoraSegments,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+) -> torch.Tensor:
     rank_list = ranks.tolist()
     scale_list = scales.tolist()
     starts = segments.starts_list

@@ -18,6 +18,7 @@ Softmax runs in base 2 (``exp2``, scale pre-multiplied by log2(e)); everything a
 No kernel here syncs with the host unless asked for sizes it cannot bound from tensor shapes.
 A sequence with ``context_len == 0`` gets a zero output (the reference would give NaN).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,12 +38,27 @@ def _num_sms(device: torch.device) -> int:
 
 # --------------------------------------------------------------------------------------- write_kv
 @triton.jit
-def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-    num_heads, head_dim, block_size,
-    sk_t, sk_h, sk_d, sv_t, sv_h, sv_d,
-    sc_b, sc_p, sc_h, sc_d,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+def _write_kv_kernel(  # type: ignore[no-untyped-def]
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    num_heads,
+    head_dim,
+    block_size,
+    sk_t,
+    sk_h,
+    sk_d,
+    sv_t,
+    sv_h,
+    sv_d,
+    sc_b,
+    sc_p,
+    sc_h,
+    sc_d,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -50,8 +66,7 @@ def _write_kv_kernel(
         offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
         mask = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
-        dst = (slot // block_size) * sc_b + (slot % block_size) * sc_p \
-            + offs_h[:, None] * sc_h + offs_d[None, :] * sc_d
+        dst = (slot // block_size) * sc_b + (slot % block_size) * sc_p + offs_h[:, None] * sc_h + offs_d[None, :] * sc_d
         k = tl.load(k_ptr + t * sk_t + offs_h[:, None] * sk_h + offs_d[None, :] * sk_d, mask=mask)
         v = tl.load(v_ptr + t * sv_t + offs_h[:, None] * sv_h + offs_d[None, :] * sv_d, mask=mask)
         tl.store(kc_ptr + dst, k, mask=mask)
@@ -81,26 +96,62 @@ def write_kv(
     block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
     grid = (num_tokens, triton.cdiv(num_heads, block_h))
     _write_kv_kernel[grid](
-        k, v, k_cache, v_cache, slot_mapping,
-        num_heads, head_dim, block_size,
-        *k.stride(), *v.stride(), *k_cache.stride(),
-        BLOCK_H=block_h, BLOCK_D=block_d,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        num_heads,
+        head_dim,
+        block_size,
+        *k.stride(),
+        *v.stride(),
+        *k_cache.stride(),
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
     )
 
 
 # ----------------------------------------------------------------------------------------- decode
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, plse_ptr,
-    sm_scale_log2, partition_size, head_dim,
-    sq_s, sq_h, sq_d,
-    sc_b, sc_p, sc_h, sc_d,
-    sbt_s, sbt_b,
-    so_s, so_h, so_d,
-    spo_s, spo_h, spo_p, spo_d,
-    splse_s, splse_h, splse_p,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KV_BLOCK: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISE: tl.constexpr,
+def _decode_split_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    ctx_ptr,
+    out_ptr,
+    po_ptr,
+    plse_ptr,
+    sm_scale_log2,
+    partition_size,
+    head_dim,
+    sq_s,
+    sq_h,
+    sq_d,
+    sc_b,
+    sc_p,
+    sc_h,
+    sc_d,
+    sbt_s,
+    sbt_b,
+    so_s,
+    so_h,
+    so_d,
+    spo_s,
+    spo_h,
+    spo_p,
+    spo_d,
+    splse_s,
+    splse_h,
+    splse_p,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -114,8 +165,11 @@ def _decode_split_kernel(
     g_mask = offs_g < GROUP
     d_mask = offs_d < head_dim
     if start < end:
-        q = tl.load(q_ptr + seq * sq_s + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
-                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(
+            q_ptr + seq * sq_s + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
         m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
@@ -137,26 +191,44 @@ def _decode_split_kernel(
             m_i = m_new
         o = acc / l_i[:, None]
         if ONE_SPLIT:
-            tl.store(out_ptr + seq * so_s + heads[:, None] * so_h + offs_d[None, :] * so_d,
-                     o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+            tl.store(
+                out_ptr + seq * so_s + heads[:, None] * so_h + offs_d[None, :] * so_d,
+                o.to(out_ptr.dtype.element_ty),
+                mask=g_mask[:, None] & d_mask[None, :],
+            )
         else:
-            tl.store(po_ptr + seq * spo_s + heads[:, None] * spo_h + split * spo_p + offs_d[None, :] * spo_d,
-                     o, mask=g_mask[:, None] & d_mask[None, :])
-            tl.store(plse_ptr + seq * splse_s + heads * splse_h + split * splse_p,
-                     m_i + tl.log2(l_i), mask=g_mask)
+            tl.store(
+                po_ptr + seq * spo_s + heads[:, None] * spo_h + split * spo_p + offs_d[None, :] * spo_d,
+                o,
+                mask=g_mask[:, None] & d_mask[None, :],
+            )
+            tl.store(plse_ptr + seq * splse_s + heads * splse_h + split * splse_p, m_i + tl.log2(l_i), mask=g_mask)
     elif ONE_SPLIT:  # empty sequence
-        tl.store(out_ptr + seq * so_s + heads[:, None] * so_h + offs_d[None, :] * so_d,
-                 tl.zeros((BLOCK_G, BLOCK_D), dtype=out_ptr.dtype.element_ty),
-                 mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + seq * so_s + heads[:, None] * so_h + offs_d[None, :] * so_d,
+            tl.zeros((BLOCK_G, BLOCK_D), dtype=out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    po_ptr, plse_ptr, ctx_ptr, out_ptr,
-    partition_size, head_dim,
-    spo_s, spo_h, spo_p, spo_d,
-    splse_s, splse_h, splse_p,
-    so_s, so_h, so_d,
+def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
+    po_ptr,
+    plse_ptr,
+    ctx_ptr,
+    out_ptr,
+    partition_size,
+    head_dim,
+    spo_s,
+    spo_h,
+    spo_p,
+    spo_d,
+    splse_s,
+    splse_h,
+    splse_p,
+    so_s,
+    so_h,
+    so_d,
     BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -181,8 +253,9 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * so_s + head * so_h + offs_d * so_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def _decode_partition(num_seqs: int, num_kv_heads: int, max_ctx: int, block_d: int,
-                      device: torch.device, partition_size: int | None) -> tuple[int, int, int]:
+def _decode_partition(
+    num_seqs: int, num_kv_heads: int, max_ctx: int, block_d: int, device: torch.device, partition_size: int | None
+) -> tuple[int, int, int]:
     """(BLOCK_N, partition_size, num_splits) for a decode launch."""
     block_n = 64 if block_d <= 128 else 32
     max_ctx = max(max_ctx, 1)
@@ -225,7 +298,8 @@ def paged_decode_attention(
     block_g = max(16, triton.next_power_of_2(group))
     max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * kv_block
     block_n, partition_size, splits = _decode_partition(
-        num_seqs, num_kv_heads, int(max_ctx), block_d, q.device, partition_size)
+        num_seqs, num_kv_heads, int(max_ctx), block_d, q.device, partition_size
+    )
     one = splits == 1
     if one:
         part_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
@@ -234,18 +308,42 @@ def paged_decode_attention(
         part_o = torch.empty(num_seqs, num_q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_q_heads, splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse,
-        scale * _LOG2E, partition_size, head_dim,
-        *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
-        *part_o.stride(), *part_lse.stride(),
-        GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        KV_BLOCK=kv_block, ONE_SPLIT=one, PRECISE=dot_in_f32(q.dtype, q.device),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_o,
+        part_lse,
+        scale * _LOG2E,
+        partition_size,
+        head_dim,
+        *q.stride(),
+        *k_cache.stride(),
+        *block_tables.stride(),
+        *out.stride(),
+        *part_o.stride(),
+        *part_lse.stride(),
+        GROUP=group,
+        BLOCK_G=block_g,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        KV_BLOCK=kv_block,
+        ONE_SPLIT=one,
+        PRECISE=dot_in_f32(q.dtype, q.device),
     )
     if not one:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
-            part_o, part_lse, context_lens, out,
-            partition_size, head_dim,
-            *part_o.stride(), *part_lse.stride(), *out.stride(),
+            part_o,
+            part_lse,
+            context_lens,
+            out,
+            partition_size,
+            head_dim,
+            *part_o.stride(),
+            *part_lse.stride(),
+            *out.stride(),
             BLOCK_D=block_d,
         )
     return out
@@ -253,10 +351,30 @@ def paged_decode_attention(
 
 # ---------------------------------------------------------------------------------------- prefill
 @triton.jit
-def _prefill_inner(
-    acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row_ptr, sbt_b, kv_head_off,
-    sc_b, sc_p, sc_d, offs_d, d_mask, q_pos, lo, hi, ctx, sm_scale_log2,
-    BLOCK_N: tl.constexpr, KV_BLOCK: tl.constexpr, CAUSAL: tl.constexpr, PRECISE: tl.constexpr,
+def _prefill_inner(  # type: ignore[no-untyped-def]
+    acc,
+    m_i,
+    l_i,
+    q,
+    kc_ptr,
+    vc_ptr,
+    bt_row_ptr,
+    sbt_b,
+    kv_head_off,
+    sc_b,
+    sc_p,
+    sc_d,
+    offs_d,
+    d_mask,
+    q_pos,
+    lo,
+    hi,
+    ctx,
+    sm_scale_log2,
+    BLOCK_N: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -279,15 +397,34 @@ def _prefill_inner(
 
 
 @triton.jit
-def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, ctx_ptr, out_ptr,
-    sm_scale_log2, head_dim,
-    sq_t, sq_h, sq_d,
-    sc_b, sc_p, sc_h, sc_d,
-    sbt_s, sbt_b,
-    so_t, so_h, so_d,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KV_BLOCK: tl.constexpr, PRECISE: tl.constexpr,
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    qsl_ptr,
+    ctx_ptr,
+    out_ptr,
+    sm_scale_log2,
+    head_dim,
+    sq_t,
+    sq_h,
+    sq_d,
+    sc_b,
+    sc_p,
+    sc_h,
+    sc_d,
+    sbt_s,
+    sbt_b,
+    so_t,
+    so_h,
+    so_d,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     m_tile = tl.program_id(1)
@@ -304,8 +441,11 @@ def _prefill_kernel(
         d_mask = offs_d < head_dim
         q_pos = prefix + offs_m
         rows = (q0 + offs_m).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(
+            q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
+            mask=m_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -316,16 +456,61 @@ def _prefill_kernel(
         full_end = ((prefix + m_start) // BLOCK_N) * BLOCK_N
         hi = tl.minimum(ctx, prefix + m_start + BLOCK_M)
         acc, m_i, l_i = _prefill_inner(
-            acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, sbt_b, kv_head_off, sc_b, sc_p, sc_d,
-            offs_d, d_mask, q_pos, 0, full_end, ctx, sm_scale_log2,
-            BLOCK_N=BLOCK_N, KV_BLOCK=KV_BLOCK, CAUSAL=False, PRECISE=PRECISE)
+            acc,
+            m_i,
+            l_i,
+            q,
+            kc_ptr,
+            vc_ptr,
+            bt_row,
+            sbt_b,
+            kv_head_off,
+            sc_b,
+            sc_p,
+            sc_d,
+            offs_d,
+            d_mask,
+            q_pos,
+            0,
+            full_end,
+            ctx,
+            sm_scale_log2,
+            BLOCK_N=BLOCK_N,
+            KV_BLOCK=KV_BLOCK,
+            CAUSAL=False,
+            PRECISE=PRECISE,
+        )
         acc, m_i, l_i = _prefill_inner(
-            acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, sbt_b, kv_head_off, sc_b, sc_p, sc_d,
-            offs_d, d_mask, q_pos, full_end, hi, ctx, sm_scale_log2,
-            BLOCK_N=BLOCK_N, KV_BLOCK=KV_BLOCK, CAUSAL=True, PRECISE=PRECISE)
+            acc,
+            m_i,
+            l_i,
+            q,
+            kc_ptr,
+            vc_ptr,
+            bt_row,
+            sbt_b,
+            kv_head_off,
+            sc_b,
+            sc_p,
+            sc_d,
+            offs_d,
+            d_mask,
+            q_pos,
+            full_end,
+            hi,
+            ctx,
+            sm_scale_log2,
+            BLOCK_N=BLOCK_N,
+            KV_BLOCK=KV_BLOCK,
+            CAUSAL=True,
+            PRECISE=PRECISE,
+        )
         o = acc / l_i[:, None]
-        tl.store(out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
-                 o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
+            o.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & d_mask[None, :],
+        )
 
 
 def paged_prefill_attention(
@@ -358,11 +543,25 @@ def paged_prefill_attention(
     block_n = 64 if block_d <= 64 else 32
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_q_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
-        scale * _LOG2E, head_dim,
-        *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=num_q_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        KV_BLOCK=kv_block, PRECISE=dot_in_f32(q.dtype, q.device),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        context_lens,
+        out,
+        scale * _LOG2E,
+        head_dim,
+        *q.stride(),
+        *k_cache.stride(),
+        *block_tables.stride(),
+        *out.stride(),
+        GROUP=num_q_heads // num_kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        KV_BLOCK=kv_block,
+        PRECISE=dot_in_f32(q.dtype, q.device),
     )
     return out
 

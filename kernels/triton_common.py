@@ -1,4 +1,5 @@
 """Helpers shared by the Triton kernels (SGMV and paged attention)."""
+
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,7 @@ def device_sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def dot(a, b, F32: tl.constexpr):
+def dot(a, b, F32: tl.constexpr):  # type: ignore[no-untyped-def]
     """``tl.dot`` with fp32 accumulation. ``F32``: upcast operands and multiply in IEEE fp32 — for
     fp32 models (no TF32 rounding) and for bf16 under TRITON_INTERPRET, whose numpy dot cannot
     multiply bf16 (it stores bf16 as uint16 bit patterns; triton issue #11584). bf16 products are

@@ -8,6 +8,7 @@ the accumulator, after the reduction, since it does not depend on k.
 Same contract as ``int8.int8_linear_reference``. Under ``TRITON_INTERPRET=1`` it runs on CPU tensors
 (that is how the tests check it); bf16 there multiplies in fp32 (see ``triton_common.dot``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,11 +19,25 @@ from .triton_common import dot, dot_in_f32
 
 
 @triton.jit
-def _int8_gemm_kernel(
-    x_ptr, q_ptr, s_ptr, b_ptr, y_ptr,
-    M, N, K,
-    sx_m, sx_k, sq_n, sq_k, sy_m, sy_n,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _int8_gemm_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sx_m,
+    sx_k,
+    sq_n,
+    sq_k,
+    sy_m,
+    sy_n,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -35,11 +50,16 @@ def _int8_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * sx_m + offs_k[None, :] * sx_k,
-                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        xt = tl.load(
+            x_ptr + offs_m[:, None].to(tl.int64) * sx_m + offs_k[None, :] * sx_k,
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
         qt = tl.load(  # [BLOCK_K, BLOCK_N]: q stored [N, K], read transposed
             q_ptr + offs_n[None, :].to(tl.int64) * sq_n + offs_k[:, None] * sq_k,
-            mask=n_mask[None, :] & k_mask[:, None], other=0)
+            mask=n_mask[None, :] & k_mask[:, None],
+            other=0,
+        )
         if PRECISE:  # int8 -> fp32 directly (the interpreter cannot convert int8 to bf16 bits)
             acc += dot(xt, qt.to(tl.float32), PRECISE)
         else:
@@ -48,8 +68,11 @@ def _int8_gemm_kernel(
     acc = acc * scale[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * sy_m + offs_n[None, :] * sy_n,
-             acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(
+        y_ptr + offs_m[:, None].to(tl.int64) * sy_m + offs_n[None, :] * sy_n,
+        acc.to(y_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )
 
 
 def _config(m: int) -> tuple[int, int, int]:
@@ -62,8 +85,9 @@ def _config(m: int) -> tuple[int, int, int]:
     return 64, 64, 64
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
@@ -75,10 +99,24 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     scales = scales.float().contiguous()
     _int8_gemm_kernel[grid](
-        x2, qweight, scales, bias if bias is not None else scales, y,
-        m, n, k,
-        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), y.stride(0), y.stride(1),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x2,
+        qweight,
+        scales,
+        bias if bias is not None else scales,
+        y,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        x2.stride(1),
+        qweight.stride(0),
+        qweight.stride(1),
+        y.stride(0),
+        y.stride(1),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         PRECISE=dot_in_f32(x.dtype, x.device),
     )
     return y.reshape(*lead, n)

@@ -8,11 +8,12 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
   paged_decode_attention(..., max_context_len=n)    bound for the split count (default from shapes)
   paged_prefill_attention(..., max_query_len=n)     avoids one host sync to size the grid
 """
+
 from __future__ import annotations
 
 from .dispatch import KernelOps
-from .triton_int8 import int8_linear
 from .triton_attention import paged_decode_attention, paged_prefill_attention, write_kv
+from .triton_int8 import int8_linear
 from .triton_sgmv import sgmv_expand, sgmv_shrink
 
 TRITON_OPS = KernelOps(

@@ -19,6 +19,7 @@ expand's reduction loop is bounded by the slot's own rank, so mixed ranks never 
 Slot -1 segments: shrink writes zeros for them (the output is fully defined), expand leaves ``y``
 untouched. Nothing here syncs with the host: sizes come from the host-side ``LoraSegments`` fields.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,14 +55,32 @@ def _offsets_tensor(slice_offsets: tuple[int, ...], device: torch.device) -> tor
 
 # ----------------------------------------------------------------------------------------- shrink
 @triton.jit
-def _sgmv_shrink_kernel(
-    x_ptr, a_ptr, out_ptr, seg_starts_ptr, seg_slots_ptr, ranks_ptr,
-    max_rank, m_tiles, k_per_split, k_total,
-    sx_t, sx_h,
-    sa_i, sa_s, sa_r, sa_h,
-    so_k, so_i, so_t, so_r,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr, PRECISE: tl.constexpr,
+def _sgmv_shrink_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    ranks_ptr,
+    max_rank,
+    m_tiles,
+    k_per_split,
+    k_total,
+    sx_t,
+    sx_h,
+    sa_i,
+    sa_s,
+    sa_r,
+    sa_h,
+    so_k,
+    so_i,
+    so_t,
+    so_r,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     pid0 = tl.program_id(0)  # segment * m_tiles + token tile
     pid_i = tl.program_id(1)  # slice
@@ -89,24 +108,26 @@ def _sgmv_shrink_kernel(
                 k_mask = offs_k < k_end
                 xt = tl.load(
                     x_ptr + offs_m[:, None].to(tl.int64) * sx_t + offs_k[None, :] * sx_h,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0,
+                    mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0,
                 )
                 at = tl.load(  # [BLOCK_K, BLOCK_R]: A stored [rank, hidden], read transposed
                     a_base + offs_r[None, :] * sa_r + offs_k[:, None] * sa_h,
-                    mask=r_mask[None, :] & k_mask[:, None], other=0.0,
+                    mask=r_mask[None, :] & k_mask[:, None],
+                    other=0.0,
                 )
                 if USE_DOT:
                     acc += dot(xt, at, PRECISE)
                 else:
                     prod = xt.to(tl.float32)[:, :, None] * at.to(tl.float32)[None, :, :]
                     acc += tl.sum(prod, axis=1)
-        out_ptrs = (out_ptr + pid_k * so_k + pid_i * so_i
-                    + offs_m[:, None].to(tl.int64) * so_t + offs_r[None, :] * so_r)
+        out_ptrs = out_ptr + pid_k * so_k + pid_i * so_i + offs_m[:, None].to(tl.int64) * so_t + offs_r[None, :] * so_r
         tl.store(out_ptrs, acc, mask=m_mask[:, None] & (offs_r[None, :] < max_rank))
 
 
-def _shrink_config(segments: LoraSegments, num_slices: int, max_rank: int, hidden: int,
-                   device: torch.device) -> tuple[bool, int, int, int, int, int]:
+def _shrink_config(
+    segments: LoraSegments, num_slices: int, max_rank: int, hidden: int, device: torch.device
+) -> tuple[bool, int, int, int, int, int]:
     """(gemv, BLOCK_M, BLOCK_R, BLOCK_K, split_k, k_per_split) for one shrink launch."""
     block_r = max(16, triton.next_power_of_2(max_rank))
     gemv = segments.max_seg_len <= GEMV_MAX_SEG
@@ -146,21 +167,37 @@ def sgmv_shrink(
     if x.dtype != lora_a.dtype:
         x = x.to(lora_a.dtype)
     gemv, block_m, block_r, block_k, split_k, k_per_split = _shrink_config(
-        segments, num_slices, max_rank, hidden, x.device)
+        segments, num_slices, max_rank, hidden, x.device
+    )
     num_segments = segments.num_segments
-    target = out if split_k == 1 else torch.empty(
-        split_k, num_slices, num_tokens, max_rank, dtype=torch.float32, device=x.device)
+    target = (
+        out
+        if split_k == 1
+        else torch.empty(split_k, num_slices, num_tokens, max_rank, dtype=torch.float32, device=x.device)
+    )
     t4 = target if split_k > 1 else out.unsqueeze(0)  # [split, slice, token, rank] either way
     m_tiles = triton.cdiv(segments.max_seg_len, block_m)
     grid = (num_segments * m_tiles, num_slices, split_k)
     _sgmv_shrink_kernel[grid](
-        x, lora_a, t4, segments.seg_starts, segments.seg_slots, ranks,
-        max_rank, m_tiles, k_per_split, hidden,
-        x.stride(0), x.stride(1),
+        x,
+        lora_a,
+        t4,
+        segments.seg_starts,
+        segments.seg_slots,
+        ranks,
+        max_rank,
+        m_tiles,
+        k_per_split,
+        hidden,
+        x.stride(0),
+        x.stride(1),
         *lora_a.stride(),
         *t4.stride(),
-        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k,
-        USE_DOT=not gemv, PRECISE=dot_in_f32(lora_a.dtype, x.device),
+        BLOCK_M=block_m,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        USE_DOT=not gemv,
+        PRECISE=dot_in_f32(lora_a.dtype, x.device),
     )
     if split_k > 1:
         torch.sum(target, dim=0, out=out)
@@ -169,14 +206,29 @@ def sgmv_shrink(
 
 # ----------------------------------------------------------------------------------------- expand
 @triton.jit
-def _sgmv_expand_kernel(
-    s_ptr, b_ptr, y_ptr, seg_starts_ptr, seg_slots_ptr, ranks_ptr, scales_ptr, offsets_ptr,
+def _sgmv_expand_kernel(  # type: ignore[no-untyped-def]
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    ranks_ptr,
+    scales_ptr,
+    offsets_ptr,
     m_tiles,
-    ss_i, ss_t, ss_r,
-    sb_s, sb_r, sb_n,
-    sy_t, sy_n,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr, PRECISE: tl.constexpr,
+    ss_i,
+    ss_t,
+    ss_r,
+    sb_s,
+    sb_r,
+    sb_n,
+    sy_t,
+    sy_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     pid0 = tl.program_id(0)  # segment * m_tiles + token tile
     pid_n = tl.program_id(1)  # column tile inside the slice
@@ -204,11 +256,13 @@ def _sgmv_expand_kernel(
             k_mask = offs_k < rank
             st = tl.load(
                 s_ptr + pid_i * ss_i + offs_m[:, None].to(tl.int64) * ss_t + offs_k[None, :] * ss_r,
-                mask=m_mask[:, None] & k_mask[None, :], other=0.0,
+                mask=m_mask[:, None] & k_mask[None, :],
+                other=0.0,
             )
             bt = tl.load(
                 b_base + offs_k[:, None] * sb_r + offs_n[None, :] * sb_n,
-                mask=k_mask[:, None] & n_mask[None, :], other=0.0,
+                mask=k_mask[:, None] & n_mask[None, :],
+                other=0.0,
             )
             if USE_DOT:
                 # Round the fp32 intermediate to the weights' type: a tensor-core dot for fp16/bf16.
@@ -251,13 +305,23 @@ def sgmv_expand(
     m_tiles = triton.cdiv(segments.max_seg_len, block_m)
     grid = (segments.num_segments * m_tiles, triton.cdiv(max_width, block_n), num_slices)
     _sgmv_expand_kernel[grid](
-        shrunk, lora_b, y, segments.seg_starts, segments.seg_slots, ranks, scales,
+        shrunk,
+        lora_b,
+        y,
+        segments.seg_starts,
+        segments.seg_slots,
+        ranks,
+        scales,
         _offsets_tensor(slice_offsets, y.device),
         m_tiles,
         *shrunk.stride(),
         *lora_b.stride(),
-        y.stride(0), y.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        USE_DOT=not gemv, PRECISE=dot_in_f32(lora_b.dtype, y.device),
+        y.stride(0),
+        y.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        USE_DOT=not gemv,
+        PRECISE=dot_in_f32(lora_b.dtype, y.device),
     )
     return y

@@ -3,6 +3,7 @@
 The URL comes from (in order) a connection handed over in ``config.attributes``, the
 ``sqlalchemy.url`` option, or the platform settings (TOML + LORAPLEX_* environment).
 """
+
 from __future__ import annotations
 
 from alembic import context

@@ -1,5 +1,6 @@
 """Access logs never carry secrets: query strings are replaced by their parameter names (keys are
 only accepted in the Authorization header, but a client may still put one in a URL)."""
+
 from __future__ import annotations
 
 import logging

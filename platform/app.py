@@ -1,4 +1,5 @@
 """The HTTP application: admin API (and the tenant API when present) over one PlatformContext."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +32,9 @@ from loraplex.platform.settings import Settings
 log = logging.getLogger("loraplex.platform")
 
 
-def build_context(settings: Settings, gateway: EngineGateway | None = None, *, upgrade_db: bool = True) -> tuple[PlatformContext, str | None]:
+def build_context(
+    settings: Settings, gateway: EngineGateway | None = None, *, upgrade_db: bool = True
+) -> tuple[PlatformContext, str | None]:
     """Migrate, connect, start (or adopt) the engine, create the first admin key, sync the engine.
     Returns the context and the generated admin key (None if one exists or is configured)."""
     if upgrade_db:
@@ -90,8 +93,11 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     def ready() -> JSONResponse:
         """Readiness: the engine loop is alive and the database answers (503 otherwise)."""
         body = readiness(ctx)
-        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503,
-                            headers=None if body["status"] == "ready" else {"retry-after": "5"})
+        return JSONResponse(
+            body,
+            status_code=200 if body["status"] == "ready" else 503,
+            headers=None if body["status"] == "ready" else {"retry-after": "5"},
+        )
 
     _mount_admin_ui(app)
     app.add_middleware(

@@ -1,11 +1,11 @@
 """``loraplex`` command line: serve, db upgrade, and admin helpers that call the same services as
 the admin API (so the CLI's changes are audited and reach the engine the same way)."""
+
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -21,8 +21,8 @@ app.add_typer(admin_app, name="admin")
 app.add_typer(models_app, name="models")
 app.add_typer(demo_app, name="demo")
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file")]
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="SQLite file + adapter store")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="SQLite file + adapter store")]
 
 
 def _settings(config: Path | None, data_dir: Path | None = None, **overrides) -> Settings:
@@ -36,14 +36,16 @@ def _settings(config: Path | None, data_dir: Path | None = None, **overrides) ->
 @app.command()
 def serve(
     config: ConfigOpt = None,
-    model: Annotated[Optional[str], typer.Option(help="Base model directory (default: demo model)")] = None,
+    model: Annotated[str | None, typer.Option(help="Base model directory (default: demo model)")] = None,
     data_dir: DataDirOpt = None,
-    host: Annotated[Optional[str], typer.Option(help="Bind address")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port")] = None,
-    replicas: Annotated[Optional[int], typer.Option(
-        help="Engine replicas; >= 2 runs on Ray Serve (needs loraplex[ray]), 1 = this process")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(
-        help="Join this Ray cluster instead of starting a local one")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address")] = None,
+    port: Annotated[int | None, typer.Option(help="Port")] = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="Engine replicas; >= 2 runs on Ray Serve (needs loraplex[ray]), 1 = this process")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Join this Ray cluster instead of starting a local one")
+    ] = None,
 ) -> None:
     """Migrate the database, start the engine and serve the OpenAI and admin APIs."""
     import uvicorn
@@ -76,12 +78,12 @@ def serve(
 
         configure_json_logs()
         log_config = None  # keep our JSON handler; uvicorn's loggers propagate to it
-    kwargs = {} if not settings.observability.json_logs else {"log_config": log_config}
-    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
-    server = uvicorn.Server(config)  # config.load() (in run) configures logging; the filter goes after
-    config.load()
+    kwargs: dict[str, Any] = {} if not settings.observability.json_logs else {"log_config": log_config}
+    uv_config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
+    uv_server = uvicorn.Server(uv_config)  # config.load() (in run) configures logging; the filter goes after
+    uv_config.load()
     access_log.install()
-    server.run()
+    uv_server.run()
 
 
 def _show_admin_key(admin_key: str | None) -> None:
@@ -140,7 +142,7 @@ def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> N
 def demo_adapters(
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per adapter (default: its recipe)")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps per adapter (default: its recipe)")] = None,
 ) -> None:
     """Train the demo adapters (french, pirate) with peft on this machine and register them for
     the demo tenant. A running server loads them on its next start."""
@@ -151,8 +153,9 @@ def demo_adapters(
     new_key = ensure_demo_tenant(ctx)
     if new_key:
         typer.echo(f"demo tenant created; its API key (shown once): {new_key}")
-    folders = train_demo_adapters(ctx.gateway.model_dir, ctx.settings.data_dir / "demo-adapters",
-                                  typer.echo, steps=steps)
+    folders = train_demo_adapters(
+        ctx.gateway.model_dir, ctx.settings.data_dir / "demo-adapters", typer.echo, steps=steps
+    )
     with _cli_errors():
         _print(register_for_demo_tenant(ctx, folders))
 
@@ -232,7 +235,7 @@ def create_key(
 def upload_adapter(
     name: str,
     archive: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help=".zip or .tar.gz")],
-    tenant: Annotated[Optional[str], typer.Option(help="Owning tenant id or name (private)")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Owning tenant id or name (private)")] = None,
     shared: Annotated[bool, typer.Option(help="Usable by every tenant")] = False,
     new_version: bool = False,
     config: ConfigOpt = None,
@@ -305,4 +308,4 @@ def main() -> None:  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

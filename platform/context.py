@@ -1,4 +1,5 @@
 """Everything a request or CLI command needs, built once at start and passed down."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,12 +38,14 @@ class PlatformContext:
 
     def __post_init__(self) -> None:
         obs = self.settings.observability
-        metrics = (Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values)
-                   if obs.metrics else None)
+        metrics = (
+            Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
+        )
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         self.quotas = InProcessQuotaStore(self._tokens_since)
-        self.ledger = UsageLedger(self.sessions, self.settings.usage_spool_dir,
-                                  replay_interval_s=self.settings.ledger.replay_interval_s)
+        self.ledger = UsageLedger(
+            self.sessions, self.settings.usage_spool_dir, replay_interval_s=self.settings.ledger.replay_interval_s
+        )
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         from loraplex.platform.usage.repository import tokens_since

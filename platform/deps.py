@@ -1,4 +1,5 @@
 """Typed FastAPI dependencies shared by every router."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -36,9 +37,7 @@ def bearer_token(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized(
-            "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
-        )
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
     return token.strip()
 
 

@@ -4,6 +4,7 @@
 exposes only what the control plane needs: tenant scheduling fields, adapter registration and
 validation, live stats, tokenizer and generation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -129,6 +130,7 @@ class EngineGateway:
             longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
             self._max_prompt_chars = int(self._engine.stats()["max_model_len"]) * max(longest, 1)
         return self._max_prompt_chars
+
     def resolved_config(self) -> dict[str, Any]:
         """The engine configuration with every ``auto`` resolved (printed by ``serve``)."""
         from loraplex.engine.describe import resolved_config
@@ -141,23 +143,18 @@ class EngineGateway:
             self._engine = None
 
     # -- tenants ---------------------------------------------------------------------------
-    def set_tenant(
-        self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None
-    ) -> None:
+    def set_tenant(self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None) -> None:
         if self._engine is not None:
             # None clears the tenant's own cap (the engine-wide default applies again).
             try:
-                self._engine.set_tenant(tenant_id, priority=priority, weight=weight,
-                                        max_running_seqs=max_running_seqs)
+                self._engine.set_tenant(tenant_id, priority=priority, weight=weight, max_running_seqs=max_running_seqs)
             except Exception as exc:
                 raise _platform_error(exc) from None
 
     # -- adapters --------------------------------------------------------------------------
     def validate_adapter(self, path: Path) -> AdapterFacts:
         if self.model_dir is None:
-            raise ServiceUnavailable(
-                "adapters cannot be validated: the inference engine is disabled on this server"
-            )
+            raise ServiceUnavailable("adapters cannot be validated: the inference engine is disabled on this server")
         from loraplex.engine.lora import AdapterValidationError, validate_adapter_dir
 
         try:
@@ -202,14 +199,29 @@ class EngineGateway:
         except Exception as exc:
             raise _platform_error(exc) from None
 
-    def submit(self, prompt_token_ids: list[int], params: Any, *, request_id: str, adapter: str | None,
-               tenant_id: str, cache_salt: str | None) -> AsyncIterator[Any]:
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        *,
+        request_id: str,
+        adapter: str | None,
+        tenant_id: str,
+        cache_salt: str | None,
+    ) -> AsyncIterator[Any]:
         """Queue a generation; yields the engine's DELTA outputs. Every engine error comes out as a
         platform error (a bad request is a 4xx, a dead engine a 503), at submit or while iterating."""
         from loraplex.engine import EngineRequest, OutputKind
 
-        request = EngineRequest(prompt_token_ids, params, request_id=request_id, adapter=adapter,
-                                tenant_id=tenant_id, cache_salt=cache_salt, output_kind=OutputKind.DELTA)
+        request = EngineRequest(
+            prompt_token_ids,
+            params,
+            request_id=request_id,
+            adapter=adapter,
+            tenant_id=tenant_id,
+            cache_salt=cache_salt,
+            output_kind=OutputKind.DELTA,
+        )
         try:
             stream = self.engine.submit(request)
         except Exception as exc:
@@ -259,7 +271,8 @@ def _platform_error(exc: Exception) -> PlatformError:
     if isinstance(exc, InvalidRequestError):
         return BadRequest(str(exc), param=exc.param)
     if isinstance(exc, EngineDeadError):
-        return ServiceUnavailable(f"the inference engine is not running: {exc}", code="engine_unavailable",
-                                  headers={"Retry-After": "5"})
+        return ServiceUnavailable(
+            f"the inference engine is not running: {exc}", code="engine_unavailable", headers={"Retry-After": "5"}
+        )
     log.exception("unexpected engine error")
     return ServiceUnavailable(f"the inference engine failed: {type(exc).__name__}: {exc}")

@@ -1,5 +1,6 @@
 """Pushes what the database says into the running engine: at start (everything) and after each
 committed admin change (just what changed), so the change affects the engine's next step."""
+
 from __future__ import annotations
 
 import logging
@@ -31,9 +32,7 @@ def sync_all(session: Session, gateway: EngineGateway, store_root) -> None:
         if tenant.status == "deleted":
             continue
         quota = quotas.get(tenant.id)
-        gateway.set_tenant(
-            tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None
-        )
+        gateway.set_tenant(tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
     for adapter in adapters_repo.served_adapters(session):
         path = store_root / adapter.storage_path
         try:

@@ -1,5 +1,6 @@
 """Domain errors. Services raise these; ``http_errors`` turns them into OpenAI-style bodies:
 ``{"error": {"message", "type", "param", "code"}}``."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Every error leaves the server as an OpenAI-style body; bad input never becomes a 500."""
+
 from __future__ import annotations
 
 import logging
@@ -88,9 +89,12 @@ async def _database_error(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
     if is_unreachable(exc):  # an outage, not a bug: tell clients when to come back
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
         return JSONResponse(
-            error_body("the database is unavailable; retry shortly", "service_unavailable", None,
-                       "database_unavailable"),
-            status_code=503, headers={"retry-after": str(DB_RETRY_AFTER_S)})
+            error_body(
+                "the database is unavailable; retry shortly", "service_unavailable", None, "database_unavailable"
+            ),
+            status_code=503,
+            headers={"retry-after": str(DB_RETRY_AFTER_S)},
+        )
     return await _unexpected(_req, exc)
 
 

@@ -3,6 +3,7 @@
 Read once at start (``load_settings``) and passed down; nothing else reads the environment.
 Nested tables use ``__`` in environment names: ``LORAPLEX_ENGINE__MODEL=/models/llama``.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -61,6 +62,7 @@ def _engine_settings_model() -> type[BaseModel]:
 
 
 if TYPE_CHECKING:
+
     class EngineSettings(_Table):  # what type checkers see; the real class is generated below
         enabled: bool = True
         model: str = ""
@@ -94,6 +96,8 @@ class ObservabilitySettings(_Table):
     max_label_values: int = Field(100, ge=1)  # distinct tenants / adapters per label; the rest are "other"
     json_logs: bool = False  # one JSON object per log line (request id, tenant, adapter, timings)
     otlp_endpoint: str = ""  # e.g. http://collector:4318/v1/traces: one span per request when set
+
+
 class LimitsSettings(_Table):
     # Tenant API request bodies larger than this are refused with 413 before they are read.
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)

@@ -1,4 +1,5 @@
 """Shared test set-up. Tiny models are built locally with transformers (never downloaded)."""
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ in its own venv), so this file imports nothing from the project at module level.
 object per line: the worker prints ``{"ready": ..., "startup_s": ...}`` once loaded, then answers
 every ``run`` line on stdin with ``{"wall_s", "output_tokens", "token_ids"?}``; EOF ends it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,18 @@ def _load_loraplex(cfg: dict):
     from loraplex.engine import LLM, SamplingParams
 
     torch.set_num_threads(cfg["threads"])
-    llm = LLM(cfg["model"], dtype=cfg["dtype"], kernel_backend=cfg.get("kernel_backend", "auto"),
-              max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-              max_loras=cfg["max_loras"], max_cpu_loras=max(cfg["max_loras"], len(cfg["adapters"])),
-              max_lora_rank=cfg["max_lora_rank"], scheduling_policy="fcfs", seed=0)
+    llm = LLM(
+        cfg["model"],
+        dtype=cfg["dtype"],
+        kernel_backend=cfg.get("kernel_backend", "auto"),
+        max_num_seqs=cfg["max_num_seqs"],
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        max_loras=cfg["max_loras"],
+        max_cpu_loras=max(cfg["max_loras"], len(cfg["adapters"])),
+        max_lora_rank=cfg["max_lora_rank"],
+        scheduling_policy="fcfs",
+        seed=0,
+    )
     for name, path in cfg["adapters"].items():
         llm.add_adapter(name, path)
 
@@ -43,10 +52,24 @@ def _load_vllm(cfg: dict):
     from vllm.lora.request import LoRARequest
 
     use_lora = bool(cfg["adapters"])
-    kwargs = dict(enable_lora=True, max_loras=cfg["max_loras"], max_lora_rank=cfg["max_lora_rank"],
-                  max_cpu_loras=max(cfg["max_loras"], len(cfg["adapters"]))) if use_lora else {}
-    llm = LLM(model=cfg["model"], dtype=cfg["dtype"], max_num_seqs=cfg["max_num_seqs"],
-              max_num_batched_tokens=cfg["max_num_batched_tokens"], seed=0, **kwargs)
+    kwargs = (
+        dict(
+            enable_lora=True,
+            max_loras=cfg["max_loras"],
+            max_lora_rank=cfg["max_lora_rank"],
+            max_cpu_loras=max(cfg["max_loras"], len(cfg["adapters"])),
+        )
+        if use_lora
+        else {}
+    )
+    llm = LLM(
+        model=cfg["model"],
+        dtype=cfg["dtype"],
+        max_num_seqs=cfg["max_num_seqs"],
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        seed=0,
+        **kwargs,
+    )
     requests = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg["adapters"].items())}
 
     def run(prompts: list[list[int]], adapters: list[str | None], max_tokens: int) -> list[list[int]]:

@@ -16,6 +16,7 @@ OpenMP preload its docs recommend. Greedy outputs are compared token for token (
 each system's whole process tree, which is less disturbed when other work shares the machine.
 Not part of CI. On a shared machine alternation cancels slow drifts, not bursts: note the load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,13 @@ class Worker:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [python, str(HERE / "peer_worker.py"), "--system", system, "--config", str(cfg_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env, bufsize=1)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+            bufsize=1,
+        )
         self.startup_s = self._reply()["startup_s"]
 
     def _reply(self) -> dict:
@@ -122,12 +129,18 @@ def main() -> None:
     ap.add_argument("--max-loras", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--kernel-backends", default="auto",
-                    help="loraplex kernel_backend(s), comma-separated: each is a system of its own (e.g. torch,cpu "
-                         "= before/after the native CPU attention)")
-    ap.add_argument("--loraplex-preload", action="store_true",
-                    help="give loraplex vLLM's preload too (tcmalloc + the vLLM venv's Intel OpenMP, which then "
-                         "serves torch's GOMP calls)")
+    ap.add_argument(
+        "--kernel-backends",
+        default="auto",
+        help="loraplex kernel_backend(s), comma-separated: each is a system of its own (e.g. torch,cpu "
+        "= before/after the native CPU attention)",
+    )
+    ap.add_argument(
+        "--loraplex-preload",
+        action="store_true",
+        help="give loraplex vLLM's preload too (tcmalloc + the vLLM venv's Intel OpenMP, which then "
+        "serves torch's GOMP calls)",
+    )
     ap.add_argument("--quick", action="store_true", help="64 requests x 16 tokens, 1 repeat, bf16 base + 8")
     args = ap.parse_args()
     if args.quick:
@@ -140,8 +153,12 @@ def main() -> None:
     backends = [b for b in args.kernel_backends.split(",") if b]
     fp32_counts = {int(x) for x in args.fp32_adapters.split(",") if x}
 
-    base_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                "OMP_NUM_THREADS": str(args.threads)}
+    base_env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(args.threads),
+    }
     preload = [p for p in (TCMALLOC, str(args.vllm_venv / "lib" / "libiomp5.so")) if os.path.exists(p)]
     vllm_env = {**base_env, "LD_PRELOAD": ":".join(preload)}
     lp_env = {**base_env, **({"LD_PRELOAD": ":".join(preload)} if args.loraplex_preload and preload else {})}
@@ -152,25 +169,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lp-peers-") as tmp:
         model_dir = str(create_random_checkpoint(Path(tmp) / "model", preset="bench", seed=0))
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        all_adapters = {f"lora{i}": write_peft_adapter(Path(tmp) / f"lora{i}", model_dir, cfg, RANKS[i % len(RANKS)], seed=i)
-                        for i in range(max(counts))}
+        all_adapters = {
+            f"lora{i}": write_peft_adapter(Path(tmp) / f"lora{i}", model_dir, cfg, RANKS[i % len(RANKS)], seed=i)
+            for i in range(max(counts))
+        }
         for dtype in args.dtypes.split(","):
             for n in counts:
                 if dtype == "float32" and n not in fp32_counts:
                     continue
                 adapters = {f"lora{i}": all_adapters[f"lora{i}"] for i in range(n)}
                 work = make_workload(args.requests, n, args.output_tokens, cfg["vocab_size"], seed=0)
-                spec = {"model": model_dir, "dtype": dtype, "adapters": adapters, "workload": work,
-                        "threads": args.threads, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": 1024,
-                        "max_loras": args.max_loras, "max_lora_rank": max(RANKS)}
+                spec = {
+                    "model": model_dir,
+                    "dtype": dtype,
+                    "adapters": adapters,
+                    "workload": work,
+                    "threads": args.threads,
+                    "max_num_seqs": args.max_num_seqs,
+                    "max_num_batched_tokens": 1024,
+                    "max_loras": args.max_loras,
+                    "max_lora_rank": max(RANKS),
+                }
                 print(f"{dtype}, {n} adapters: starting {len(backends) + 1} systems ...", flush=True)
                 workers: dict[str, Worker] = {}
                 try:
                     for b in backends:
                         path = Path(tmp) / f"cfg-{dtype}-{n}-{b}.json"
                         path.write_text(json.dumps({**spec, "kernel_backend": b}))
-                        workers[f"loraplex[{b}]"] = Worker("loraplex", sys.executable, path, lp_env,
-                                                           Path(tmp) / f"lp-{dtype}-{n}-{b}.log")
+                        workers[f"loraplex[{b}]"] = Worker(
+                            "loraplex", sys.executable, path, lp_env, Path(tmp) / f"lp-{dtype}-{n}-{b}.log"
+                        )
                     path = Path(tmp) / f"cfg-{dtype}-{n}-vllm.json"
                     path.write_text(json.dumps(spec))
                     workers["vllm"] = Worker("vllm", str(vpy), path, vllm_env, Path(tmp) / f"vllm-{dtype}-{n}.log")
@@ -185,8 +213,11 @@ def main() -> None:
                             tps[name].append(r["output_tokens"] / r["wall_s"])
                             cps[name].append(r["output_tokens"] / max(r["cpu_s"], 1e-9))
                             first.setdefault(name, r["token_ids"])
-                            print(f"  {name:16s} run {rep + 1}: {tps[name][-1]:8.1f} output tok/s, "
-                                  f"{cps[name][-1]:8.1f} per CPU-s (load {os.getloadavg()[0]:.1f})", flush=True)
+                            print(
+                                f"  {name:16s} run {rep + 1}: {tps[name][-1]:8.1f} output tok/s, "
+                                f"{cps[name][-1]:8.1f} per CPU-s (load {os.getloadavg()[0]:.1f})",
+                                flush=True,
+                            )
                 finally:
                     for w in workers.values():
                         w.close()
@@ -194,21 +225,59 @@ def main() -> None:
                 for name in names[:-1]:
                     same = sum(a == b for a, b in zip(first[name], first["vllm"]))
                     lp, lp_cpu = statistics.median(tps[name]), statistics.median(cps[name])
-                    rows.append({"dtype": dtype, "adapters": n, "system": name, "tok_s": lp, "vllm_tok_s": vl,
-                                 "ratio": lp / vl, "tok_per_cpu_s": lp_cpu, "vllm_tok_per_cpu_s": vl_cpu,
-                                 "cpu_ratio": lp_cpu / vl_cpu, "startup_s": workers[name].startup_s,
-                                 "vllm_startup_s": workers["vllm"].startup_s,
-                                 "greedy_same_as_vllm": f"{same}/{len(first['vllm'])}"})
+                    rows.append(
+                        {
+                            "dtype": dtype,
+                            "adapters": n,
+                            "system": name,
+                            "tok_s": lp,
+                            "vllm_tok_s": vl,
+                            "ratio": lp / vl,
+                            "tok_per_cpu_s": lp_cpu,
+                            "vllm_tok_per_cpu_s": vl_cpu,
+                            "cpu_ratio": lp_cpu / vl_cpu,
+                            "startup_s": workers[name].startup_s,
+                            "vllm_startup_s": workers["vllm"].startup_s,
+                            "greedy_same_as_vllm": f"{same}/{len(first['vllm'])}",
+                        }
+                    )
                 raw.append({"dtype": dtype, "adapters": n, "tok_s": tps, "tok_per_cpu_s": cps})
     print()
-    print_table(rows, ["dtype", "adapters", "system", "tok_s", "vllm_tok_s", "ratio", "cpu_ratio", "startup_s",
-                       "vllm_startup_s", "greedy_same_as_vllm"])
-    path = write_json("peers_vllm", {
-        "workload": {"requests": args.requests, "output_tokens": args.output_tokens, "preset": "bench",
-                     "threads": args.threads, "repeats": args.repeats, "max_num_seqs": args.max_num_seqs,
-                     "max_loras": args.max_loras, "kernel_backends": backends,
-                     "loraplex_preload": args.loraplex_preload, "vllm_preload": preload},
-        "results": rows, "runs": raw, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    print_table(
+        rows,
+        [
+            "dtype",
+            "adapters",
+            "system",
+            "tok_s",
+            "vllm_tok_s",
+            "ratio",
+            "cpu_ratio",
+            "startup_s",
+            "vllm_startup_s",
+            "greedy_same_as_vllm",
+        ],
+    )
+    path = write_json(
+        "peers_vllm",
+        {
+            "workload": {
+                "requests": args.requests,
+                "output_tokens": args.output_tokens,
+                "preset": "bench",
+                "threads": args.threads,
+                "repeats": args.repeats,
+                "max_num_seqs": args.max_num_seqs,
+                "max_loras": args.max_loras,
+                "kernel_backends": backends,
+                "loraplex_preload": args.loraplex_preload,
+                "vllm_preload": preload,
+            },
+            "results": rows,
+            "runs": raw,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
     print(f"\nwrote {path}")
 
 

@@ -4,6 +4,7 @@ PEFT keeps one (A, B) pair per Hugging Face module (q_proj, k_proj, ...); our mo
 gate|up. A fused projection gets ONE rank per slot, so the slices are zero-padded to the largest
 rank among them (zero rows contribute nothing) and a slice the adapter does not target stays zero.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,12 +40,17 @@ class LoadedAdapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.numel() * p.a.element_size() + p.b.numel() * p.b.element_size()
-                   for layers in self.projections.values() for p in layers if p is not None)
+        return sum(
+            p.a.numel() * p.a.element_size() + p.b.numel() * p.b.element_size()
+            for layers in self.projections.values()
+            for p in layers
+            if p is not None
+        )
 
 
-def load_adapter(path: str | Path, mc: ModelConfig, max_lora_rank: int, dtype: torch.dtype,
-                 expected_sha256: str | None = None) -> LoadedAdapter:
+def load_adapter(
+    path: str | Path, mc: ModelConfig, max_lora_rank: int, dtype: torch.dtype, expected_sha256: str | None = None
+) -> LoadedAdapter:
     """Validate and load ``path``. With ``expected_sha256``, refuse files that changed since the
     adapter was registered (a re-upload must come in through add_adapter, as a new version)."""
     info, tensors = read_adapter(path, mc, max_lora_rank)
@@ -52,16 +58,21 @@ def load_adapter(path: str | Path, mc: ModelConfig, max_lora_rank: int, dtype: t
         from .validate import AdapterValidationError
 
         raise AdapterValidationError(
-            f"adapter files at {info.path!r} changed since they were registered; add the adapter again")
+            f"adapter files at {info.path!r} changed since they were registered; add the adapter again"
+        )
     return LoadedAdapter(info=info, projections=build_projections(info, tensors, mc, dtype))
 
 
-def build_projections(info: AdapterInfo, tensors: dict[str, torch.Tensor], mc: ModelConfig,
-                      dtype: torch.dtype) -> dict[str, list[ProjectionLora | None]]:
+def build_projections(
+    info: AdapterInfo, tensors: dict[str, torch.Tensor], mc: ModelConfig, dtype: torch.dtype
+) -> dict[str, list[ProjectionLora | None]]:
     scaling = {(m.layer, m.module): m.scaling for m in info.modules}
     h, i, q, kv = mc.hidden_size, mc.intermediate_size, mc.q_size, mc.kv_size
     layouts = {  # fused name -> (in_features, slice widths)
-        "qkv_proj": (h, (q, kv, kv)), "o_proj": (q, (h,)), "gate_up_proj": (h, (i, i)), "down_proj": (i, (h,)),
+        "qkv_proj": (h, (q, kv, kv)),
+        "o_proj": (q, (h,)),
+        "gate_up_proj": (h, (i, i)),
+        "down_proj": (i, (h,)),
     }
     out: dict[str, list[ProjectionLora | None]] = {}
     for fused, peft_names in FUSED_MODULES.items():
@@ -85,9 +96,10 @@ def build_projections(info: AdapterInfo, tensors: dict[str, torch.Tensor], mc: M
                     la, lb = tensors[f"{layer}.{n}.A"].float(), tensors[f"{layer}.{n}.B"].float()
                     r = la.shape[0]
                     a[idx, :r] = la
-                    b[:r, offset:offset + widths[idx]] = lb.t() * (1.0 if shared is not None else scaling[(layer, n)])
+                    b[:r, offset : offset + widths[idx]] = lb.t() * (1.0 if shared is not None else scaling[(layer, n)])
                 offset += widths[idx]
-            per_layer.append(ProjectionLora(a=a.to(dtype), b=b.to(dtype), rank=rank,
-                                            scale=shared if shared is not None else 1.0))
+            per_layer.append(
+                ProjectionLora(a=a.to(dtype), b=b.to(dtype), rank=rank, scale=shared if shared is not None else 1.0)
+            )
         out[fused] = per_layer
     return out

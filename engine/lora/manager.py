@@ -16,6 +16,7 @@ weights they started with; its host and device copies are dropped when the last 
 Until then the name cannot be re-added (``InvalidRequestError``), because two versions would share
 one name in the scheduler and the step's slot map.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -77,8 +78,15 @@ class LoRAManager:
         self._slot_used: list[int] = [0] * self.max_loras  # step of last use, for LRU
         self._step = 0
         self.slots_allocated = False
-        self.counters = {"disk_loads": 0, "cpu_hits": 0, "cpu_evictions": 0, "slot_loads": 0,
-                         "slot_hits": 0, "slot_evictions": 0, "max_adapters_per_step": 0}
+        self.counters = {
+            "disk_loads": 0,
+            "cpu_hits": 0,
+            "cpu_evictions": 0,
+            "slot_loads": 0,
+            "slot_hits": 0,
+            "slot_evictions": 0,
+            "max_adapters_per_step": 0,
+        }
 
     # ------------------------------------------------------------------ registry
     def has(self, name: str) -> bool:
@@ -125,14 +133,21 @@ class LoRAManager:
             if old.num_requests:
                 raise InvalidRequestError(
                     f"adapter {name!r} cannot be replaced while {old.num_requests} request(s) still use it; "
-                    f"wait for them to finish or register the new version under another name", param="name")
+                    f"wait for them to finish or register the new version under another name",
+                    param="name",
+                )
             self._drop(old)
         entry = _Entry(name=name, path=str(path), version=next(self._versions), info=loaded.info)
         self._entries[name] = entry
         self._ensure_slots()
         self._cpu_put(entry.key, self._host_copy(loaded))
-        log.info("registered adapter %s v%d (rank %d, %s)", name, entry.version, loaded.info.rank,
-                 ",".join(loaded.info.target_modules))
+        log.info(
+            "registered adapter %s v%d (rank %d, %s)",
+            name,
+            entry.version,
+            loaded.info.rank,
+            ",".join(loaded.info.target_modules),
+        )
         return loaded.info
 
     def remove_adapter(self, name: str) -> None:
@@ -218,8 +233,7 @@ class LoRAManager:
             self.counters["cpu_hits"] += 1
             return loaded
         # Re-read from disk; the content must still be the version that was registered.
-        loaded = load_adapter(e.path, self.model_config, self.max_lora_rank, self.dtype,
-                              expected_sha256=e.info.sha256)
+        loaded = load_adapter(e.path, self.model_config, self.max_lora_rank, self.dtype, expected_sha256=e.info.sha256)
         self._cpu_put(e.key, self._host_copy(loaded))
         return loaded
 

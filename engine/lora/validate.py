@@ -5,6 +5,7 @@ Only what we can serve exactly is accepted: plain LoRA (``peft_type`` LORA, opti
 weights in ``adapter_model.safetensors``. Pickled weights are refused without being opened. Every
 refusal is an ``AdapterValidationError`` whose message names the offending file, key or option.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,8 +37,7 @@ SUPPORTED_MODULES = {
     "down_proj": ("down_proj", 0, "mlp"),
 }
 
-_KEY_RE = re.compile(
-    r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight$")
+_KEY_RE = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight$")
 
 # Options whose presence (truthy value) changes the forward pass in ways we do not implement.
 _UNSUPPORTED_OPTIONS = {
@@ -91,9 +92,7 @@ class AdapterInfo:
     config: dict = field(default_factory=dict, repr=False)
 
 
-def validate_adapter_dir(
-    path: str | Path, base_model: str | Path | ModelConfig, max_lora_rank: int
-) -> AdapterInfo:
+def validate_adapter_dir(path: str | Path, base_model: str | Path | ModelConfig, max_lora_rank: int) -> AdapterInfo:
     """Validate ``path`` against ``base_model`` (a checkpoint directory or its ModelConfig)."""
     info, _ = read_adapter(path, base_model, max_lora_rank)
     return info
@@ -117,7 +116,8 @@ def read_adapter(
     if pickles:
         raise AdapterValidationError(
             f"adapter directory contains pickled weights {pickles}: loraplex never unpickles files; "
-            f"save the adapter as {WEIGHTS_FILE} (safe_serialization=True) and remove the pickle")
+            f"save the adapter as {WEIGHTS_FILE} (safe_serialization=True) and remove the pickle"
+        )
     cfg_path, w_path = root / CONFIG_FILE, root / WEIGHTS_FILE
     if not cfg_path.is_file():
         raise AdapterValidationError(f"adapter directory has no {CONFIG_FILE}")
@@ -176,13 +176,16 @@ def _check_config(cfg: dict, max_lora_rank: int) -> tuple[int, float, bool]:
     peft_type = str(cfg.get("peft_type", "")).upper()
     if peft_type != "LORA":
         raise AdapterValidationError(
-            f"unsupported PEFT type {cfg.get('peft_type')!r}: only LORA adapters can be served")
+            f"unsupported PEFT type {cfg.get('peft_type')!r}: only LORA adapters can be served"
+        )
     for option, message in _UNSUPPORTED_OPTIONS.items():
         if cfg.get(option):
             raise AdapterValidationError(f"{message} ({CONFIG_FILE}: {option}={cfg[option]!r})")
     bias = cfg.get("bias", "none")
     if bias not in (None, "none"):
-        raise AdapterValidationError(f"bias={bias!r} is not supported (only bias='none'): trained biases are not served")
+        raise AdapterValidationError(
+            f"bias={bias!r} is not supported (only bias='none'): trained biases are not served"
+        )
     rank = cfg.get("r")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise AdapterValidationError(f"r must be a positive integer, got {rank!r}")
@@ -212,11 +215,10 @@ def _check_base_architecture(cfg: dict, mc: ModelConfig) -> None:
     # PEFT records the base model class when it knows it; the shape checks cover the rest.
     trained_for = (cfg.get("auto_mapping") or {}).get("base_model_class")
     if trained_for and trained_for != mc.architecture:
-        raise AdapterValidationError(
-            f"adapter was trained for {trained_for} but the base model is {mc.architecture}")
+        raise AdapterValidationError(f"adapter was trained for {trained_for} but the base model is {mc.architecture}")
 
 
-def _check_target_modules(targets, mc: ModelConfig) -> None:
+def _check_target_modules(targets: object, mc: ModelConfig) -> None:
     if targets is None:
         return  # PEFT's per-architecture defaults; the weights decide what is targeted
     if isinstance(targets, str):
@@ -234,24 +236,34 @@ def _check_target_modules(targets, mc: ModelConfig) -> None:
         if hits:
             raise AdapterValidationError(
                 f"target_modules pattern {targets!r} matches unsupported module(s) {hits}; "
-                f"supported: {sorted(SUPPORTED_MODULES)}")
+                f"supported: {sorted(SUPPORTED_MODULES)}"
+            )
         return
     if not isinstance(targets, (list, tuple)):
         raise AdapterValidationError(f"target_modules must be a list or a pattern, got {type(targets).__name__}")
     bad = sorted(str(t) for t in targets if str(t).rsplit(".", 1)[-1] not in SUPPORTED_MODULES)
     if bad:
         raise AdapterValidationError(
-            f"unsupported target module(s) {bad}: loraplex serves LoRA on {sorted(SUPPORTED_MODULES)} only")
+            f"unsupported target module(s) {bad}: loraplex serves LoRA on {sorted(SUPPORTED_MODULES)} only"
+        )
 
 
 def module_shapes(mc: ModelConfig) -> dict[str, tuple[int, int]]:
     """PEFT module name -> (in_features, out_features) of the base model's linear layer."""
     h, i = mc.hidden_size, mc.intermediate_size
-    return {"q_proj": (h, mc.q_size), "k_proj": (h, mc.kv_size), "v_proj": (h, mc.kv_size),
-            "o_proj": (mc.q_size, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    return {
+        "q_proj": (h, mc.q_size),
+        "k_proj": (h, mc.kv_size),
+        "v_proj": (h, mc.kv_size),
+        "o_proj": (mc.q_size, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
 
 
-def _pattern_value(pattern: dict, module_path: str, default):
+def _pattern_value(pattern: dict[str, Any], module_path: str, default: float) -> Any:
+    """``pattern``'s value (parsed JSON) for ``module_path``, else ``default``."""
     # Mirrors peft.utils.other.get_pattern_key: the first key that matches the end of the name.
     for key in pattern:
         if re.match(rf"(.*\.)?({key})$", module_path):
@@ -269,13 +281,19 @@ def _describe_unexpected(key: str) -> str:
     if re.search(r"lora_[AB]\.bias$", key):
         return f"tensor {key!r} is a LoRA bias: lora_bias is not supported"
     if ".lora_" in key:
-        return (f"tensor {key!r} targets an unsupported module: loraplex serves LoRA on "
-                f"{sorted(SUPPORTED_MODULES)} only")
+        return f"tensor {key!r} targets an unsupported module: loraplex serves LoRA on {sorted(SUPPORTED_MODULES)} only"
     return f"unexpected tensor {key!r} (not a LoRA A/B weight of a supported projection)"
 
 
-def _check_weights(tensors: dict[str, torch.Tensor], cfg: dict, mc: ModelConfig, rank: int, alpha: float,
-                   use_rslora: bool, max_lora_rank: int) -> tuple[dict[str, torch.Tensor], list[ModuleWeights]]:
+def _check_weights(
+    tensors: dict[str, torch.Tensor],
+    cfg: dict,
+    mc: ModelConfig,
+    rank: int,
+    alpha: float,
+    use_rslora: bool,
+    max_lora_rank: int,
+) -> tuple[dict[str, torch.Tensor], list[ModuleWeights]]:
     if not tensors:
         raise AdapterValidationError(f"{WEIGHTS_FILE} holds no tensors")
     shapes = module_shapes(mc)
@@ -293,7 +311,8 @@ def _check_weights(tensors: dict[str, torch.Tensor], cfg: dict, mc: ModelConfig,
             raise AdapterValidationError(f"tensor {key!r}: {module} does not belong under {parent}")
         if layer >= mc.num_layers:
             raise AdapterValidationError(
-                f"tensor {key!r} targets layer {layer} but the base model has {mc.num_layers} layers")
+                f"tensor {key!r} targets layer {layer} but the base model has {mc.num_layers} layers"
+            )
         if not t.is_floating_point() or t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise AdapterValidationError(f"tensor {key!r} has dtype {t.dtype}; expected float32/float16/bfloat16")
         if t.dim() != 2:
@@ -322,11 +341,13 @@ def _check_weights(tensors: dict[str, torch.Tensor], cfg: dict, mc: ModelConfig,
         if tuple(a.shape) != (expected_r, fan_in):
             raise AdapterValidationError(
                 f"{where}: lora_A shape {tuple(a.shape)} does not match the base model "
-                f"(expected ({expected_r}, {fan_in}) for rank {expected_r} and in_features {fan_in})")
+                f"(expected ({expected_r}, {fan_in}) for rank {expected_r} and in_features {fan_in})"
+            )
         if tuple(b.shape) != (fan_out, expected_r):
             raise AdapterValidationError(
                 f"{where}: lora_B shape {tuple(b.shape)} does not match the base model "
-                f"(expected ({fan_out}, {expected_r}) for out_features {fan_out} and rank {expected_r})")
+                f"(expected ({fan_out}, {expected_r}) for out_features {fan_out} and rank {expected_r})"
+            )
         if r > max_lora_rank:
             raise AdapterValidationError(f"{where}: rank {r} exceeds this server's max_lora_rank={max_lora_rank}")
         m_alpha = float(_pattern_value(alpha_pattern, module_path, alpha))

@@ -1,5 +1,6 @@
 """Our own Llama-family decoder (Llama, Mistral, Qwen2) and its checkpoint loader."""
-from .config import ModelConfig, SUPPORTED_ARCHITECTURES
+
+from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .llama import LlamaForCausalLM
 from .loader import load_model
 

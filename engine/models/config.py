@@ -1,4 +1,5 @@
 """Read a Hugging Face config.json into the few numbers our Llama-family model needs."""
+
 from __future__ import annotations
 
 import json
@@ -47,15 +48,13 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
+    def from_dir(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         raw = json.loads((path / "config.json").read_text())
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise ValueError(
-                f"unsupported architecture {archs!r}; loraplex serves {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ValueError(f"unsupported architecture {archs!r}; loraplex serves {sorted(SUPPORTED_ARCHITECTURES)}")
         num_heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
         rope = dict(raw.get("rope_parameters") or {})

@@ -1,4 +1,5 @@
 """Everything one model forward needs besides the weights: the flattened token batch of a step."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Building blocks of the Llama family: RMSNorm, rotary embeddings, projections with LoRA slots."""
+
 from __future__ import annotations
 
 import math
@@ -57,19 +58,24 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_dim, rope)
         t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.tables(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None):
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows [T, 1, D/2] of ``positions`` in ``dtype``. Every layer of a step needs the
         same rows: pass the step's ``memo`` dict to look them up once per step, not once per layer."""
         key = ("rope", id(self), dtype)
         if memo is not None and key in memo:
-            return memo[key]
+            cached: tuple[torch.Tensor, torch.Tensor] = memo[key]
+            return cached
         tables = (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
         if memo is not None:
             memo[key] = tables
@@ -104,7 +110,7 @@ class Projection(nn.Module):
         for s in slice_sizes:
             offsets.append(offsets[-1] + s)
         self.slice_offsets = tuple(offsets)
-        self.weight = nn.Parameter(torch.empty(offsets[-1], in_features))
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(offsets[-1], in_features))
         self.bias = nn.Parameter(torch.zeros(offsets[-1])) if bias else None
         # LoRA slots; allocated by allocate_lora_slots when the engine serves adapters.
         self.lora_a: torch.Tensor | None = None  # [num_slices, max_loras, max_rank, in]
@@ -122,11 +128,16 @@ class Projection(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The activation dtype (LoRA weights live in it, on top of int8 base weights too)."""
-        return self.weight.dtype if self.weight is not None else self.act_dtype
+        if self.weight is not None:
+            return self.weight.dtype
+        assert self.act_dtype is not None, "quantized Projection without act_dtype"
+        return self.act_dtype
 
     @property
     def device(self) -> torch.device:
-        return (self.weight if self.weight is not None else self.qweight).device
+        w = self.weight if self.weight is not None else self.qweight
+        assert w is not None, "Projection has neither a float nor an int8 weight"
+        return w.device
 
     def allocate_lora_slots(self, max_loras: int, max_rank: int) -> None:
         dtype, dev = self.compute_dtype, self.device
@@ -137,11 +148,17 @@ class Projection(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.qweight is not None:
+            assert self.wscale is not None
             y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
         else:
+            assert self.weight is not None
             y = F.linear(x, self.weight, self.bias)
         seg = batch.lora_segments
         if seg is not None and self.lora_a is not None:
+            # allocate_lora_slots sets all four together.
+            assert self.lora_b is not None and self.lora_ranks is not None and self.lora_scales is not None
             shrunk = batch.ops.sgmv_shrink(x, self.lora_a, seg, self.lora_ranks)
-            y = batch.ops.sgmv_expand(y, shrunk, self.lora_b, seg, self.lora_ranks, self.lora_scales, self.slice_offsets)
+            y = batch.ops.sgmv_expand(
+                y, shrunk, self.lora_b, seg, self.lora_ranks, self.lora_scales, self.slice_offsets
+            )
         return y

@@ -3,7 +3,10 @@
 Every forward takes ALL tokens of a step in one [T, hidden] tensor — decode tokens of many sequences
 and prefill chunks of others — and reads/writes the paged KV cache through the kernel ops.
 """
+
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -18,35 +21,50 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.qkv_proj = Projection(cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], bias=cfg.attention_bias)
         self.o_proj = Projection(cfg.q_size, [cfg.hidden_size], bias=False)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x, batch)
         q_size, kv_size, _ = self.qkv_proj.slice_sizes
         # Rotate q and k heads in one pass: they are adjacent columns of the fused projection.
         cos, sin = self.rotary.tables(positions, qkv.dtype, batch.memo)
-        qk = self.rotary.rotate(qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
-                                cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, self.head_dim)
+        qk = self.rotary.rotate(
+            qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin
+        )
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, q_size + kv_size :].view(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         ops = batch.ops
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         nd = batch.num_decode_tokens
         parts = []
         if nd:
-            parts.append(ops.paged_decode_attention(
-                q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, self.scale))
+            parts.append(
+                ops.paged_decode_attention(
+                    q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, self.scale
+                )
+            )
         if T > nd:
-            parts.append(ops.paged_prefill_attention(
-                q[nd:], k_cache, v_cache, batch.prefill_block_tables, batch.prefill_query_start_loc,
-                batch.prefill_context_lens, self.scale))
+            parts.append(
+                ops.paged_prefill_attention(
+                    q[nd:],
+                    k_cache,
+                    v_cache,
+                    batch.prefill_block_tables,
+                    batch.prefill_query_start_loc,
+                    batch.prefill_context_lens,
+                    self.scale,
+                )
+            )
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim), batch)
+        y: torch.Tensor = self.o_proj(out.reshape(T, self.num_heads * self.head_dim), batch)
+        return y
 
 
 class MLP(nn.Module):
@@ -57,7 +75,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         gate, up = self.gate_up_proj(x, batch).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up, batch)
+        y: torch.Tensor = self.down_proj(F.silu(gate) * up, batch)
+        return y
 
 
 class DecoderLayer(nn.Module):
@@ -68,9 +87,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, batch, kv_cache):
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, batch, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x), batch)
+        y: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), batch)
+        return y
 
 
 class LMHead(nn.Module):
@@ -87,8 +109,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         # Weights come from the checkpoint: skip nn's random init, whose first call imports
         # torch._dynamo (seconds of start-up) just to fill tensors that are overwritten.
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        # nn.Embedding; INT8 quantization swaps in an Int8Embedding (which has no ``weight``).
+        self.embed_tokens: nn.Module = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -100,19 +124,31 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(batch.input_ids)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, batch.positions, batch, kv)
-        return self.norm(x)
+        y: torch.Tensor = self.norm(x)
+        return y
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.quantized_head is not None:
-            return self.quantized_head(hidden).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+            logits: torch.Tensor = self.quantized_head(hidden).float()
+            return logits
+        return F.linear(hidden, self.output_weight()).float()
+
+    def output_weight(self) -> torch.Tensor:
+        """The float output projection: ``lm_head``'s, or the embedding's when tied."""
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        assert isinstance(self.embed_tokens, nn.Embedding), "tied output weight needs the float embedding"
+        return self.embed_tokens.weight
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """``layers`` typed (an ``nn.ModuleList`` iterates as plain Modules)."""
+        return cast("list[DecoderLayer]", list(self.layers))
 
     def lora_projections(self) -> dict[str, list[Projection]]:
         """Projections LoRA can target, keyed by our fused module name, one entry per layer."""
         return {
-            "qkv_proj": [l.self_attn.qkv_proj for l in self.layers],
-            "o_proj": [l.self_attn.o_proj for l in self.layers],
-            "gate_up_proj": [l.mlp.gate_up_proj for l in self.layers],
-            "down_proj": [l.mlp.down_proj for l in self.layers],
+            "qkv_proj": [l.self_attn.qkv_proj for l in self.decoder_layers()],
+            "o_proj": [l.self_attn.o_proj for l in self.decoder_layers()],
+            "gate_up_proj": [l.mlp.gate_up_proj for l in self.decoder_layers()],
+            "down_proj": [l.mlp.down_proj for l in self.decoder_layers()],
         }

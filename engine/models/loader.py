@@ -1,4 +1,5 @@
 """Load a local Hugging Face safetensors checkpoint into our model (fusing q|k|v and gate|up)."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ModelConfig
-from .layers import RotaryEmbedding
+from .layers import Projection, RotaryEmbedding
 from .llama import LlamaForCausalLM
 
 # HF name -> (our parameter path, slice index within a fused projection or None)
@@ -43,7 +44,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, max_p
     model = model.to_empty(device=device)
     # The rotary cos/sin tables are computed, not loaded: rebuild them off the meta device.
     rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope).to(device)
-    for layer in model.layers:
+    for layer in model.decoder_layers():
         layer.self_attn.rotary = rotary
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -60,13 +61,16 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, max_p
                 tensor = f.get_tensor(name)
                 if slice_idx is not None:
                     proj = model.get_submodule(param_name.rsplit(".", 1)[0])
+                    assert isinstance(proj, Projection)
                     lo, hi = proj.slice_offsets[slice_idx], proj.slice_offsets[slice_idx + 1]
                     dest = param.data[lo:hi]
                     key = f"{param_name}[{slice_idx}]"
                 else:
                     dest, key = param.data, param_name
                 if tuple(dest.shape) != tuple(tensor.shape):
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dest.shape)}")
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dest.shape)}"
+                    )
                 dest.copy_(tensor.to(dtype=dest.dtype))
                 loaded.add(key)
     missing = _expected_keys(model, cfg) - loaded
@@ -81,7 +85,7 @@ def _target(name: str, cfg: ModelConfig) -> tuple[str, int | None] | None:
     if name == "model.norm.weight":
         return "norm.weight", None
     if name == "lm_head.weight":
-        return (None if cfg.tie_word_embeddings else ("lm_head.weight", None))
+        return None if cfg.tie_word_embeddings else ("lm_head.weight", None)
     m = _LAYER_RE.match(name)
     if not m:
         if name.endswith("rotary_emb.inv_freq"):
@@ -97,7 +101,7 @@ def _target(name: str, cfg: ModelConfig) -> tuple[str, int | None] | None:
 
 
 def _expected_keys(model: LlamaForCausalLM, cfg: ModelConfig) -> set[str]:
-    keys = set()
+    keys: set[str] = set()
     for name, _ in model.named_parameters():
         module_path, kind = name.rsplit(".", 1)
         if module_path.endswith(("qkv_proj", "gate_up_proj")):

@@ -9,14 +9,14 @@ Why the embedding and the head too: on small models they are most of the bytes (
 next to a few narrow layers), and per-row int8 is lossless enough for both: the embedding reads one
 row per token (dequantized on the fly), the head is one more int8 matmul.
 """
-from __future__ import annotations
 
-from collections.abc import Callable
+from __future__ import annotations
 
 import torch
 from torch import nn
 
 from loraplex.kernels import quantize_per_channel_int8
+from loraplex.kernels.dispatch import Int8Linear
 
 from .layers import Projection
 from .llama import LlamaForCausalLM
@@ -27,6 +27,8 @@ QUANTIZATION_METHODS = ("int8",)
 class Int8Embedding(nn.Module):
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
         super().__init__()
+        self.qweight: torch.Tensor
+        self.scales: torch.Tensor
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.dtype = dtype
@@ -38,8 +40,10 @@ class Int8Embedding(nn.Module):
 class Int8Head(nn.Module):
     """The output projection (tied or not) as one int8 matmul through the kernel ops."""
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, int8_linear: Callable):
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, int8_linear: Int8Linear):
         super().__init__()
+        self.qweight: torch.Tensor
+        self.scales: torch.Tensor
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.int8_linear = int8_linear
@@ -49,22 +53,23 @@ class Int8Head(nn.Module):
 
 
 @torch.no_grad()
-def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Callable) -> None:
+def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear) -> None:
     """In place. ``model`` must still hold the checkpoint's weights at full precision (load it in
     float32): quantizing after a cast to bf16 would round every weight twice."""
     projections = [m for m in model.modules() if isinstance(m, Projection)]
     codes = []
     for proj in projections:
+        assert proj.weight is not None, "model is already quantized"
         codes.append(quantize_per_channel_int8(proj.weight))
         proj.weight = None  # drop the float weight before the cast below (peak memory)
-    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    head_q, head_s = quantize_per_channel_int8(head_weight)
+    head_q, head_s = quantize_per_channel_int8(model.output_weight())
     if model.lm_head is None:  # tied: one int8 matrix serves both, as one float matrix did
         emb_q, emb_s = head_q, head_s
     else:
+        assert isinstance(model.embed_tokens, nn.Embedding)
         emb_q, emb_s = quantize_per_channel_int8(model.embed_tokens.weight)
     model.lm_head = None
-    model.embed_tokens = None
+    model.register_module("embed_tokens", None)  # = None, but typed: the attribute is an nn.Module
     model.to(dtype=act_dtype)  # norms and biases; scales are attached afterwards, in float32
     for proj, (q, s) in zip(projections, codes):
         proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype

@@ -1,4 +1,5 @@
 """Pluggable scheduling policies. ``make_policy(config)`` builds the configured one."""
+
 from __future__ import annotations
 
 from ..config import SchedulerConfig
@@ -18,13 +19,26 @@ def make_policy(config: SchedulerConfig) -> SchedulingPolicy:
     if name == "priority":
         return PriorityPolicy(limits, aging_s=config.priority_aging_s)
     if name == "fair":
-        return FairPolicy(limits, aging_s=config.priority_aging_s, prompt_weight=config.vtc_prompt_weight,
-                          output_weight=config.vtc_output_weight, locality_slack=config.lora_locality_slack,
-                          share_preemption=config.fair_share_preemption)
+        return FairPolicy(
+            limits,
+            aging_s=config.priority_aging_s,
+            prompt_weight=config.vtc_prompt_weight,
+            output_weight=config.vtc_output_weight,
+            locality_slack=config.lora_locality_slack,
+            share_preemption=config.fair_share_preemption,
+        )
     if name == "sjf":
         return SJFPolicy(limits, aging_s=config.priority_aging_s)
     raise ValueError(f"unknown scheduling policy {name!r}")
 
 
-__all__ = ["FCFSPolicy", "FairPolicy", "PriorityPolicy", "SJFPolicy", "SchedulingPolicy", "TenantBook",
-           "TenantLimits", "make_policy"]
+__all__ = [
+    "FCFSPolicy",
+    "FairPolicy",
+    "PriorityPolicy",
+    "SJFPolicy",
+    "SchedulingPolicy",
+    "TenantBook",
+    "TenantLimits",
+    "make_policy",
+]

@@ -3,6 +3,7 @@
 The scheduler owns the mechanics (token budget, KV blocks, LoRA slots, preemption); a policy only
 answers "who next?", "who gives way?" and keeps its own accounting through the ``on_*`` hooks.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -19,7 +20,9 @@ class SchedulingPolicy(ABC):
     def __init__(self, limits: TenantLimits | None = None) -> None:
         self.book = TenantBook()
         self.limits = limits
-        self.kv: KVCacheManager | None = None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
+        self.kv: KVCacheManager | None = (
+            None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
+        )
         # Adapters loaded in device slots, if a LoRA manager tells us (running ones always count).
         self.resident_adapters_fn: Callable[[], Iterable[str]] | None = None
         self._blocked: set[str] = set()  # tenants may_admit refused during the current admission pass
@@ -100,8 +103,11 @@ class SchedulingPolicy(ABC):
         if self.limits is None or self.limits.max_num_seqs < 2 or len(running) < self.limits.max_num_seqs:
             return []
         hog = running[0].tenant.tenant_id
-        if hog == seq.tenant.tenant_id or running[0].tenant.priority < seq.tenant.priority or \
-                any(s.tenant.tenant_id != hog for s in running):
+        if (
+            hog == seq.tenant.tenant_id
+            or running[0].tenant.priority < seq.tenant.priority
+            or any(s.tenant.tenant_id != hog for s in running)
+        ):
             return []
         return [max(running, key=lambda s: (s.arrival_time, s.seq_id))]
 
@@ -127,5 +133,8 @@ class SchedulingPolicy(ABC):
 
     def stats(self) -> dict:
         """JSON-serialisable: policy name, per-tenant counts and served tokens, running adapters."""
-        return {"policy": self.name, "tenants": self.book.stats(),
-                "running_adapters": dict(self.book.running_adapters())}
+        return {
+            "policy": self.name,
+            "tenants": self.book.stats(),
+            "running_adapters": dict(self.book.running_adapters()),
+        }

@@ -10,6 +10,7 @@ grants order, never preemption rights, so two classes cannot take turns preempti
 running sequence that has aged up to the preemptor's class is protected, or a flood of the better
 class would push every aged request straight back out and starve it after all.
 """
+
 from __future__ import annotations
 
 from collections import deque

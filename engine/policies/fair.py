@@ -13,6 +13,7 @@ LoRA locality: when the fairest pick's adapter is not resident, a tenant whose c
 ``locality_slack`` of it and whose next request needs no adapter swap may go first. Counters keep
 charging as usual, so this can shift service between two backlogged tenants by at most the slack.
 """
+
 from __future__ import annotations
 
 from ..sequence import Sequence
@@ -23,8 +24,15 @@ from .tenants import TenantLimits
 class FairPolicy(ClassQueuesPolicy):
     name = "fair"
 
-    def __init__(self, limits: TenantLimits | None = None, aging_s: float = 0.0, prompt_weight: float = 1.0,
-                 output_weight: float = 2.0, locality_slack: float = 0.0, share_preemption: bool = True) -> None:
+    def __init__(
+        self,
+        limits: TenantLimits | None = None,
+        aging_s: float = 0.0,
+        prompt_weight: float = 1.0,
+        output_weight: float = 2.0,
+        locality_slack: float = 0.0,
+        share_preemption: bool = True,
+    ) -> None:
         super().__init__(limits, aging_s)
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
@@ -37,8 +45,9 @@ class FairPolicy(ClassQueuesPolicy):
     # ------------------------------------------------------------------ counters
     def _becomes_backlogged(self, seq: Sequence) -> None:
         tid, cls = seq.tenant.tenant_id, seq.tenant.priority
-        backlogged = [self.counters[t] for t, q in self._queues.items()
-                      if q and t != tid and q[0].tenant.priority == cls]
+        backlogged = [
+            self.counters[t] for t, q in self._queues.items() if q and t != tid and q[0].tenant.priority == cls
+        ]
         floor = min(backlogged) if backlogged else self._last_left.get(cls)
         current = self.counters.get(tid)
         if floor is None:
@@ -83,8 +92,11 @@ class FairPolicy(ClassQueuesPolicy):
             resident = self.resident_adapters()
             if best.adapter not in resident:
                 limit = best_key[2] + self.locality_slack
-                local = [(c, h) for cls, c, h in fair_ones
-                         if cls == best_key[0] and c <= limit and (h.adapter is None or h.adapter in resident)]
+                local = [
+                    (c, h)
+                    for cls, c, h in fair_ones
+                    if cls == best_key[0] and c <= limit and (h.adapter is None or h.adapter in resident)
+                ]
                 if local:
                     self.locality_picks += 1
                     return min(local, key=lambda ch: (ch[0], ch[1].arrival_time, ch[1].seq_id))[1]
@@ -100,15 +112,21 @@ class FairPolicy(ClassQueuesPolicy):
         if worse or not self.share_preemption or self.limits is None or len(running) < self.limits.max_num_seqs:
             return worse
         tid, cls = seq.tenant.tenant_id, seq.tenant.priority
-        active = {t: info for t, info in self.book.tenants.items()
-                  if info.priority == cls and (t in self.book.running or t in self.book.num_waiting)}
+        active = {
+            t: info
+            for t, info in self.book.tenants.items()
+            if info.priority == cls and (t in self.book.running or t in self.book.num_waiting)
+        }
         total_weight = sum(info.weight for info in active.values())
         share = lambda t: self.limits.max_num_seqs * active[t].weight / total_weight  # noqa: E731
         if tid not in active or self.book.num_running(tid) + 1 > share(tid):
             return []
         mine = self.counters.get(tid, 0.0)
-        donors = [t for t in active if t != tid and self.book.num_running(t) - 1 >= share(t)
-                  and self.counters.get(t, 0.0) >= mine]
+        donors = [
+            t
+            for t in active
+            if t != tid and self.book.num_running(t) - 1 >= share(t) and self.counters.get(t, 0.0) >= mine
+        ]
         if not donors:
             return []
         donor = max(donors, key=lambda t: self.book.num_running(t) / share(t))
@@ -116,8 +134,12 @@ class FairPolicy(ClassQueuesPolicy):
 
     def _victim_key(self, seq: Sequence, now: float) -> tuple[float, ...]:
         # Worst (aged) class first; inside it, the tenant that has been served the most.
-        return (aged_class(seq, now, self.aging_s), self.counters.get(seq.tenant.tenant_id, 0.0),
-                seq.arrival_time, seq.seq_id)
+        return (
+            aged_class(seq, now, self.aging_s),
+            self.counters.get(seq.tenant.tenant_id, 0.0),
+            seq.arrival_time,
+            seq.seq_id,
+        )
 
     def stats(self) -> dict:
         out = super().stats()

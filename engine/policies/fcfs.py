@@ -1,4 +1,5 @@
 """First come, first served: one global queue in arrival order."""
+
 from __future__ import annotations
 
 from collections import deque

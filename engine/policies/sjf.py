@@ -6,6 +6,7 @@ the longest are pushed back by at most ``aging_s``, so no job is ever overtaken 
 more than ``aging_s`` after it. Tenants' classes and weights are ignored (the engine's per-tenant
 limits still apply).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

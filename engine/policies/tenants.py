@@ -4,6 +4,7 @@ and the engine-level per-tenant limits (running-sequence cap, KV share cap, no b
 The book is fed by the policy hooks only, so it sees exactly what the scheduler decides. Limits are
 engine rules, not ordering rules: every policy (fcfs included) enforces them.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -83,8 +84,7 @@ class TenantBook:
 
     def others_waiting(self, tid: str, max_class: int | None = None) -> bool:
         """Another tenant waits (of class ``max_class`` or better, if given)."""
-        return any(t != tid and (max_class is None or self.tenants[t].priority <= max_class)
-                   for t in self.num_waiting)
+        return any(t != tid and (max_class is None or self.tenants[t].priority <= max_class) for t in self.num_waiting)
 
     def others_have_work(self, tid: str) -> bool:
         return self.others_waiting(tid) or any(t != tid for t in self.running)

@@ -12,6 +12,7 @@ as the target's p. A proposer without a distribution (n-gram) is a point mass q 
 with probability p(x), a replacement comes from p with x removed. All draws use the request's
 generator, so seeded requests are reproducible.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,9 @@ def verify_greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
     return out
 
 
-def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                   generator: torch.Generator) -> list[int]:
+def verify_sampled(
+    draft: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor, generator: torch.Generator
+) -> list[int]:
     """``target_probs`` [len(draft) + 1, V]: p at each position; ``draft_probs`` [len(draft), V]
     (q the draft sampled from) or None for a point-mass proposer."""
     out: list[int] = []

@@ -7,6 +7,7 @@ nothing) and probes again with ``k = 1`` every ``probe_every`` steps, so a seque
 repetitive later is picked up again. Per sequence, not batch-wide: one sequence's k then depends on
 its own history only, which keeps seeded sampling reproducible whatever else is in the batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ class SpecState:
 
 
 class AdaptiveK:
-    def __init__(self, k_max: int, enabled: bool = True, smoothing: float = 0.3,
-                 off_below: float = 0.15, probe_every: int = 8):
+    def __init__(
+        self, k_max: int, enabled: bool = True, smoothing: float = 0.3, off_below: float = 0.15, probe_every: int = 8
+    ):
         self.k_max, self.enabled = k_max, enabled
         self.smoothing, self.off_below, self.probe_every = smoothing, off_below, probe_every
 

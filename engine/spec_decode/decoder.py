@@ -18,10 +18,12 @@ The engine books the accepted drafts (already in the text) and the target's own 
 emitted tokens only. Requests with stop strings do not speculate (those are matched on text after
 the step, and several tokens at once could run past where plain decoding stops).
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +36,9 @@ from ..sequence import Sequence, SequenceStatus
 from .acceptance import verify_greedy, verify_sampled
 from .adaptive import AdaptiveK, SpecState
 from .ngram import NgramProposer
+
+if TYPE_CHECKING:
+    from .draft import DraftModelProposer
 
 log = logging.getLogger("loraplex.engine.spec")
 
@@ -48,8 +53,14 @@ class _Pending:
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, kv: KVCacheManager, max_model_len: int,
-                 eos_token_ids: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        kv: KVCacheManager,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ):
         self.eos_token_ids = eos_token_ids
         self.method = config.speculative_method
         self.k = config.num_speculative_tokens
@@ -57,15 +68,20 @@ class SpeculativeDecoder:
         self.kv = kv
         self.max_model_len = max_model_len
         self.ngram = NgramProposer(config.ngram_max_n, config.ngram_min_n) if self.method == "ngram" else None
-        self.draft = None
+        self.draft: DraftModelProposer | None = None
         if self.method == "draft":
             from .draft import DraftModelProposer  # loads a second model: only when asked for
 
             self.draft = DraftModelProposer(config, model_config, max_model_len)
         self._states: dict[int, SpecState] = {}
         self._pending: dict[int, _Pending] = {}
-        self.counters = {"proposed_tokens": 0, "accepted_tokens": 0, "emitted_tokens": 0,
-                         "verifications": 0, "draft_failures": 0}
+        self.counters = {
+            "proposed_tokens": 0,
+            "accepted_tokens": 0,
+            "emitted_tokens": 0,
+            "verifications": 0,
+            "draft_failures": 0,
+        }
 
     # ------------------------------------------------------------------ before schedule()
     def propose(self, running: list[Sequence]) -> None:
@@ -82,12 +98,20 @@ class SpeculativeDecoder:
             # could run past the point where plain decoding stops, so those requests decode plainly.
             # Penalties and grammars depend on every earlier token, logprobs are reported per
             # sampled token: those requests decode plainly too.
-            if not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING) or p.stop \
-                    or p.has_penalties or p.structured_output is not None or p.logprobs is not None:
+            if (
+                not (p.speculative and seq.in_decode and seq.status is SequenceStatus.RUNNING)
+                or p.stop
+                or p.has_penalties
+                or p.structured_output is not None
+                or p.logprobs is not None
+            ):
                 continue
             state = self._states.setdefault(seq.seq_id, SpecState())
-            k = min(self.adaptive.next_k(state), p.max_tokens - seq.num_output_tokens - 1,
-                    self.max_model_len - seq.num_tokens - 1)
+            k = min(
+                self.adaptive.next_k(state),
+                p.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - seq.num_tokens - 1,
+            )
             if k <= 0:
                 continue
             # Proposals may take only blocks that are free anyway: speculation must never be the
@@ -100,10 +124,12 @@ class SpeculativeDecoder:
             ks.append(k)
         if not seqs:
             return
+        proposals: list[tuple[list[int], torch.Tensor | None]]
         if self.ngram is not None:
             proposals = [(self.ngram.propose(s.token_ids, k), None) for s, k in zip(seqs, ks)]
         else:
             try:
+                assert self.draft is not None, "speculation without a proposer"
                 proposals = [(p.tokens, p.probs) for p in self.draft.propose(seqs, ks)]
             except Exception:  # a failing draft must not take the target down: decode plainly
                 log.exception("draft model proposal failed; decoding without speculation this step")
@@ -123,7 +149,7 @@ class SpeculativeDecoder:
             # The chunk starts at the last verified token; it covers num_tokens - 1 drafts.
             covered = 0 if chunk is None else chunk.num_tokens - 1
             if covered < len(pend.tokens):
-                del pend.seq.token_ids[pend.base + covered:]
+                del pend.seq.token_ids[pend.base + covered :]
                 pend.tokens = pend.tokens[:covered]
                 if pend.probs is not None:
                     pend.probs = pend.probs[:covered]
@@ -137,12 +163,13 @@ class SpeculativeDecoder:
     def cancel(self) -> None:
         """The step failed: take every draft back out of the text."""
         for pend in self._pending.values():
-            del pend.seq.token_ids[pend.base:]
+            del pend.seq.token_ids[pend.base :]
         self._pending.clear()
 
     # ------------------------------------------------------------------ after the target forward
-    def verify(self, seqs: list[Sequence], logits: torch.Tensor | None, generator: torch.Generator
-               ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, int, int]]]:
+    def verify(
+        self, seqs: list[Sequence], logits: torch.Tensor | None, generator: torch.Generator
+    ) -> tuple[list[Sequence], torch.Tensor | None, list[tuple[Sequence, int, int]]]:
         """Split the runner's rows: plain sampling rows (returned with their sequences) and, per
         speculating sequence, (seq, the target's own token, number of accepted drafts). Accepted
         drafts stay in ``token_ids`` (their KV is computed and the update hashes full blocks from
@@ -163,7 +190,7 @@ class SpeculativeDecoder:
                 i += 1
                 continue
             d = len(pend.tokens)
-            rows = logits[i:i + d + 1]
+            rows = logits[i : i + d + 1]
             i += d + 1
             p = seq.request.params
             # The sampler's own processing (logit_bias; requests with penalties, grammars or
@@ -182,10 +209,11 @@ class SpeculativeDecoder:
             c["verifications"] += 1
             for j, token in enumerate(tokens[:-1]):
                 if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-                    tokens, accepted = tokens[:j + 1], j
+                    tokens, accepted = tokens[: j + 1], j
                     break
             c["emitted_tokens"] += len(tokens)
-            del seq.token_ids[pend.base + accepted:]  # rejected drafts out
+            del seq.token_ids[pend.base + accepted :]  # rejected drafts out
+            assert pend.chunk is not None  # plan() set it: this sequence has rows in the step
             pend.chunk.num_tokens = 1 + accepted  # KV of rejected drafts is not "computed"
             verified.append((seq, tokens[-1], accepted))
         plain_seqs = [seqs[r] for r in plain_rows]
@@ -201,7 +229,7 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
-        c = dict(self.counters)
+        c: dict[str, Any] = dict(self.counters)
         c["method"] = self.method
         c["num_speculative_tokens"] = self.k
         c["acceptance_rate"] = c["accepted_tokens"] / c["proposed_tokens"] if c["proposed_tokens"] else 0.0

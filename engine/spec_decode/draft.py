@@ -13,6 +13,7 @@ dropped and simply does not speculate this step. Greedy requests get the draft's
 ones draw from the draft's own distribution q (same temperature/top-k/top-p), which the rejection
 rule needs, with a per-request generator derived from the request's seed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,20 @@ class DraftModelProposer:
         assert config.draft_model is not None
         self.mc = ModelConfig.from_dir(config.draft_model)
         if self.mc.vocab_size != target.vocab_size:
-            raise ValueError(f"draft model vocabulary ({self.mc.vocab_size}) differs from the target's "
-                             f"({target.vocab_size}): the draft must share the target's tokenizer")
+            raise ValueError(
+                f"draft model vocabulary ({self.mc.vocab_size}) differs from the target's "
+                f"({target.vocab_size}): the draft must share the target's tokenizer"
+            )
         dcfg = dataclasses.replace(
-            config, model=config.draft_model, quantization=None, speculative_method=None, draft_model=None,
-            kv_cache_memory_gb=config.draft_kv_cache_memory_gb, num_kv_blocks=config.draft_num_kv_blocks,
-            enable_prefix_caching=False)
+            config,
+            model=config.draft_model,
+            quantization=None,
+            speculative_method=None,
+            draft_model=None,
+            kv_cache_memory_gb=config.draft_kv_cache_memory_gb,
+            num_kv_blocks=config.draft_num_kv_blocks,
+            enable_prefix_caching=False,
+        )
         dtype = dcfg.torch_dtype(self.mc.checkpoint_dtype)
         num_blocks = dcfg.num_kv_blocks or default_num_kv_blocks(dcfg, self.mc, dtype, max_model_len)
         self.runner = ModelRunner(dcfg, self.mc, max_model_len, num_blocks)
@@ -60,13 +69,14 @@ class DraftModelProposer:
     def _shadow(self, seq: Sequence) -> Sequence:
         sh = self._shadows.get(seq.seq_id)
         if sh is None:
-            req = Request(request_id=f"draft:{seq.request.request_id}", prompt_token_ids=[],
-                          params=seq.request.params)
-            sh = Sequence(request=req, index=seq.index, token_ids=list(seq.token_ids),
-                          num_prompt_tokens=seq.num_prompt_tokens)
+            req = Request(request_id=f"draft:{seq.request.request_id}", prompt_token_ids=[], params=seq.request.params)
+            sh = Sequence(
+                request=req, index=seq.index, token_ids=list(seq.token_ids), num_prompt_tokens=seq.num_prompt_tokens
+            )
             if seq.request.params.seed is not None:
                 sh.generator = torch.Generator(device=self.device).manual_seed(
-                    seq.request.params.seed + seq.index + DRAFT_SEED_OFFSET)
+                    seq.request.params.seed + seq.index + DRAFT_SEED_OFFSET
+                )
             self._shadows[seq.seq_id] = sh
             return sh
         # Keep the draft KV of the longest common prefix with the target's verified text.
@@ -120,6 +130,7 @@ class DraftModelProposer:
                 self.kv.allocate(sh, n)
                 out.chunks.append(ScheduledChunk(sh, n))
             rows, logits = self.runner.execute(out, self.kv)
+            assert logits is not None  # every chunk ends at a new token: each has a logit row
             for chunk in out.chunks:
                 chunk.seq.num_computed_tokens += chunk.num_tokens
             row_of = {id(s): r for r, s in enumerate(rows)}
@@ -145,5 +156,8 @@ class DraftModelProposer:
         return results
 
     def stats(self) -> dict:
-        return {"draft_kv_blocks": self.kv.num_blocks, "draft_kv_free_blocks": self.kv.num_free_blocks,
-                "draft_sequences": len(self._shadows)}
+        return {
+            "draft_kv_blocks": self.kv.num_blocks,
+            "draft_kv_free_blocks": self.kv.num_free_blocks,
+            "draft_sequences": len(self._shadows),
+        }

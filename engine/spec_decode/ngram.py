@@ -5,6 +5,7 @@ from ``max_n`` down to ``min_n``) and propose the tokens that followed it. Text 
 its context (editing, summarising, code, quoting the prompt) gets long accepted runs for free;
 free-form text finds no match and proposes nothing, which costs nothing.
 """
+
 from __future__ import annotations
 
 
@@ -22,13 +23,13 @@ class NgramProposer:
             return []
         lo = max(0, L - self.max_lookback)
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-            suffix = token_ids[L - n:]
+            suffix = token_ids[L - n :]
             first = suffix[0]
             # Latest start i < L - n with token_ids[i:i+n] == suffix (the suffix itself excluded).
             i = L - n - 1
             while i >= lo:
-                if token_ids[i] == first and token_ids[i:i + n] == suffix:
-                    follow = token_ids[i + n:i + n + k]
+                if token_ids[i] == first and token_ids[i : i + n] == suffix:
+                    follow = token_ids[i + n : i + n + k]
                     if follow:
                         return follow
                 i -= 1

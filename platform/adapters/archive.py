@@ -4,6 +4,7 @@ Refuses, before writing anything: absolute paths, ``..``, links and devices, too
 too many unpacked bytes (declared and actual), unexpected files and pickle weights. The archive may
 hold the files at its root or inside one top-level folder.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -143,9 +144,7 @@ def _plan(members: list[_Member], limits: ArchiveLimits) -> dict[str, _Member]:
             continue
         declared += m.size
         if declared > limits.max_unpacked_bytes:
-            raise UploadTooLarge(
-                f"archive unpacks to more than {limits.max_unpacked_bytes} bytes", param="file"
-            )
+            raise UploadTooLarge(f"archive unpacks to more than {limits.max_unpacked_bytes} bytes", param="file")
         files.append((path, m))
     if not files:
         raise UploadRejected("the archive holds no files", param="file")
@@ -169,7 +168,7 @@ def _flatten(files: list[tuple[str, _Member]]) -> dict[str, _Member]:
     root_level = [p for p, _ in files if "/" not in p]
     if len(tops) == 1 and not root_level:
         top = tops.pop() + "/"
-        files = [(p[len(top):], m) for p, m in files]
+        files = [(p[len(top) :], m) for p, m in files]
     out: dict[str, _Member] = {}
     for path, m in files:
         base = posixpath.basename(path)

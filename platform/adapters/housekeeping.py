@@ -1,6 +1,7 @@
 """Housekeeping of the adapter store: a crash (kill -9) during an upload can leave a staging
 folder, or a stored folder whose database row was never committed. Neither is ever used; both are
 removed at start and by a periodic sweep."""
+
 from __future__ import annotations
 
 import asyncio

@@ -45,10 +45,6 @@ class AdapterGrant(Base):
 
     __tablename__ = "adapter_grants"
 
-    adapter_id: Mapped[str] = mapped_column(
-        ForeignKey("adapters.id", ondelete="CASCADE"), primary_key=True
-    )
-    tenant_id: Mapped[str] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True
-    )
+    adapter_id: Mapped[str] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -27,9 +27,7 @@ def active_by_name(session: Session, name: str) -> Adapter | None:
     return session.scalar(stmt.order_by(Adapter.version.desc()).limit(1))
 
 
-def list_adapters(
-    session: Session, *, tenant_id: str | None, include_superseded: bool
-) -> list[Adapter]:
+def list_adapters(session: Session, *, tenant_id: str | None, include_superseded: bool) -> list[Adapter]:
     stmt = select(Adapter).order_by(Adapter.name, Adapter.version)
     stmt = stmt.where(Adapter.status.in_(LISTED if include_superseded else SERVED))
     if tenant_id is not None:
@@ -68,8 +66,10 @@ def stored_paths_in_use(session: Session) -> set[str]:
 
 
 def count_with_sha(session: Session, sha256: str, exclude_id: str) -> int:
-    stmt = select(func.count()).select_from(Adapter).where(
-        Adapter.sha256 == sha256, Adapter.id != exclude_id, Adapter.status != "deleted"
+    stmt = (
+        select(func.count())
+        .select_from(Adapter)
+        .where(Adapter.sha256 == sha256, Adapter.id != exclude_id, Adapter.status != "deleted")
     )
     return session.scalar(stmt) or 0
 

@@ -68,9 +68,7 @@ def add_grant(adapter_id: str, body: GrantIn, session: SessionDep, actor: AdminD
 
 
 @router.delete("/{adapter_id}/grants", response_model=Deleted)
-def remove_grant(
-    adapter_id: str, session: SessionDep, actor: AdminDep, tenant_id: Annotated[str, Query()]
-) -> Deleted:
+def remove_grant(adapter_id: str, session: SessionDep, actor: AdminDep, tenant_id: Annotated[str, Query()]) -> Deleted:
     service.remove_grant(session, actor, adapter_id, tenant_id)
     return Deleted(id=f"{adapter_id}:{tenant_id}", object="adapter_grant")
 

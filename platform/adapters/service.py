@@ -1,5 +1,6 @@
 """Adapter lifecycle: upload (unpack safely, validate against the base model, store by content,
 register with the engine), versions, grants and deletion."""
+
 from __future__ import annotations
 
 import re
@@ -215,5 +216,3 @@ def _copy_limited(src: IO[bytes], dest, limit: int) -> None:
             out.write(chunk)
     if copied == 0:
         raise UploadRejected("the uploaded file is empty", param="file")
-
-

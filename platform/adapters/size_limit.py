@@ -1,4 +1,5 @@
 """ASGI guard for the upload route: a body over the limit gets 413 before it is spooled to disk."""
+
 from __future__ import annotations
 
 from loraplex.platform.http_errors import error_response

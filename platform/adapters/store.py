@@ -4,6 +4,7 @@ The address is the SHA-256 of the adapter's files (names and bytes), so the same
 as .zip or .tar.gz is stored once. Uploads unpack into a staging folder on the same filesystem and
 are moved into place atomically, so a refused upload leaves nothing under the root.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -76,8 +77,4 @@ class AdapterStore:
         """Every stored adapter folder (relative), for checks and housekeeping."""
         if not self.root.exists():
             return []
-        return sorted(
-            f"{d.parent.name}/{d.name}"
-            for d in self.root.glob("??/*")
-            if d.is_dir()
-        )
+        return sorted(f"{d.parent.name}/{d.name}" for d in self.root.glob("??/*") if d.is_dir())

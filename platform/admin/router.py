@@ -1,4 +1,5 @@
 """The admin REST API: every domain's admin routes under /admin/v1."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,11 +19,22 @@ from loraplex.platform.usage.series import router as usage_series
 ADMIN_PREFIX = "/admin/v1"
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"description": desc, "content": {"application/json": {"example": {"error": {
-        "message": desc, "type": "invalid_request_error", "param": None, "code": None}}}}}
-    for code, desc in [(400, "Bad request"), (401, "Missing or invalid admin key"),
-                       (403, "Not an admin key"), (404, "Not found"), (409, "Conflict"),
-                       (422, "Invalid field")]
+    code: {
+        "description": desc,
+        "content": {
+            "application/json": {
+                "example": {"error": {"message": desc, "type": "invalid_request_error", "param": None, "code": None}}
+            }
+        },
+    }
+    for code, desc in [
+        (400, "Bad request"),
+        (401, "Missing or invalid admin key"),
+        (403, "Not an admin key"),
+        (404, "Not found"),
+        (409, "Conflict"),
+        (422, "Invalid field"),
+    ]
 }
 
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)

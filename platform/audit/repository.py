@@ -10,9 +10,7 @@ def add(session: Session, entry: AuditEntry) -> None:
     session.add(entry)
 
 
-def list_entries(
-    session: Session, *, target_id: str | None, action: str | None, limit: int
-) -> list[AuditEntry]:
+def list_entries(session: Session, *, target_id: str | None, action: str | None, limit: int) -> list[AuditEntry]:
     stmt = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if target_id:
         stmt = stmt.where(AuditEntry.target_id == target_id)

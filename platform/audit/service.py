@@ -1,4 +1,5 @@
 """The audit trail: every change made through the admin API or the CLI, with before/after."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """Admin authentication: the configured LORAPLEX_ADMIN_KEY, or a key generated on first start
 (printed once; only its HMAC is stored)."""
+
 from __future__ import annotations
 
 import hmac

@@ -1,5 +1,6 @@
 """A short-lived cache of tenant key lookups. Revoking a key, or changing its tenant, evicts the
 entries at once, so a revoked key fails on the very next request of this process."""
+
 from __future__ import annotations
 
 import threading

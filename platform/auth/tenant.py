@@ -1,4 +1,5 @@
 """Tenant API key → tenant, through a brief cache that revocation clears."""
+
 from __future__ import annotations
 
 from sqlalchemy.orm import Session

@@ -1,4 +1,5 @@
 """API key material: generation and keyed hashing. Keys are never stored in clear."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Declarative base, column types and id helpers shared by every domain's models."""
+
 from __future__ import annotations
 
 import secrets

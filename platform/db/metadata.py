@@ -1,4 +1,5 @@
 """Import every model module so ``Base.metadata`` describes the whole schema (Alembic reads this)."""
+
 from loraplex.platform.adapters import models as _adapters  # noqa: F401
 from loraplex.platform.audit import models as _audit  # noqa: F401
 from loraplex.platform.db.base import Base

@@ -1,5 +1,6 @@
 """Programmatic Alembic: the script location is computed from the installed package, so
 ``loraplex db upgrade`` works from any working directory."""
+
 from __future__ import annotations
 
 from pathlib import Path

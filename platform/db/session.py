@@ -1,4 +1,5 @@
 """Engine and session factory: SQLite gets WAL + foreign keys, PostgreSQL is used as is."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

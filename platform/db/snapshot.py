@@ -1,4 +1,5 @@
 """Plain-dict snapshot of a model row, for audit before/after (JSON-safe)."""
+
 from __future__ import annotations
 
 from datetime import datetime

@@ -1,6 +1,7 @@
 """``loraplex demo adapters``: train the two demo adapters and register them for the demo tenant,
 through the same upload service as the admin API (validated against the base model, stored by
 content, audited)."""
+
 from __future__ import annotations
 
 import io
@@ -30,8 +31,9 @@ def zip_folder(folder: Path) -> io.BytesIO:
     return buf
 
 
-def train_demo_adapters(model_dir: Path, out_root: Path, progress: Progress, names: list[str] | None = None,
-                        steps: int | None = None) -> dict[str, Path]:
+def train_demo_adapters(
+    model_dir: Path, out_root: Path, progress: Progress, names: list[str] | None = None, steps: int | None = None
+) -> dict[str, Path]:
     """Train each demo adapter (its own recipe; ``steps`` overrides) into ``out_root/<name>``;
     returns name -> PEFT folder."""
     folders = {}
@@ -54,6 +56,13 @@ def register_for_demo_tenant(ctx, folders: dict[str, Path]) -> list[dict]:
             exists = adapters_repo.active_by_name(session, name) is not None
             req = adapters.UploadRequest(name, "private", tenant.id, new_version=exists)
             adapter = adapters.upload_adapter(session, ctx, DEMO_ACTOR, req, zip_folder(folder))
-            registered.append({"name": adapter.name, "id": adapter.id, "version": adapter.version,
-                               "rank": adapter.rank, "tenant": DEMO_TENANT})
+            registered.append(
+                {
+                    "name": adapter.name,
+                    "id": adapter.id,
+                    "version": adapter.version,
+                    "rank": adapter.rank,
+                    "tenant": DEMO_TENANT,
+                }
+            )
     return registered

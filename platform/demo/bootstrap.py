@@ -1,5 +1,6 @@
 """First start in demo mode: a ``demo`` tenant and an API key, printed once with snippets that
 work as pasted. Later starts find the tenant and print nothing new (only the key's hash is kept)."""
+
 from __future__ import annotations
 
 from loraplex.platform.auth.admin import Actor

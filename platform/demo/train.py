@@ -7,6 +7,7 @@ below see the same inputs at every step, so their output is computed ONCE per ex
 steps run only the top of the network (forward and backward): several times cheaper than full
 fine-tuning steps, which is what lets an adapter train in a minute or two on two CPU cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loraplex.platform.demo.dataset import conversations
 
@@ -47,14 +49,16 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def _encode(tokenizer, question: str, answer: str) -> tuple[list[int], list[int]]:
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
     return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
 
 
-def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRecipe = TrainRecipe(),
-                  progress: Progress = print) -> Path:
+def train_adapter(
+    model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRecipe = TrainRecipe(), progress: Progress = print
+) -> Path:
     """Train one demo adapter and save it as a PEFT folder (adapter_config.json + safetensors)."""
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -74,10 +78,14 @@ def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRec
     # The trainable top: the same model object with only its upper layers (weights shared, not copied).
     model.model.layers = torch.nn.ModuleList(list(model.model.layers)[first:])
     model.config.num_hidden_layers = num_layers - first
-    config = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, target_modules=TARGETS,
-                        lora_dropout=0.0, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=recipe.rank,
+        lora_alpha=recipe.alpha,  # type: ignore[arg-type]  # float alphas are fine target_modules=TARGETS,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
-    top = peft_model.base_model.model  # LlamaForCausalLM with LoRA layers injected
+    top: Any = peft_model.base_model.model  # LlamaForCausalLM with LoRA layers injected
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / max(1, recipe.steps))
@@ -85,7 +93,7 @@ def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRec
     for step in range(recipe.steps):
         if len(order) < recipe.batch_size:
             order += rng.sample(range(len(examples)), len(examples))
-        picked, order = order[:recipe.batch_size], order[recipe.batch_size:]
+        picked, order = order[: recipe.batch_size], order[recipe.batch_size :]
         width = max(len(examples[i][0]) for i in picked)
         hidden = torch.zeros(len(picked), width, frozen[0].shape[-1])
         mask = torch.zeros(len(picked), width, dtype=torch.long)
@@ -105,8 +113,10 @@ def train_adapter(model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRec
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == recipe.steps:
-            progress(f"[loraplex]   {adapter}: step {step + 1}/{recipe.steps} loss {loss.item():.3f} "
-                     f"({time.monotonic() - start:.0f} s)")
+            progress(
+                f"[loraplex]   {adapter}: step {step + 1}/{recipe.steps} loss {loss.item():.3f} "
+                f"({time.monotonic() - start:.0f} s)"
+            )
     return _save(peft_model, get_peft_model_state_dict, save_file, out_dir, first, num_layers, recipe, model_dir)
 
 
@@ -119,13 +129,22 @@ def _frozen_inputs(model, prompts: list[list[int]], first: int) -> list:
     ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
     mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
     with torch.no_grad():
-        hidden = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-                             use_cache=False).hidden_states[first]
-    return [hidden[i, :len(p)].clone() for i, p in enumerate(prompts)]
+        hidden = model.model(
+            input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
+        ).hidden_states[first]
+    return [hidden[i, : len(p)].clone() for i, p in enumerate(prompts)]
 
 
-def _save(peft_model, state_dict_of, save_file, out_dir: Path, first: int, num_layers: int,
-          recipe: TrainRecipe, model_dir: Path) -> Path:
+def _save(
+    peft_model,
+    state_dict_of,
+    save_file,
+    out_dir: Path,
+    first: int,
+    num_layers: int,
+    recipe: TrainRecipe,
+    model_dir: Path,
+) -> Path:
     """Write the PEFT folder with the layer numbers of the full model (the top layers were
     trained as layers 0..k-1 of the truncated one)."""
     import re
@@ -137,10 +156,18 @@ def _save(peft_model, state_dict_of, save_file, out_dir: Path, first: int, num_l
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(renumbered, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(model_dir),
-        "r": recipe.rank, "lora_alpha": recipe.alpha, "lora_dropout": 0.0, "bias": "none",
-        "target_modules": TARGETS, "layers_to_transform": list(range(first, num_layers)),
-        "use_rslora": False, "fan_in_fan_out": False, "inference_mode": True,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(model_dir),
+        "r": recipe.rank,
+        "lora_alpha": recipe.alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": TARGETS,
+        "layers_to_transform": list(range(first, num_layers)),
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return out_dir

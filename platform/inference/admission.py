@@ -3,6 +3,7 @@ the dependency) → model resolution and the tenant's quota (one DB read) → co
 pre-check → a character-length bound → text validity → tokenize → sampling values → the atomic
 quota reservation of ``prompt + max_tokens``. Nothing before the reservation consumes a quota slot,
 and a request refused after it (by the engine's own checks) gets the whole reservation back."""
+
 from __future__ import annotations
 
 import time
@@ -46,26 +47,40 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
     """Refuse, without tokenizing, text that cannot fit or is not valid Unicode."""
     total = sum(len(t) for t in texts)
     if max_chars is not None and total > max_chars:
-        raise BadRequest(f"the prompt has {total} characters; it cannot fit the model's context "
-                         f"(at most {max_chars} characters)", param=param, code="context_length_exceeded")
+        raise BadRequest(
+            f"the prompt has {total} characters; it cannot fit the model's context (at most {max_chars} characters)",
+            param=param,
+            code="context_length_exceeded",
+        )
     for t in texts:
         try:
             t.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise BadRequest(f"the text is not valid Unicode (a lone surrogate at position {exc.start})",
-                             param=param, code="invalid_text") from None
+            raise BadRequest(
+                f"the text is not valid Unicode (a lone surrogate at position {exc.start})",
+                param=param,
+                code="invalid_text",
+            ) from None
 
 
-def prepare(ctx, auth: TenantAuth, model: str, endpoint: str, texts: list[str],
-            tokenize: Callable[[Any], list[int]], sampling: dict[str, Any]) -> Prepared:
+def prepare(
+    ctx,
+    auth: TenantAuth,
+    model: str,
+    endpoint: str,
+    texts: list[str],
+    tokenize: Callable[[Any], list[int]],
+    sampling: dict[str, Any],
+) -> Prepared:
     """Blocking part (DB, tokenizer): run it in a worker thread."""
     t0 = time.monotonic()
     with unit_of_work(ctx.sessions) as session:
         adapter = resolve_model(session, ctx, auth.tenant_id, model)
         q = quotas_repo.get(session, auth.tenant_id)
         quota = QuotaView(q.rpm, q.tpm, q.max_concurrent, q.token_budget, q.budget_period) if q else QuotaView()
-        timeout_s = (q.max_generation_s if q and q.max_generation_s else None) or \
-            ctx.settings.limits.generation_timeout_s
+        timeout_s = (
+            q.max_generation_s if q and q.max_generation_s else None
+        ) or ctx.settings.limits.generation_timeout_s
     ctx.quotas.precheck(auth.tenant_id, quota)
     check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
     seed = sampling.get("seed")
@@ -79,5 +94,14 @@ def prepare(ctx, auth: TenantAuth, model: str, endpoint: str, texts: list[str],
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     reservation = ctx.quotas.reserve(auth.tenant_id, quota, len(prompt_ids) + params.max_tokens)
-    return Prepared(auth, model, endpoint, adapter.id if adapter else None, prompt_ids, params,
-                    reservation, float(timeout_s), admission_s=time.monotonic() - t0)
+    return Prepared(
+        auth,
+        model,
+        endpoint,
+        adapter.id if adapter else None,
+        prompt_ids,
+        params,
+        reservation,
+        float(timeout_s),
+        admission_s=time.monotonic() - t0,
+    )

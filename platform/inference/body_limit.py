@@ -1,5 +1,6 @@
 """ASGI guard for the tenant API: a request body over the limit gets 413 before it is read whole
 (declared Content-Length first; a chunked body is counted as it arrives)."""
+
 from __future__ import annotations
 
 from loraplex.platform.http_errors import error_response
@@ -51,6 +52,10 @@ class BodySizeLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope, receive, send):
-        response = error_response(413, f"the request body is larger than {self.limit} bytes",
-                                  code="payload_too_large", headers={"connection": "close"})
+        response = error_response(
+            413,
+            f"the request body is larger than {self.limit} bytes",
+            code="payload_too_large",
+            headers={"connection": "close"},
+        )
         await response(scope, receive, send)

@@ -6,6 +6,7 @@ then yields per-choice text deltas (the engine's DELTA outputs: only what is new
 token count of long streams, enforces the generation timeout, and makes the final record durable
 before the last deltas are handed out. Whatever ends the request (finish, client gone, admin abort,
 timeout, engine death) settles the quota reservation to the tokens actually delivered."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,12 @@ class RequestCancelled(PlatformError):
 async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
     try:
         stream = ctx.gateway.submit(
-            prep.prompt_ids, prep.params, request_id=prep.request_id, adapter=prep.adapter_id,
-            tenant_id=prep.auth.tenant_id, cache_salt=prep.auth.tenant_id,
+            prep.prompt_ids,
+            prep.params,
+            request_id=prep.request_id,
+            adapter=prep.adapter_id,
+            tenant_id=prep.auth.tenant_id,
+            cache_salt=prep.auth.tenant_id,
         )
         opened = getattr(stream, "open", None)
         if opened is not None:  # a remote engine (Ray Serve): wait until a replica accepted it
@@ -90,11 +95,18 @@ class Generation:
         p = self.prep
         now = time.monotonic()
         return self.ctx.ledger.write(
-            request_id=p.request_id, tenant_id=p.auth.tenant_id, api_key_id=p.auth.key_id,
-            adapter_id=p.adapter_id, adapter_name=p.model if p.adapter_id else None, endpoint=p.endpoint,
-            user=p.user[:256] if p.user else None, prompt_tokens=len(p.prompt_ids), completion_tokens=self.delivered,
+            request_id=p.request_id,
+            tenant_id=p.auth.tenant_id,
+            api_key_id=p.auth.key_id,
+            adapter_id=p.adapter_id,
+            adapter_name=p.model if p.adapter_id else None,
+            endpoint=p.endpoint,
+            user=p.user[:256] if p.user else None,
+            prompt_tokens=len(p.prompt_ids),
+            completion_tokens=self.delivered,
             ttft_ms=(self.first_token_at - p.started) * 1000 if self.first_token_at else None,
-            latency_ms=(now - p.started) * 1000, status=status,
+            latency_ms=(now - p.started) * 1000,
+            status=status,
         )
 
     def finish(self, status: str) -> Any:
@@ -108,13 +120,22 @@ class Generation:
         self.ctx.inflight.remove(p.request_id)
         self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
         now = time.monotonic()
-        self.ctx.observer.finished(FinishedRequest(
-            request_id=p.request_id, endpoint=p.endpoint, status=status, tenant_id=p.auth.tenant_id,
-            adapter=p.model if p.adapter_id else None, prompt_tokens=len(p.prompt_ids),
-            completion_tokens=self.delivered,
-            ttft_s=(self.first_token_at - p.started) if self.first_token_at else None,
-            latency_s=now - p.started, admission_s=p.admission_s, user=p.user,
-            start_unix=time.time() - (now - p.started)))
+        self.ctx.observer.finished(
+            FinishedRequest(
+                request_id=p.request_id,
+                endpoint=p.endpoint,
+                status=status,
+                tenant_id=p.auth.tenant_id,
+                adapter=p.model if p.adapter_id else None,
+                prompt_tokens=len(p.prompt_ids),
+                completion_tokens=self.delivered,
+                ttft_s=(self.first_token_at - p.started) if self.first_token_at else None,
+                latency_s=now - p.started,
+                admission_s=p.admission_s,
+                user=p.user,
+                start_unix=time.time() - (now - p.started),
+            )
+        )
         return self.record(status)
 
     async def deltas(self) -> AsyncIterator[Delta]:

@@ -1,6 +1,7 @@
 """Requests in flight in this process, by tenant, key and adapter, so an operator's change (tenant
 suspended or deleted, key revoked, adapter deleted) can stop them at the engine's next step. The
 engine's abort ends each stream, and the request bills what it had delivered."""
+
 from __future__ import annotations
 
 import threading
@@ -38,14 +39,24 @@ class InflightRegistry:
         with self._lock:
             return len(self._requests)
 
-    def abort(self, gateway, reason: str, *, tenant_id: str | None = None, key_id: str | None = None,
-              adapter_id: str | None = None) -> int:
+    def abort(
+        self,
+        gateway,
+        reason: str,
+        *,
+        tenant_id: str | None = None,
+        key_id: str | None = None,
+        adapter_id: str | None = None,
+    ) -> int:
         """Abort every request matching all the given fields; returns how many."""
         with self._lock:
-            hits = [r for r in self._requests.values()
-                    if (tenant_id is None or r.tenant_id == tenant_id)
-                    and (key_id is None or r.key_id == key_id)
-                    and (adapter_id is None or r.adapter_id == adapter_id)]
+            hits = [
+                r
+                for r in self._requests.values()
+                if (tenant_id is None or r.tenant_id == tenant_id)
+                and (key_id is None or r.key_id == key_id)
+                and (adapter_id is None or r.adapter_id == adapter_id)
+            ]
             for r in hits:
                 self._reasons[r.request_id] = reason
         for r in hits:

@@ -52,7 +52,7 @@ async def _start_all(ctx, preps: list[generation.Prepared], streaming: bool) -> 
         for g in gens:
             ctx.gateway.abort(g.prep.request_id)
             g.finish("error")
-        for p in preps[len(gens) + 1:]:
+        for p in preps[len(gens) + 1 :]:
             ctx.quotas.cancel(p.reservation)
         raise
     return gens

@@ -64,8 +64,9 @@ async def _prepare_all(
     preps: list[admission.Prepared] = []
     try:
         for texts, tokenize in prompts:
-            preps.append(await run_in_threadpool(admission.prepare, ctx, tenant, model, endpoint, texts, tokenize,
-                                                 sampling))
+            preps.append(
+                await run_in_threadpool(admission.prepare, ctx, tenant, model, endpoint, texts, tokenize, sampling)
+            )
             preps[-1].user = user
     except BaseException:
         for p in preps:
@@ -92,8 +93,13 @@ async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDe
 
     sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
     preps = await _prepare_all(
-        ctx, tenant, body.model, "completions",
-        [([p] if isinstance(p, str) else [], tokenizer_for(p)) for p in prompts], sampling, body.user,
+        ctx,
+        tenant,
+        body.model,
+        "completions",
+        [([p] if isinstance(p, str) else [], tokenizer_for(p)) for p in prompts],
+        sampling,
+        body.user,
     )
     tok = ctx.gateway.tokenizer
     echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
@@ -116,8 +122,11 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
         return tok.encode(text, add_special_tokens=False)
 
     sampling = _sampling(body, body.token_limit(), logprobs, spec)
-    texts = [m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
-             for m in body.messages if m.content]
+    texts = [
+        m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
+        for m in body.messages
+        if m.content
+    ]
     preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
     return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 

@@ -1,5 +1,6 @@
 """Tenant-side model resolution: the OpenAI ``model`` field names the base model or an adapter
 the tenant may use."""
+
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
@@ -26,9 +27,14 @@ def resolve_model(session: Session, ctx, tenant_id: str, model: str) -> Adapter 
         return None
     adapter = adapters_repo.active_by_name(session, model)
     if adapter is None or not adapters_repo.is_usable_by(session, adapter, tenant_id):
-        raise NotFound(f"the model {model!r} does not exist or you do not have access to it",
-                       param="model", code="model_not_found")
+        raise NotFound(
+            f"the model {model!r} does not exist or you do not have access to it", param="model", code="model_not_found"
+        )
     if adapter.status == "unavailable":
-        raise ServiceUnavailable(f"the model {model!r} is unavailable: {adapter.status_reason}",
-                                 param="model", code="model_unavailable", headers={"retry-after": "30"})
+        raise ServiceUnavailable(
+            f"the model {model!r} is unavailable: {adapter.status_reason}",
+            param="model",
+            code="model_unavailable",
+            headers={"retry-after": "30"},
+        )
     return adapter

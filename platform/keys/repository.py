@@ -15,8 +15,11 @@ def get_by_hash(session: Session, key_hash: str) -> ApiKey | None:
 
 
 def list_for_tenant(session: Session, tenant_id: str) -> list[ApiKey]:
-    stmt = (select(ApiKey).where(ApiKey.tenant_id == tenant_id, ApiKey.deleted_at.is_(None))
-            .order_by(ApiKey.created_at, ApiKey.id))
+    stmt = (
+        select(ApiKey)
+        .where(ApiKey.tenant_id == tenant_id, ApiKey.deleted_at.is_(None))
+        .order_by(ApiKey.created_at, ApiKey.id)
+    )
     return list(session.scalars(stmt))
 
 

@@ -10,9 +10,7 @@ router = APIRouter(tags=["keys"])
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
-def create_key(
-    tenant_id: str, body: KeyCreate, session: SessionDep, ctx: ContextDep, actor: AdminDep
-) -> KeyCreated:
+def create_key(tenant_id: str, body: KeyCreate, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> KeyCreated:
     """Create an API key. The response holds the full key; it is never shown again."""
     key, secret = service.create_key(session, ctx, actor, tenant_id, body.name, body.expires_at)
     return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=secret)

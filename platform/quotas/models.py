@@ -13,9 +13,7 @@ class Quota(Base):
 
     __tablename__ = "quotas"
 
-    tenant_id: Mapped[str] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
-    )
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
     rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -10,9 +10,7 @@ router = APIRouter(prefix="/tenants/{tenant_id}/quota", tags=["quotas"])
 
 
 @router.put("", response_model=QuotaOut)
-def put_quota(
-    tenant_id: str, body: QuotaIn, session: SessionDep, ctx: ContextDep, actor: AdminDep
-) -> QuotaOut:
+def put_quota(tenant_id: str, body: QuotaIn, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> QuotaOut:
     """Replace the tenant's limits (fields left out become unlimited)."""
     return QuotaOut.model_validate(service.put_quota(session, ctx, actor, tenant_id, body.model_dump()))
 

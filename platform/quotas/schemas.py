@@ -26,4 +26,3 @@ class QuotaOut(QuotaIn):
 
     object: Literal["quota"] = "quota"
     tenant_id: str
-

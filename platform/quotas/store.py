@@ -10,6 +10,7 @@ generate. A refusal is a 429 with Retry-After and x-ratelimit-* headers.
 multi-replica deployment plugs in a global store (a coordinator or the database) behind the same
 four calls.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,8 +93,12 @@ def next_period(period: str, start: datetime) -> datetime:
 class InProcessQuotaStore:
     """Exact for one process: one lock around every tenant's counters."""
 
-    def __init__(self, budget_used_since: Callable[[str, datetime], int], clock=time.monotonic,
-                 wall=lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        budget_used_since: Callable[[str, datetime], int],
+        clock=time.monotonic,
+        wall=lambda: datetime.now(timezone.utc),
+    ) -> None:
         # Tokens already in the ledger for a period, read once per tenant and period (a DB query).
         self._budget_used_since = budget_used_since
         self._clock = clock
@@ -128,27 +133,36 @@ class InProcessQuotaStore:
             self._check_slots(st, quota, now, headers)
             if quota.tpm is not None:
                 if tokens > quota.tpm:
-                    raise _limited(f"this request needs {tokens} tokens (prompt + max_tokens), more than the "
-                                   f"limit of {quota.tpm} tokens per minute; lower max_tokens", WINDOW_S, headers)
+                    raise _limited(
+                        f"this request needs {tokens} tokens (prompt + max_tokens), more than the "
+                        f"limit of {quota.tpm} tokens per minute; lower max_tokens",
+                        WINDOW_S,
+                        headers,
+                    )
                 if in_window + tokens > quota.tpm:
                     wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
-                    raise _limited(f"rate limit reached: {quota.tpm} tokens per minute (this request reserves "
-                                   f"{tokens}: prompt + max_tokens)", wait, headers)
+                    raise _limited(
+                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves "
+                        f"{tokens}: prompt + max_tokens)",
+                        wait,
+                        headers,
+                    )
             if start is not None and quota.token_budget is not None:
                 if st.budget_used + st.budget_reserved + tokens > quota.token_budget:
                     left = max(0, quota.token_budget - st.budget_used - st.budget_reserved)
                     raise _limited(
                         f"token budget exhausted: {quota.token_budget} tokens per {quota.budget_period}; "
                         f"{left} left, this request reserves {tokens} (prompt + max_tokens)",
-                        (next_period(quota.budget_period, start) - wall).total_seconds(), headers,
-                        code="insufficient_quota")
+                        (next_period(quota.budget_period, start) - wall).total_seconds(),
+                        headers,
+                        code="insufficient_quota",
+                    )
                 st.budget_reserved += tokens
             entry = [now, tokens]
             st.tokens.append(entry)
             st.requests.append(now)
             st.running += 1
-            return Reservation(tenant_id, tokens, _headers(quota, st, in_window + tokens, now), now,
-                               start, entry)
+            return Reservation(tenant_id, tokens, _headers(quota, st, in_window + tokens, now), now, start, entry)
 
     def usage_now(self, tenant_id: str) -> dict[str, int]:
         with self._lock:
@@ -156,8 +170,11 @@ class InProcessQuotaStore:
             if st is None:
                 return {"requests_last_minute": 0, "tokens_last_minute": 0, "running": 0}
             _trim(st, self._clock())
-            return {"requests_last_minute": len(st.requests), "tokens_last_minute": sum(e[1] for e in st.tokens),
-                    "running": st.running}
+            return {
+                "requests_last_minute": len(st.requests),
+                "tokens_last_minute": sum(e[1] for e in st.tokens),
+                "running": st.running,
+            }
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         self._release(reservation, used_tokens, refund_request=False)

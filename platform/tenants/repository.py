@@ -16,7 +16,9 @@ def get_by_name(session: Session, name: str) -> Tenant | None:
 
 def list_tenants(session: Session, *, limit: int, offset: int) -> tuple[list[Tenant], int]:
     live = Tenant.status != "deleted"
-    rows = session.scalars(select(Tenant).where(live).order_by(Tenant.created_at, Tenant.id).limit(limit).offset(offset))
+    rows = session.scalars(
+        select(Tenant).where(live).order_by(Tenant.created_at, Tenant.id).limit(limit).offset(offset)
+    )
     total = session.scalar(select(func.count()).select_from(Tenant).where(live)) or 0
     return list(rows), total
 
@@ -28,4 +30,3 @@ def all_tenants(session: Session) -> list[Tenant]:
 def add(session: Session, tenant: Tenant) -> None:
     session.add(tenant)
     session.flush()
-

@@ -22,7 +22,13 @@ def get_tenant(session: Session, tenant_id: str, *, include_deleted: bool = Fals
 
 
 def create_tenant(
-    session: Session, ctx, actor: Actor, *, name: str, priority: int = 0, weight: float = 1.0,
+    session: Session,
+    ctx,
+    actor: Actor,
+    *,
+    name: str,
+    priority: int = 0,
+    weight: float = 1.0,
     status: str = "active",
 ) -> Tenant:
     existing = repository.get_by_name(session, name)

@@ -12,6 +12,7 @@ client received, and nothing a crash or a database outage can lose once a write 
 - At start, ``recover`` replays the spool, then closes records left ``running`` by a dead server as
   ``interrupted`` (billed as of their last checkpoint).
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,9 @@ class LedgerStats:
 
 
 class UsageLedger:
-    def __init__(self, sessions: sessionmaker[Session], spool_dir: Path, *, max_batch: int = 512,
-                 replay_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], spool_dir: Path, *, max_batch: int = 512, replay_interval_s: float = 1.0
+    ) -> None:
         self._sessions = sessions
         self.spool = Spool(spool_dir)
         self.instance_id = uuid.uuid4().hex
@@ -167,7 +169,7 @@ class UsageLedger:
 
     def _drain_once(self) -> None:
         with self._cond:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
         if not batch:
             return
         rows = [op.row for op in batch]
@@ -185,8 +187,11 @@ class UsageLedger:
                     self.spool.append(rows)
                     self.stats.spooled += len(rows)
                     if not was_spooling:
-                        log.warning("database unreachable; usage records spooled to %s until it is back (%s)",
-                                    self.spool.active, str(exc).splitlines()[0][:200] if str(exc) else "")
+                        log.warning(
+                            "database unreachable; usage records spooled to %s until it is back (%s)",
+                            self.spool.active,
+                            str(exc).splitlines()[0][:200] if str(exc) else "",
+                        )
                 except OSError as disk:  # neither DB nor disk: the callers must know
                     for op in batch:
                         op.done.set_exception(disk)
@@ -209,8 +214,9 @@ class UsageLedger:
                     self.spool.append([row])
                     self.stats.spooled += 1
                 else:
-                    log.error("usage record %s refused by the database (kept in %s): %s",
-                              row.get("request_id"), REJECTED, exc)
+                    log.error(
+                        "usage record %s refused by the database (kept in %s): %s", row.get("request_id"), REJECTED, exc
+                    )
                     self.spool.append([{**row, "error": str(exc)[:500]}], file=REJECTED)
                     self.stats.rejected += 1
 

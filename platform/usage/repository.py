@@ -37,11 +37,14 @@ def upsert(session: Session, rows: list[dict]) -> None:
 def close_running(session: Session, *, except_instance: str, now: datetime) -> int:
     """Records left running by a server that died: they become ``interrupted``, billed as checkpointed."""
     # An UPDATE's result is a CursorResult (it carries rowcount); Session.execute is typed as Result.
-    result = cast(CursorResult[Any], session.execute(
-        update(UsageRecord)
-        .where(UsageRecord.status == "running", UsageRecord.instance_id != except_instance)
-        .values(status="interrupted", updated_at=now)
-    ))
+    result = cast(
+        CursorResult[Any],
+        session.execute(
+            update(UsageRecord)
+            .where(UsageRecord.status == "running", UsageRecord.instance_id != except_instance)
+            .values(status="interrupted", updated_at=now)
+        ),
+    )
     return int(result.rowcount or 0)
 
 
@@ -78,18 +81,26 @@ def aggregate(
 ) -> list[tuple]:
     """Rows of (key, requests, errors, prompt_tokens, completion_tokens), ordered by key."""
     key = _bucket(session, group_by).label("key")
-    stmt = select(
-        key,
-        func.count(),
-        func.sum(case((UsageRecord.status.in_(("error", "interrupted")), 1), else_=0)),
-        func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-        func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-    ).group_by(key).order_by(key)
+    stmt = (
+        select(
+            key,
+            func.count(),
+            func.sum(case((UsageRecord.status.in_(("error", "interrupted")), 1), else_=0)),
+            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+        )
+        .group_by(key)
+        .order_by(key)
+    )
     return [tuple(r) for r in session.execute(_window(stmt, tenant_id, since, until))]
 
 
 def iter_records(
-    session: Session, *, tenant_id: str | None, since: datetime | None, until: datetime | None,
+    session: Session,
+    *,
+    tenant_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
     chunk: int = 1000,
 ) -> Iterator[UsageRecord]:
     """Every record in the window, oldest first, fetched in chunks (exports of any size)."""
@@ -104,9 +115,9 @@ def iter_records(
 
 
 def tokens_since(session: Session, tenant_id: str, since: datetime) -> int:
-    stmt = select(
-        func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)
-    ).where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since)
+    stmt = select(func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)).where(
+        UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since
+    )
     return int(session.scalar(stmt) or 0)
 
 

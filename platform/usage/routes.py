@@ -69,5 +69,6 @@ def export_usage(
 
     media = "text/csv" if format == "csv" else "application/x-ndjson"
     name = f"usage.{format}"
-    return StreamingResponse(lines(), media_type=media,
-                             headers={"content-disposition": f'attachment; filename="{name}"'})
+    return StreamingResponse(
+        lines(), media_type=media, headers={"content-disposition": f'attachment; filename="{name}"'}
+    )

@@ -26,8 +26,12 @@ def report(
     rows = repository.aggregate(session, group_by=group_by, tenant_id=tenant_id, since=since, until=until)
     data = [
         UsageBucket(
-            key=str(key), requests=n, errors=int(err or 0), prompt_tokens=int(p),
-            completion_tokens=int(c), total_tokens=int(p) + int(c),
+            key=str(key),
+            requests=n,
+            errors=int(err or 0),
+            prompt_tokens=int(p),
+            completion_tokens=int(c),
+            total_tokens=int(p) + int(c),
         )
         for key, n, err, p, c in rows
     ]
@@ -42,21 +46,34 @@ def report(
     return UsageReport(group_by=group_by, tenant_id=tenant_id, data=data, totals=totals)
 
 
-EXPORT_FIELDS = ("request_id", "created_at", "updated_at", "tenant_id", "api_key_id", "adapter_id",
-                 "adapter_name", "endpoint", "user", "prompt_tokens", "completion_tokens", "ttft_ms", "latency_ms",
-                 "status")
+EXPORT_FIELDS = (
+    "request_id",
+    "created_at",
+    "updated_at",
+    "tenant_id",
+    "api_key_id",
+    "adapter_id",
+    "adapter_name",
+    "endpoint",
+    "user",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "latency_ms",
+    "status",
+)
 
 
-def check_window(session: Session, *, tenant_id: str | None, since: datetime | None,
-                 until: datetime | None) -> None:
+def check_window(session: Session, *, tenant_id: str | None, since: datetime | None, until: datetime | None) -> None:
     if since is not None and until is not None and since >= until:
         raise BadRequest("since must be earlier than until", param="since")
     if tenant_id is not None:
         get_tenant(session, tenant_id, include_deleted=True)
 
 
-def export_rows(session: Session, *, tenant_id: str | None, since: datetime | None,
-                until: datetime | None) -> Iterator[dict]:
+def export_rows(
+    session: Session, *, tenant_id: str | None, since: datetime | None, until: datetime | None
+) -> Iterator[dict]:
     """Every record in the window as a plain dict (what the CSV / JSON lines export writes)."""
     for r in repository.iter_records(session, tenant_id=tenant_id, since=since, until=until):
         row = {f: getattr(r, f) for f in EXPORT_FIELDS}

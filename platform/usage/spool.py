@@ -1,6 +1,7 @@
 """The ledger's local safety net: an append-only file of usage records, fsync'd before a write
 counts as durable, for when the database cannot take them. Replay is idempotent (records are
 upserted by request id), so a crash during replay only means replaying again."""
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ the ``cuobjdump`` shipped in Triton's NVIDIA backend.
 Fails (exit 1) on any compile error, any register spill (LOCAL > 0), shared memory beyond the
 target's per-block limit, or registers x threads beyond the SM's register file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,9 @@ def _recording_run(self, *args, grid, warmup, **kwargs):
     pointers = tuple(v for v in signature.values() if isinstance(v, str) and v.startswith("*"))
     key = (self.fn.__name__, _arch, pointers, repr(sorted(declared.items())))
     if key not in _captured:
-        _captured[key] = Config(self.fn.__name__, _arch, signature, constexprs, attrs, options.__dict__, _label,
-                                declared)
+        _captured[key] = Config(
+            self.fn.__name__, _arch, signature, constexprs, attrs, options.__dict__, _label, declared
+        )
     return None
 
 
@@ -94,8 +96,13 @@ def capture(arch: int) -> list[Config]:
     from loraplex.kernels import triton_attention, triton_sgmv
 
     sms = TARGETS[arch]["sms"]
-    saved = (tjit.JITFunction.run, triton_sgmv._target_programs, triton_sgmv.dot_in_f32,
-             triton_attention._num_sms, triton_attention.dot_in_f32)
+    saved = (
+        tjit.JITFunction.run,
+        triton_sgmv._target_programs,
+        triton_sgmv.dot_in_f32,
+        triton_attention._num_sms,
+        triton_attention.dot_in_f32,
+    )
     gpu_dot_in_f32 = lambda dtype, device: dtype == torch.float32  # noqa: E731  (what CUDA tensors get)
     tjit.JITFunction.run = _recording_run
     triton_sgmv._target_programs = lambda device: 4 * sms
@@ -109,8 +116,13 @@ def capture(arch: int) -> list[Config]:
             _label = label
             launch()
     finally:
-        (tjit.JITFunction.run, triton_sgmv._target_programs, triton_sgmv.dot_in_f32,
-         triton_attention._num_sms, triton_attention.dot_in_f32) = saved
+        (
+            tjit.JITFunction.run,
+            triton_sgmv._target_programs,
+            triton_sgmv.dot_in_f32,
+            triton_attention._num_sms,
+            triton_attention.dot_in_f32,
+        ) = saved
     return list(_captured.values())[before:]
 
 
@@ -129,8 +141,13 @@ def compile_one(index: int) -> dict:
     # The model dtype: a 16-bit pointer if any (fp32 pointers may be partials/shrunk buffers).
     ptrs = [v for v in cfg.signature.values() if isinstance(v, str) and v in ("*bf16", "*fp16", "*fp32")]
     dtype = next((v for v in ptrs if v != "*fp32"), ptrs[0] if ptrs else "")
-    row = {"kernel": cfg.kernel, "arch": cfg.arch, "label": cfg.label, "dtype": dtype.lstrip("*"),
-           "constexprs": cfg.declared}
+    row = {
+        "kernel": cfg.kernel,
+        "arch": cfg.arch,
+        "label": cfg.label,
+        "dtype": dtype.lstrip("*"),
+        "constexprs": cfg.declared,
+    }
     t0 = time.perf_counter()
     try:
         src = ASTSource(fn, cfg.signature, cfg.constexprs, cfg.attrs)
@@ -204,8 +221,11 @@ def main() -> int:
     for arch in (int(a) for a in args.targets.split(",")):
         capture(arch)
     n = len(_captured)
-    print(f"{n} distinct launch configurations captured in {time.perf_counter() - t0:.1f} s; compiling with "
-          f"{args.jobs} jobs ...", flush=True)
+    print(
+        f"{n} distinct launch configurations captured in {time.perf_counter() - t0:.1f} s; compiling with "
+        f"{args.jobs} jobs ...",
+        flush=True,
+    )
     import multiprocessing as mp
 
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("fork")) as pool:
@@ -221,22 +241,28 @@ def main() -> int:
         failures += bool(bad)
         ce = ",".join(f"{k}={v}" for k, v in r["constexprs"].items())
         if "error" in r:
-            print(f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {'':>5s} {'':>4s} {'':>5s} {'':>7s} FAIL {bad[0]}")
+            print(
+                f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {'':>5s} {'':>4s} {'':>5s} {'':>7s} FAIL {bad[0]}"
+            )
             continue
         smem = max(r["shared"], r["triton_shared"])
         # At the 255-register cap without spilling: passes, but flagged (one more live value spills).
         status = ("ok" + (" (REG at cap)" if r["reg"] >= 255 else "")) if not bad else "FAIL " + "; ".join(bad)
-        print(f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {r['num_warps']:>5d} {r['reg']:>4d} {r['local']:>5d} "
-              f"{smem:>7d} {status}")
+        print(
+            f"{r['kernel']:22s} {r['arch']:<4d} {r['dtype']:5s} {ce[:70]:70s} {r['num_warps']:>5d} {r['reg']:>4d} {r['local']:>5d} "
+            f"{smem:>7d} {status}"
+        )
     for name in missing:
         failures += 1
         print(f"FAIL: kernel {name} was never launched by the shape grid (add it to scripts/gpu_check/shapes.py)")
     for arch in sorted({r["arch"] for r in rows}):
         rs = [r for r in rows if r["arch"] == arch and "error" not in r]
         if rs:
-            print(f"{TARGETS[arch]['name']}: {len(rs)} compiled, max REG {max(r['reg'] for r in rs)}, "
-                  f"max SHARED {max(max(r['shared'], r['triton_shared']) for r in rs)} B "
-                  f"(limit {TARGETS[arch]['smem']}), spills {sum(r['local'] > 0 for r in rs)}")
+            print(
+                f"{TARGETS[arch]['name']}: {len(rs)} compiled, max REG {max(r['reg'] for r in rs)}, "
+                f"max SHARED {max(max(r['shared'], r['triton_shared']) for r in rs)} B "
+                f"(limit {TARGETS[arch]['smem']}), spills {sum(r['local'] > 0 for r in rs)}"
+            )
     print(f"{n} configurations, {failures} failures, {time.perf_counter() - t0:.0f} s")
     return 1 if failures else 0
 

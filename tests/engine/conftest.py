@@ -4,16 +4,33 @@ import pytest
 
 from loraplex.engine.demo_model import create_random_checkpoint
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, initializer_range=0.1)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.1,
+)
 
 # name -> (arch, overrides)
 MODEL_VARIANTS = {
     "llama_gqa": ("llama", dict(TINY)),
     "llama_mha": ("llama", dict(TINY, num_key_value_heads=4)),
-    "llama3_rope_tied": ("llama", dict(TINY, tie_word_embeddings=True, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+    "llama3_rope_tied": (
+        "llama",
+        dict(
+            TINY,
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
     "qwen2_bias": ("qwen2", dict(TINY)),
     "mistral": ("mistral", dict(TINY, num_key_value_heads=1, head_dim=16)),
 }

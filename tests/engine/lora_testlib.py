@@ -1,4 +1,5 @@
 """Helpers for the multi-LoRA tests: real PEFT adapters on tiny models, and the PEFT oracle."""
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,13 @@ ADAPTER_SPECS = {
     "attn_r8": dict(r=8, lora_alpha=16, target_modules=ATTN),
     "mlp_r4": dict(r=4, lora_alpha=8, target_modules=MLP),
     "all_r16_rslora": dict(r=16, lora_alpha=8, target_modules=ATTN + MLP, use_rslora=True),
-    "qv_down_patterns": dict(r=2, lora_alpha=4, target_modules=["v_proj", "q_proj", "down_proj"],
-                             rank_pattern={"down_proj": 6}, alpha_pattern={"q_proj": 12}),
+    "qv_down_patterns": dict(
+        r=2,
+        lora_alpha=4,
+        target_modules=["v_proj", "q_proj", "down_proj"],
+        rank_pattern={"down_proj": 6},
+        alpha_pattern={"q_proj": 12},
+    ),
     "layer1_q_up": dict(r=8, lora_alpha=32, target_modules=["q_proj", "up_proj"], layers_to_transform=[1]),
 }
 
@@ -34,8 +40,9 @@ def make_peft_adapter(base_dir: str, out_dir: str | Path, seed: int = 0, **lora_
 
 
 def make_adapters(base_dir: str, root: Path, specs: dict[str, dict] = ADAPTER_SPECS) -> dict[str, str]:
-    return {name: make_peft_adapter(base_dir, root / name, seed=i + 1, **kw)
-            for i, (name, kw) in enumerate(specs.items())}
+    return {
+        name: make_peft_adapter(base_dir, root / name, seed=i + 1, **kw) for i, (name, kw) in enumerate(specs.items())
+    }
 
 
 class PeftOracle:
@@ -55,17 +62,24 @@ class PeftOracle:
     @torch.inference_mode()
     def greedy(self, prompt: list[int], adapter: str | None, max_new_tokens: int) -> list[int]:
         ids = torch.tensor([prompt])
-        kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                      max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+        kwargs = dict(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+        )
         if adapter is None:
             with self.model.disable_adapter():
                 out = self.model.generate(**kwargs)
         else:
             self.model.set_adapter(adapter)
             out = self.model.generate(**kwargs)
-        return out[0, len(prompt):].tolist()
+        return out[0, len(prompt) :].tolist()
 
 
-def make_prompts(n: int, vocab: int, seed: int = 0, lengths=(3, 17, 5, 26, 1, 9, 40, 12, 7, 21, 2, 33)) -> list[list[int]]:
+def make_prompts(
+    n: int, vocab: int, seed: int = 0, lengths=(3, 17, 5, 26, 1, 9, 40, 12, 7, 21, 2, 33)
+) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(5, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]

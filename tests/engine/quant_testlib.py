@@ -1,4 +1,5 @@
 """Helpers for the INT8 tests: full-sequence logits of our model (one prefill forward)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,14 +22,18 @@ def prefill_logits(llm: LLM, tokens: list[int], adapter: str | None = None) -> t
         slot = llm.engine.lora.prepare({adapter})[adapter]
         segments = make_lora_segments([slot] * T, dev)
     batch = ForwardBatch(
-        input_ids=torch.tensor(tokens, device=dev), positions=torch.arange(T, device=dev),
-        slot_mapping=torch.arange(T, device=dev), num_decode_tokens=0,
+        input_ids=torch.tensor(tokens, device=dev),
+        positions=torch.arange(T, device=dev),
+        slot_mapping=torch.arange(T, device=dev),
+        num_decode_tokens=0,
         decode_block_tables=torch.zeros(0, 0, dtype=torch.int32, device=dev),
         decode_context_lens=torch.zeros(0, dtype=torch.int32, device=dev),
         prefill_block_tables=torch.arange(nb, dtype=torch.int32, device=dev)[None],
         prefill_query_start_loc=torch.tensor([0, T], dtype=torch.int32, device=dev),
-        prefill_context_lens=torch.tensor([T], dtype=torch.int32, device=dev), ops=runner.ops,
-        lora_segments=segments)
+        prefill_context_lens=torch.tensor([T], dtype=torch.int32, device=dev),
+        ops=runner.ops,
+        lora_segments=segments,
+    )
     hidden = runner.model(batch, runner.kv_caches)
     return runner.model.compute_logits(hidden)
 

@@ -1,11 +1,12 @@
 """AsyncEngine: the background step loop a server drives."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from loraplex.engine import AsyncEngine, EngineConfig, InvalidRequestError, LLM, SamplingParams
+from loraplex.engine import LLM, AsyncEngine, EngineConfig, InvalidRequestError, SamplingParams
 
 
 @pytest.fixture
@@ -62,8 +63,9 @@ async def test_abort_frees_blocks_and_ends_stream(engine):
 
 
 async def test_closing_stream_early_aborts(engine):
-    stream = engine.submit([5] * 8, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True, n=1),
-                           request_id="client-gone")
+    stream = engine.submit(
+        [5] * 8, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True, n=1), request_id="client-gone"
+    )
     await stream.__anext__()
     await stream.aclose()  # what a server does when the client disconnects
     await asyncio.sleep(0.05)

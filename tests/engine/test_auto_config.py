@@ -1,5 +1,6 @@
 """`auto` engine settings resolve to concrete values: dtype from the device and the CPU's bf16
 support, KV memory and batch size from free memory; the resolved config reports what runs."""
+
 from __future__ import annotations
 
 import torch

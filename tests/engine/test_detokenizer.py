@@ -1,4 +1,5 @@
 """Incremental detokenization against one-shot decoding, with UTF-8 characters split over tokens."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """Greedy outputs must equal Hugging Face transformers' greedy generation, token for token."""
+
 from __future__ import annotations
 
 import random
@@ -16,9 +17,14 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-            outs.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+            )
+            outs.append(gen[0, len(p) :].tolist())
     return outs
 
 
@@ -34,8 +40,15 @@ def test_greedy_matches_transformers_under_chunking_and_preemption(model_factory
     max_new = 12
     # Small everything: a 16-token budget chunks every prompt longer than 16; 40 blocks of 4 tokens
     # hold ~160 tokens while the 4 running sequences want up to ~290, so sequences get preempted.
-    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=4, max_num_batched_tokens=16,
-              block_size=4, num_kv_blocks=40, kernel_backend="torch")
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        block_size=4,
+        num_kv_blocks=40,
+        kernel_backend="torch",
+    )
     prompts = make_prompts(14, llm.engine.model_config.vocab_size)
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True))
     expected = hf_greedy(model_dir, prompts, max_new)

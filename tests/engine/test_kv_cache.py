@@ -1,4 +1,5 @@
 """Unit tests of the KV cache manager's prefix-cache rules: eviction order, hash keys, duplicates."""
+
 from __future__ import annotations
 
 from loraplex.engine.kv_cache import KVCacheManager

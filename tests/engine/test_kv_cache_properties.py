@@ -9,6 +9,7 @@ would hold (adapter, salt, all tokens up to there). A sequence must then read ex
 every computed position — a wrong prefix hit, a missed copy-on-write or a block reused while still
 referenced shows up as a wrong identity.
 """
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
@@ -24,8 +25,7 @@ TOKENS = st.integers(0, 2)  # a tiny alphabet: prefixes collide often, so hits a
 
 
 class KVMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(6, 24), watermark=st.sampled_from([0.0, 0.1, 0.2]),
-                caching=st.booleans())
+    @initialize(num_blocks=st.integers(6, 24), watermark=st.sampled_from([0.0, 0.1, 0.2]), caching=st.booleans())
     def setup(self, num_blocks, watermark, caching):
         self.kv = KVCacheManager(num_blocks, BS, watermark, enable_prefix_caching=caching)
         self.content: dict[int, dict[int, tuple]] = {}  # block -> offset -> KV identity
@@ -35,7 +35,7 @@ class KVMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def identity(seq: Sequence, pos: int) -> tuple:
-        return (seq.request.adapter, seq.request.cache_salt, tuple(seq.token_ids[:pos + 1]))
+        return (seq.request.adapter, seq.request.cache_salt, tuple(seq.token_ids[: pos + 1]))
 
     def run_chunks(self, chunks: list[tuple[Sequence, int]]) -> None:
         """One engine step: copies first (the runner applies them before the forward), then writes,
@@ -57,11 +57,19 @@ class KVMachine(RuleBasedStateMachine):
         self.waiting.append(seq)
 
     # ------------------------------------------------------------------ rules
-    @rule(prompt=st.lists(TOKENS, min_size=1, max_size=9), adapter=st.sampled_from([None, "a", "b"]),
-          salt=st.sampled_from([None, "t1", "t2"]))
+    @rule(
+        prompt=st.lists(TOKENS, min_size=1, max_size=9),
+        adapter=st.sampled_from([None, "a", "b"]),
+        salt=st.sampled_from([None, "t1", "t2"]),
+    )
     def add(self, prompt, adapter, salt):
-        req = Request("r", list(prompt), SamplingParams(), adapter=AdapterRef(adapter, 1, "x") if adapter else None,
-                      cache_salt=salt)
+        req = Request(
+            "r",
+            list(prompt),
+            SamplingParams(),
+            adapter=AdapterRef(adapter, 1, "x") if adapter else None,
+            cache_salt=salt,
+        )
         self.waiting.append(Sequence(request=req, index=0, token_ids=list(prompt), num_prompt_tokens=len(prompt)))
 
     @precondition(lambda self: self.waiting)
@@ -106,8 +114,12 @@ class KVMachine(RuleBasedStateMachine):
         its own next token."""
         parent = data.draw(st.sampled_from([s for s in self.running if s.num_computed_tokens == s.num_tokens]))
         for _ in range(k):
-            child = Sequence(request=parent.request, index=1, token_ids=list(parent.token_ids),
-                             num_prompt_tokens=parent.num_prompt_tokens)
+            child = Sequence(
+                request=parent.request,
+                index=1,
+                token_ids=list(parent.token_ids),
+                num_prompt_tokens=parent.num_prompt_tokens,
+            )
             self.kv.fork(parent, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.token_ids.append(data.draw(TOKENS))
@@ -205,5 +217,6 @@ class KVMachine(RuleBasedStateMachine):
 
 
 TestKVCacheProperties = KVMachine.TestCase
-TestKVCacheProperties.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
+TestKVCacheProperties.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

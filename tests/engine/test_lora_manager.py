@@ -1,18 +1,18 @@
 """LoRAManager tiers and lifecycle: eviction through host cache and device slots, removal while
 requests run, re-registration as a new version, lazy slots, and the AsyncEngine adapter field."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from lora_testlib import ADAPTER_SPECS, ATTN, MLP, PeftOracle, make_adapters, make_peft_adapter, make_prompts
 
 from loraplex.engine import LLM, SamplingParams
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.errors import InvalidRequestError, UnknownAdapterError
 from loraplex.engine.lora import AdapterNotFoundError
-
-from lora_testlib import ADAPTER_SPECS, ATTN, MLP, PeftOracle, make_adapters, make_peft_adapter, make_prompts
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -35,8 +35,17 @@ def oracle(base, adapters) -> PeftOracle:
 
 
 def test_more_adapters_than_slots_and_cache_cycle_correctly(base, adapters, oracle):
-    llm = LLM(model=base, dtype="float32", kernel_backend="torch", max_num_seqs=6, max_num_batched_tokens=32,
-              block_size=4, max_loras=2, max_cpu_loras=3, max_lora_rank=16)
+    llm = LLM(
+        model=base,
+        dtype="float32",
+        kernel_backend="torch",
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
+        block_size=4,
+        max_loras=2,
+        max_cpu_loras=3,
+        max_lora_rank=16,
+    )
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     names = list(adapters)
@@ -104,8 +113,9 @@ def test_reupload_under_same_name_never_serves_stale_weights(base, adapters, ora
 
     shutil.copytree(adapters["all_r16_rslora"], path)
     llm.add_adapter("tenant-ft", str(path))
-    assert llm.generate([prompt], GREEDY, adapters=["tenant-ft"])[0].token_ids == \
-        oracle.greedy(prompt, "all_r16_rslora", 6)
+    assert llm.generate([prompt], GREEDY, adapters=["tenant-ft"])[0].token_ids == oracle.greedy(
+        prompt, "all_r16_rslora", 6
+    )
     # Files swapped on disk behind the registry's back are refused on reload, not served stale.
     shutil.rmtree(path)
     shutil.copytree(adapters["mlp_r4"], path)
@@ -118,8 +128,9 @@ def test_reupload_under_same_name_never_serves_stale_weights(base, adapters, ora
 
 
 def test_async_engine_adapter_field(base, adapters, oracle):
-    engine = AsyncEngine(EngineConfig(model=base, dtype="float32", kernel_backend="torch", max_loras=2,
-                                      max_cpu_loras=2)).start()
+    engine = AsyncEngine(
+        EngineConfig(model=base, dtype="float32", kernel_backend="torch", max_loras=2, max_cpu_loras=2)
+    ).start()
     try:
         engine.add_adapter("mlp", adapters["mlp_r4"])
         assert engine.list_adapters() == ["mlp"]

@@ -1,4 +1,5 @@
 """Mixed-adapter batches must reproduce peft.PeftModel token for token (greedy), per request."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from lora_testlib import PeftOracle, make_adapters, make_prompts
 
 from loraplex.engine import LLM, SamplingParams
 
-from lora_testlib import PeftOracle, make_adapters, make_prompts
-
-ASSIGN = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up",
-          None, "attn_r8", "all_r16_rslora", "mlp_r4", "qv_down_patterns", "layer1_q_up"]
+ASSIGN = [
+    "attn_r8",
+    "mlp_r4",
+    None,
+    "all_r16_rslora",
+    "qv_down_patterns",
+    "layer1_q_up",
+    None,
+    "attn_r8",
+    "all_r16_rslora",
+    "mlp_r4",
+    "qv_down_patterns",
+    "layer1_q_up",
+]
 
 
 @pytest.fixture(scope="module", params=["llama_gqa", "qwen2_bias"])
@@ -29,13 +41,21 @@ def test_one_generate_mixing_adapters_matches_peft(setup):
     max_new = 10
     # A 32-token budget chunks the longer prompts, so prefill chunks and decodes of different
     # adapters share steps.
-    llm = LLM(model=model_dir, dtype="float32", kernel_backend="torch", max_num_seqs=8,
-              max_num_batched_tokens=32, block_size=4, max_loras=8, max_cpu_loras=8, max_lora_rank=16)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        kernel_backend="torch",
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+        block_size=4,
+        max_loras=8,
+        max_cpu_loras=8,
+        max_lora_rank=16,
+    )
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     prompts = make_prompts(len(ASSIGN), llm.engine.model_config.vocab_size, seed=1)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True),
-                        adapters=ASSIGN)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True), adapters=ASSIGN)
     changed = set()
     for i, (prompt, adapter, out) in enumerate(zip(prompts, ASSIGN, outs)):
         expected = oracle.greedy(prompt, adapter, max_new)
@@ -76,8 +96,9 @@ def test_triton_backend_under_interpreter_matches_peft(model_factory, tmp_path_f
     specs = ["attn_r8", "mlp_r4", "all_r16_rslora", "qv_down_patterns"]
     from lora_testlib import ADAPTER_SPECS
 
-    adapters = make_adapters(model_dir, tmp_path_factory.mktemp("adapters_triton"),
-                             {k: ADAPTER_SPECS[k] for k in specs})
+    adapters = make_adapters(
+        model_dir, tmp_path_factory.mktemp("adapters_triton"), {k: ADAPTER_SPECS[k] for k in specs}
+    )
     assign = ["attn_r8", None, "mlp_r4", "all_r16_rslora", "qv_down_patterns", "attn_r8"]
     max_new = 5
     from transformers import AutoConfig
@@ -86,11 +107,17 @@ def test_triton_backend_under_interpreter_matches_peft(model_factory, tmp_path_f
     prompts = make_prompts(len(assign), vocab, seed=2, lengths=(3, 30, 1, 9, 14, 5))
     cfg = dict(model=model_dir, adapters=adapters, prompts=prompts, assign=assign, max_new=max_new)
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, json.dumps(cfg)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=str(Path(__file__).parent))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT, json.dumps(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(Path(__file__).parent),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     assert result["ops"] == "triton"
     assert result["max_adapters"] == 4
     oracle = PeftOracle(model_dir, adapters)

@@ -1,16 +1,16 @@
 """The scheduler's adapter limit: <= max_loras distinct adapters per step, a blocked adapter is
 skipped without blocking the requests behind it, and it cannot starve."""
+
 from __future__ import annotations
 
 import pytest
+from lora_testlib import make_peft_adapter
 
 from loraplex.engine import SamplingParams
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.scheduler import LORA_MAX_BLOCKED_STEPS
 from loraplex.engine.sequence import SequenceStatus
-
-from lora_testlib import make_peft_adapter
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,10 @@ def base(model_factory) -> str:
 @pytest.fixture(scope="module")
 def two_adapters(base, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("sched_adapters")
-    return {n: make_peft_adapter(base, root / n, seed=i, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-            for i, n in enumerate(["A", "B"])}
+    return {
+        n: make_peft_adapter(base, root / n, seed=i, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+        for i, n in enumerate(["A", "B"])
+    }
 
 
 def _engine(base: str, adapters: dict[str, str], **kw) -> tuple[LLMEngine, list[set[str]]]:

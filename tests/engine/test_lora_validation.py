@@ -1,4 +1,5 @@
 """Bad adapters are refused with a message naming what is wrong, and the engine keeps serving."""
+
 from __future__ import annotations
 
 import json
@@ -8,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora_testlib import ATTN, MLP, make_peft_adapter
 from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LLM, SamplingParams
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.engine.lora import AdapterValidationError, validate_adapter_dir
 from loraplex.engine.models import ModelConfig
-
-from lora_testlib import ATTN, MLP, make_peft_adapter
 
 
 class _Boom:
@@ -35,8 +35,9 @@ def base(model_factory) -> str:
 
 @pytest.fixture(scope="module")
 def good(base, tmp_path_factory) -> str:
-    return make_peft_adapter(base, tmp_path_factory.mktemp("good") / "a", seed=3, r=8, lora_alpha=16,
-                             target_modules=ATTN + MLP)
+    return make_peft_adapter(
+        base, tmp_path_factory.mktemp("good") / "a", seed=3, r=8, lora_alpha=16, target_modules=ATTN + MLP
+    )
 
 
 def _copy(src: str, dst: Path) -> Path:
@@ -82,35 +83,79 @@ BAD_CASES = {
     "missing_config": (lambda p, t: (p / "adapter_config.json").unlink(), "no adapter_config.json", 64),
     "missing_weights": (lambda p, t: (p / "adapter_model.safetensors").unlink(), "no adapter_model.safetensors", 64),
     "bad_json": (lambda p, t: (p / "adapter_config.json").write_text("{not json"), "not valid JSON", 64),
-    "corrupt_safetensors": (lambda p, t: (p / "adapter_model.safetensors").write_bytes(b"\x10\x00garbage"),
-                            "not a readable safetensors", 64),
+    "corrupt_safetensors": (
+        lambda p, t: (p / "adapter_model.safetensors").write_bytes(b"\x10\x00garbage"),
+        "not a readable safetensors",
+        64,
+    ),
     "rank_too_high": (lambda p, t: None, "exceeds this server's max_lora_rank=4", 4),
     "not_lora": (lambda p, t: _edit_config(p, peft_type="IA3"), "unsupported PEFT type 'IA3'", 64),
     "dora": (lambda p, t: _edit_config(p, use_dora=True), "DoRA", 64),
-    "other_architecture": (lambda p, t: _edit_config(p, auto_mapping={"base_model_class": "MistralForCausalLM"}),
-                           "trained for MistralForCausalLM but the base model is LlamaForCausalLM", 64),
+    "other_architecture": (
+        lambda p, t: _edit_config(p, auto_mapping={"base_model_class": "MistralForCausalLM"}),
+        "trained for MistralForCausalLM but the base model is LlamaForCausalLM",
+        64,
+    ),
     "seq_cls": (lambda p, t: _edit_config(p, task_type="SEQ_CLS"), "task_type 'SEQ_CLS'", 64),
     "bias": (lambda p, t: _edit_config(p, bias="all"), "bias='all'", 64),
     "modules_to_save": (lambda p, t: _edit_config(p, modules_to_save=["lm_head"]), "modules_to_save", 64),
-    "target_lm_head": (lambda p, t: _edit_config(p, target_modules=["q_proj", "lm_head"]),
-                       "unsupported target module(s) ['lm_head']", 64),
-    "nan": (lambda p, t: _edit_weights(p, lambda w: w[next(iter(w))].view(-1).__setitem__(3, float("nan"))),
-            "NaN or infinite", 64),
-    "inf": (lambda p, t: _edit_weights(p, lambda w: w[sorted(w)[-1]].view(-1).__setitem__(0, float("inf"))),
-            "NaN or infinite", 64),
-    "wrong_shape": (lambda p, t: _edit_weights(p, lambda w: w.__setitem__(
-        "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight", torch.ones(64, 8))),
-        "layer 0 k_proj: lora_B shape (64, 8) does not match the base model", 64),
-    "layer_out_of_range": (lambda p, t: _edit_weights(p, lambda w: w.update({
-        k.replace("layers.1.", "layers.7."): w.pop(k) for k in [k for k in w if "layers.1." in k]})),
-        "targets layer 7 but the base model has 2 layers", 64),
-    "embedding_lora": (lambda p, t: _edit_weights(p, lambda w: w.__setitem__(
-        "base_model.model.model.embed_tokens.lora_embedding_A", torch.ones(8, 4))), "token embedding", 64),
-    "missing_B": (lambda p, t: _edit_weights(p, lambda w: w.pop(
-        "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight")), "up_proj: lora_A has no matching lora_B", 64),
-    "int_dtype": (lambda p, t: _edit_weights(p, lambda w: w.__setitem__(
-        "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", torch.ones(8, 64, dtype=torch.int32))),
-        "dtype torch.int32", 64),
+    "target_lm_head": (
+        lambda p, t: _edit_config(p, target_modules=["q_proj", "lm_head"]),
+        "unsupported target module(s) ['lm_head']",
+        64,
+    ),
+    "nan": (
+        lambda p, t: _edit_weights(p, lambda w: w[next(iter(w))].view(-1).__setitem__(3, float("nan"))),
+        "NaN or infinite",
+        64,
+    ),
+    "inf": (
+        lambda p, t: _edit_weights(p, lambda w: w[sorted(w)[-1]].view(-1).__setitem__(0, float("inf"))),
+        "NaN or infinite",
+        64,
+    ),
+    "wrong_shape": (
+        lambda p, t: _edit_weights(
+            p,
+            lambda w: w.__setitem__(
+                "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight", torch.ones(64, 8)
+            ),
+        ),
+        "layer 0 k_proj: lora_B shape (64, 8) does not match the base model",
+        64,
+    ),
+    "layer_out_of_range": (
+        lambda p, t: _edit_weights(
+            p,
+            lambda w: w.update(
+                {k.replace("layers.1.", "layers.7."): w.pop(k) for k in [k for k in w if "layers.1." in k]}
+            ),
+        ),
+        "targets layer 7 but the base model has 2 layers",
+        64,
+    ),
+    "embedding_lora": (
+        lambda p, t: _edit_weights(
+            p, lambda w: w.__setitem__("base_model.model.model.embed_tokens.lora_embedding_A", torch.ones(8, 4))
+        ),
+        "token embedding",
+        64,
+    ),
+    "missing_B": (
+        lambda p, t: _edit_weights(p, lambda w: w.pop("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight")),
+        "up_proj: lora_A has no matching lora_B",
+        64,
+    ),
+    "int_dtype": (
+        lambda p, t: _edit_weights(
+            p,
+            lambda w: w.__setitem__(
+                "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", torch.ones(8, 64, dtype=torch.int32)
+            ),
+        ),
+        "dtype torch.int32",
+        64,
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
 The oracle is the same engine with prefix caching off: greedy outputs must be equal token for token.
 """
+
 from __future__ import annotations
 
 import random
@@ -15,8 +16,15 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 def make_llm(model_dir: str, caching: bool, **kw) -> LLM:
-    args = dict(dtype="float32", max_num_seqs=8, max_num_batched_tokens=64, block_size=BS,
-                num_kv_blocks=96, kernel_backend="torch", enable_prefix_caching=caching)
+    args = dict(
+        dtype="float32",
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        block_size=BS,
+        num_kv_blocks=96,
+        kernel_backend="torch",
+        enable_prefix_caching=caching,
+    )
     args.update(kw)
     return LLM(model=model_dir, **args)
 
@@ -135,8 +143,12 @@ def test_adapters_never_share_blocks(tiny_llama, tmp_path):
     llm = make_llm(tiny_llama, True)
     eng = llm.engine
     for i, name in enumerate(("kv_a", "kv_b")):
-        llm.add_adapter(name, make_peft_adapter(tiny_llama, tmp_path / name, seed=i + 1, r=4, lora_alpha=8,
-                                                target_modules=["k_proj", "v_proj"]))
+        llm.add_adapter(
+            name,
+            make_peft_adapter(
+                tiny_llama, tmp_path / name, seed=i + 1, r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"]
+            ),
+        )
     prompt = rand_tokens(random.Random(3), 26, eng.model_config.vocab_size)
     reqs = [_prefill_then(eng, prompt, adapter=ad) for ad in (None, "kv_a", "kv_b", "kv_a")]
     tables = [eng.kv.block_table(r.sequences[0]) for r in reqs]
@@ -201,8 +213,9 @@ def test_n4_samples_share_prompt_blocks_and_release_all(tiny_llama, caching, pro
     samples = [o.token_ids for o in out.outputs]
     assert len({tuple(s) for s in samples}) > 1
     # Sample i is what seed + i gives alone.
-    solo = llm.generate([prompt] * 4, [SamplingParams(max_tokens=10, temperature=1.0, seed=1234 + i,
-                                                      ignore_eos=True) for i in range(4)])
+    solo = llm.generate(
+        [prompt] * 4, [SamplingParams(max_tokens=10, temperature=1.0, seed=1234 + i, ignore_eos=True) for i in range(4)]
+    )
     assert samples == [o.token_ids for o in solo]
     assert_pool_drained(llm)
 
@@ -238,7 +251,15 @@ def test_engine_stats_expose_cache(tiny_llama):
     out = llm.generate([prompt], GREEDY)[0]
     assert out.metrics["num_cached_tokens"] == 16
     kv = llm.engine.stats()["kv_cache"]
-    for key in ("used_blocks", "free_blocks", "cached_blocks", "evictable_blocks", "prefix_cache_queries",
-                "prefix_cache_hits", "prefix_cache_hit_rate", "prefix_cache_evictions"):
+    for key in (
+        "used_blocks",
+        "free_blocks",
+        "cached_blocks",
+        "evictable_blocks",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "prefix_cache_hit_rate",
+        "prefix_cache_evictions",
+    ):
         assert key in kv
     assert kv["prefix_cache_queries"] == 34 and kv["prefix_cache_hits"] == 16

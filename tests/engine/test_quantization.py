@@ -6,6 +6,7 @@ logit within 6% of the largest fp32 logit, and the teacher-forced argmax equal t
 of positions. Prompts of 12 tokens run the decode-sized int8 path (``_weight_int8pack_mm``), 40
 tokens the prefill-sized one.
 """
+
 from __future__ import annotations
 
 import random
@@ -42,8 +43,9 @@ def test_int8_weights_and_logits_vs_fp32(model_factory, variant):
     int8 = LLM(model=model_dir, dtype="float32", quantization="int8", kernel_backend="torch")
     ratio = weight_bytes(int8.engine.runner.model) / weight_bytes(fp32.engine.runner.model)
     assert ratio <= 0.55, f"int8 weights are {ratio:.2f}x fp32"
-    assert all(p.dtype != torch.float32 or p.dim() == 1 for p in int8.engine.runner.model.parameters()), \
+    assert all(p.dtype != torch.float32 or p.dim() == 1 for p in int8.engine.runner.model.parameters()), (
         "only norms/biases may stay in float"
+    )
     toks = _tokens(40, 700)
     ref = hf_logits(model_dir, toks)
     for n in (12, 40):
@@ -54,10 +56,11 @@ def test_int8_weights_and_logits_vs_fp32(model_factory, variant):
     prompts = [_tokens(L, 700, seed=L) for L in (3, 9, 17)]
     expected = hf_greedy(model_dir, prompts, 8)
     outs = int8.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    matched = [next((i for i, (a, b) in enumerate(zip(o.token_ids, e)) if a != b), 8)
-               for o, e in zip(outs, expected)]
-    print(f"{variant}: int8/fp32 weight bytes {ratio:.3f}; greedy tokens matching HF before the first "
-          f"difference: {matched} of 8")
+    matched = [next((i for i, (a, b) in enumerate(zip(o.token_ids, e)) if a != b), 8) for o, e in zip(outs, expected)]
+    print(
+        f"{variant}: int8/fp32 weight bytes {ratio:.3f}; greedy tokens matching HF before the first "
+        f"difference: {matched} of 8"
+    )
     assert sum(m >= 1 for m in matched) >= 2
 
 
@@ -75,8 +78,14 @@ def test_lora_on_int8_base_matches_peft_delta(model_factory, tmp_path):
     """The adapter's effect on an int8 base equals PEFT's effect on the fp32 base: LoRA runs in the
     activation dtype on top of the int8 matmul, it is not quantized and not dropped."""
     model_dir = model_factory("llama_gqa")
-    adapter = make_peft_adapter(model_dir, tmp_path / "a", seed=3, r=8, lora_alpha=16,
-                                target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
+    adapter = make_peft_adapter(
+        model_dir,
+        tmp_path / "a",
+        seed=3,
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"],
+    )
     int8 = LLM(model=model_dir, dtype="float32", quantization="int8", kernel_backend="torch", max_lora_rank=8)
     int8.add_adapter("a", adapter)
     toks = _tokens(24, 700, seed=5)

@@ -1,4 +1,5 @@
 """Requests that can never be served get a clear error at admission — never a hang."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,7 @@ from loraplex.engine import LLM, EngineConfig, InvalidRequestError, SamplingPara
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
     # 32 blocks x 4 tokens = 128 token slots; the watermark keeps 1 block free for admissions.
-    return LLM(model=tiny_llama, max_num_seqs=4, block_size=4, num_kv_blocks=32, watermark=0.04,
-               max_model_len=256)
+    return LLM(model=tiny_llama, max_num_seqs=4, block_size=4, num_kv_blocks=32, watermark=0.04, max_model_len=256)
 
 
 def test_prompt_plus_max_tokens_beyond_max_model_len(llm):

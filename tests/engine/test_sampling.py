@@ -1,4 +1,5 @@
 """Sampling controls: seeds, top-k/top-p, temperature, stop strings, stop ids, eos, finish reasons."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,8 +48,10 @@ def test_sampling_frequencies_follow_softmax():
 def test_seed_makes_sampling_reproducible_regardless_of_batch(llm):
     p = SamplingParams(max_tokens=16, temperature=1.0, seed=42, ignore_eos=True)
     alone = llm.generate([[5, 6, 7]], p)[0].token_ids
-    crowd = llm.generate([[9, 9], [5, 6, 7], [11] * 20], [SamplingParams(max_tokens=16, temperature=1.0), p,
-                                                          SamplingParams(max_tokens=8, temperature=0.7)])
+    crowd = llm.generate(
+        [[9, 9], [5, 6, 7], [11] * 20],
+        [SamplingParams(max_tokens=16, temperature=1.0), p, SamplingParams(max_tokens=8, temperature=0.7)],
+    )
     assert crowd[1].token_ids == alone
     other = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=16, temperature=1.0, seed=43, ignore_eos=True))
     assert other[0].token_ids != alone
@@ -65,8 +68,9 @@ def test_stop_token_ids_and_length(llm):
     assert full.finish_reason == "length" and len(full.token_ids) == 12
     stop_at = full.token_ids[4]
     first = full.token_ids.index(stop_at)
-    out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                   stop_token_ids=[stop_at]))[0]
+    out = llm.generate(
+        [[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_at])
+    )[0]
     assert out.finish_reason == "stop"
     assert out.outputs[0].stop_reason == stop_at
     assert out.token_ids == full.token_ids[: first + 1]
@@ -81,8 +85,10 @@ def test_stop_string_truncates_text(llm):
     assert out.finish_reason == "stop"
     assert out.outputs[0].stop_reason == stop
     assert out.text == text[: text.index(stop)]
-    kept = llm.generate(["Hello"], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=[stop],
-                                                  include_stop_str_in_output=True))[0]
+    kept = llm.generate(
+        ["Hello"],
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=[stop], include_stop_str_in_output=True),
+    )[0]
     assert kept.text == text[: text.index(stop) + len(stop)]
 
 
@@ -96,7 +102,10 @@ def test_eos_stops_unless_ignored(llm):
     scheduler.eos_token_ids = original | {full.token_ids[2]}
     try:
         out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=6, temperature=0.0))[0]
-        assert out.finish_reason == "stop" and out.token_ids == full.token_ids[: full.token_ids.index(full.token_ids[2]) + 1]
+        assert (
+            out.finish_reason == "stop"
+            and out.token_ids == full.token_ids[: full.token_ids.index(full.token_ids[2]) + 1]
+        )
         ignored = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
         assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
     finally:
@@ -121,5 +130,3 @@ def test_streamed_text_equals_one_shot_decode(llm):
     assert final is not None and len(tokens) == 48
     assert "".join(pieces) == llm.tokenizer.decode(tokens, skip_special_tokens=True)
     assert req.sequences[0].output_token_ids == tokens
-
-

@@ -9,6 +9,7 @@ Every step, whatever the policy, budget, pool size, adapters, n > 1 forks, prefi
     and when everything is done every block is free again;
   * nothing is lost: every request ends, with as many tokens as it asked for (no EOS here).
 """
+
 from __future__ import annotations
 
 import random
@@ -24,16 +25,18 @@ from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.sequence import AdapterRef, Request, Sequence, SequenceStatus, TenantInfo
 
-request_st = st.fixed_dictionaries({
-    "step": st.integers(0, 30),
-    "prompt": st.integers(1, 40),
-    "max_tokens": st.integers(1, 12),
-    "adapter": st.sampled_from([None, None, "a", "b", "c", "d"]),
-    "tenant": st.sampled_from(["t1", "t2", "t3"]),
-    "n": st.sampled_from([1, 1, 1, 2, 3]),
-    "shared_prefix": st.booleans(),
-    "abort_after": st.one_of(st.none(), st.integers(0, 20)),
-})
+request_st = st.fixed_dictionaries(
+    {
+        "step": st.integers(0, 30),
+        "prompt": st.integers(1, 40),
+        "max_tokens": st.integers(1, 12),
+        "adapter": st.sampled_from([None, None, "a", "b", "c", "d"]),
+        "tenant": st.sampled_from(["t1", "t2", "t3"]),
+        "n": st.sampled_from([1, 1, 1, 2, 3]),
+        "shared_prefix": st.booleans(),
+        "abort_after": st.one_of(st.none(), st.integers(0, 20)),
+    }
+)
 
 
 def check_invariants(sched: Scheduler, kv: KVCacheManager, seqs: list[Sequence]) -> None:
@@ -52,8 +55,9 @@ def check_invariants(sched: Scheduler, kv: KVCacheManager, seqs: list[Sequence])
             refs[b] += 1
     assert refs == pool.refcounts, "block refcounts drifted from the block tables"
     assert pool.num_free == sum(1 for r in refs if r == 0)
-    assert {sid for sid, table in kv.block_tables.items() if table} <= running, \
+    assert {sid for sid, table in kv.block_tables.items() if table} <= running, (
         "a sequence that does not run holds blocks"
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,10 +72,16 @@ def check_invariants(sched: Scheduler, kv: KVCacheManager, seqs: list[Sequence])
     requests=st.lists(request_st, min_size=1, max_size=14),
     seed=st.integers(0, 2**16),
 )
-def test_scheduler_invariants_hold_on_random_workloads(policy, max_num_seqs, budget, max_loras, num_blocks,
-                                                      block_size, prefix_caching, requests, seed):
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, scheduling_policy=policy,
-                             max_loras=max_loras, priority_aging_s=0.0)
+def test_scheduler_invariants_hold_on_random_workloads(
+    policy, max_num_seqs, budget, max_loras, num_blocks, block_size, prefix_caching, requests, seed
+):
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        scheduling_policy=policy,
+        max_loras=max_loras,
+        priority_aging_s=0.0,
+    )
     kv = KVCacheManager(num_blocks, block_size, 0.0, enable_prefix_caching=prefix_caching)
     sched = Scheduler(config, kv, make_policy(config), max_model_len=10_000)
     clock = [0.0]
@@ -90,12 +100,18 @@ def test_scheduler_invariants_hold_on_random_workloads(policy, max_num_seqs, bud
                 continue  # the engine refuses these at admission (checked elsewhere)
             prompt = ([7] * prompt_len) if spec["shared_prefix"] else [rng.randrange(100) for _ in range(prompt_len)]
             adapter = AdapterRef(spec["adapter"], 1, spec["adapter"]) if spec["adapter"] else None
-            req = Request(request_id=f"r{i}", prompt_token_ids=prompt,
-                          params=SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], ignore_eos=True),
-                          adapter=adapter, tenant=tenants[spec["tenant"]], arrival_time=clock[0])
+            req = Request(
+                request_id=f"r{i}",
+                prompt_token_ids=prompt,
+                params=SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], ignore_eos=True),
+                adapter=adapter,
+                tenant=tenants[spec["tenant"]],
+                arrival_time=clock[0],
+            )
             for k in range(spec["n"]):
-                req.sequences.append(Sequence(request=req, index=k, token_ids=list(prompt),
-                                              num_prompt_tokens=prompt_len))
+                req.sequences.append(
+                    Sequence(request=req, index=k, token_ids=list(prompt), num_prompt_tokens=prompt_len)
+                )
             sched.add_forked(req.sequences[0], req.sequences[1:])
             reqs.append((req, {**spec, "arrived": step}))
             seqs.extend(req.sequences)

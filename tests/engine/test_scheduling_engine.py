@@ -1,6 +1,7 @@
 """The real engine on the tiny model: a tenant flooding at 10x the light tenant's rate must not hurt the
 light tenant's time to first token under ``fair`` (it does under ``fcfs``). TTFT is compared in engine
 steps — what the scheduler controls, and deterministic on a noisy machine."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,18 @@ STEPS = 240
 def run(model: str, policy: str, flood: bool, seed: int = 0) -> tuple[LLMEngine, list[float], list[int]]:
     """Arrivals are placed on ENGINE STEPS (light: every 8th step, flood: 10x as many), so the offered
     load is the same whatever the machine's speed; TTFT is reported in wall seconds and in steps."""
-    engine = LLMEngine(EngineConfig(model=model, scheduling_policy=policy, max_num_seqs=8, max_num_batched_tokens=96,
-                                    block_size=8, num_kv_blocks=128, kernel_backend="torch", dtype="float32"))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            scheduling_policy=policy,
+            max_num_seqs=8,
+            max_num_batched_tokens=96,
+            block_size=8,
+            num_kv_blocks=128,
+            kernel_backend="torch",
+            dtype="float32",
+        )
+    )
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -1,6 +1,7 @@
 """Scheduling policies under a cost model: the REAL Scheduler, KVCacheManager and policies, with the
 network replaced by "a step takes a + b·tokens seconds" and a fake token appended per sample.
 Thousands of steps run in seconds, on a virtual clock, so the guarantees are checked exactly."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,16 @@ class Arrival:
     adapter: str | None = None
 
 
-def poisson(tenant: str, rate: float, t_end: float, rng: random.Random, prompt=(16, 64), output=(16, 128),
-            t_start: float = 0.0, adapter=None) -> list[Arrival]:
+def poisson(
+    tenant: str,
+    rate: float,
+    t_end: float,
+    rng: random.Random,
+    prompt=(16, 64),
+    output=(16, 128),
+    t_start: float = 0.0,
+    adapter=None,
+) -> list[Arrival]:
     out, t = [], t_start
     while True:
         t += rng.expovariate(rate)
@@ -43,12 +52,27 @@ def poisson(tenant: str, rate: float, t_end: float, rng: random.Random, prompt=(
 class Sim:
     """Drives the real scheduler step (schedule -> update_from_output) with a fake model output."""
 
-    def __init__(self, policy: str, arrivals: list[Arrival], tenants: dict[str, TenantInfo] | None = None,
-                 num_blocks=64, block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
-                 step_base=0.010, step_per_token=0.0002, **cfg):
-        self.config = SchedulerConfig(scheduling_policy=policy, max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens,
-                                      vtc_prompt_weight=W_P, vtc_output_weight=W_Q, **cfg)
+    def __init__(
+        self,
+        policy: str,
+        arrivals: list[Arrival],
+        tenants: dict[str, TenantInfo] | None = None,
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+        step_base=0.010,
+        step_per_token=0.0002,
+        **cfg,
+    ):
+        self.config = SchedulerConfig(
+            scheduling_policy=policy,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            vtc_prompt_weight=W_P,
+            vtc_output_weight=W_Q,
+            **cfg,
+        )
         self.kv = KVCacheManager(num_blocks, block_size, 0.0)
         self.policy = make_policy(self.config)
         self.sched = Scheduler(self.config, self.kv, self.policy)
@@ -76,10 +100,14 @@ class Sim:
         while self._next < len(self.arrivals) and self.arrivals[self._next].t <= self.now:
             a = self.arrivals[self._next]
             self._next += 1
-            req = Request(request_id=f"r{self._next}", prompt_token_ids=[1] * a.prompt_len,
-                          params=SamplingParams(max_tokens=a.max_tokens, ignore_eos=True),
-                          adapter=AdapterRef(a.adapter, 1, a.adapter) if a.adapter else None,
-                          tenant=self.tenant(a.tenant), arrival_time=a.t)
+            req = Request(
+                request_id=f"r{self._next}",
+                prompt_token_ids=[1] * a.prompt_len,
+                params=SamplingParams(max_tokens=a.max_tokens, ignore_eos=True),
+                adapter=AdapterRef(a.adapter, 1, a.adapter) if a.adapter else None,
+                tenant=self.tenant(a.tenant),
+                arrival_time=a.t,
+            )
             seq = Sequence(request=req, index=0, token_ids=[1] * a.prompt_len, num_prompt_tokens=a.prompt_len)
             req.sequences.append(seq)
             self.seqs.append(seq)
@@ -132,8 +160,9 @@ def overload(seed=0, t_end=60.0) -> list[Arrival]:
     return poisson("a", 40.0, t_end, rng) + poisson("b", 20.0, t_end, rng)
 
 
-def max_gap_while_backlogged(sim: Sim, tenants: list[str], weights: dict[str, float], steps: int,
-                             since_step: int = 0) -> tuple[float, int]:
+def max_gap_while_backlogged(
+    sim: Sim, tenants: list[str], weights: dict[str, float], steps: int, since_step: int = 0
+) -> tuple[float, int]:
     """Runs ``steps`` and returns the largest |W_f/w_f − W_g/w_g| over steps where all are backlogged."""
     worst, checked, base = 0.0, 0, {}
 
@@ -323,14 +352,21 @@ def test_kv_share_cap_applies_under_contention_only():
 
 def test_sjf_runs_short_jobs_first_but_ages_long_ones():
     rng = random.Random(9)
-    arrivals = poisson("s", 30.0, 30.0, rng, prompt=(8, 16), output=(4, 16)) + \
-        poisson("l", 5.0, 30.0, rng, prompt=(64, 128), output=(128, 256))
+    arrivals = poisson("s", 30.0, 30.0, rng, prompt=(8, 16), output=(4, 16)) + poisson(
+        "l", 5.0, 30.0, rng, prompt=(64, 128), output=(128, 256)
+    )
     results = {}
     for policy in ("fcfs", "sjf"):
         sim = Sim(policy, arrivals, priority_aging_s=5.0)
         sim.run(3000)
-        ttft = {t: [sim.first_token_at[s.seq_id] - s.arrival_time for s in sim.seqs
-                    if s.tenant.tenant_id == t and s.seq_id in sim.first_token_at] for t in "sl"}
+        ttft = {
+            t: [
+                sim.first_token_at[s.seq_id] - s.arrival_time
+                for s in sim.seqs
+                if s.tenant.tenant_id == t and s.seq_id in sim.first_token_at
+            ]
+            for t in "sl"
+        }
         results[policy] = (sim, ttft)
     short_mean = {p: sum(r[1]["s"]) / len(r[1]["s"]) for p, r in results.items()}
     assert short_mean["sjf"] < short_mean["fcfs"]
@@ -361,8 +397,16 @@ def test_stats_are_json_serialisable_and_per_tenant():
     assert stats["policy"] == "fair"
     for t in "ab":
         entry = stats["tenants"][t]
-        assert {"num_waiting", "num_running", "vtc_counter", "served_prompt_tokens", "served_output_tokens",
-                "running_adapters", "priority", "weight"} <= set(entry)
+        assert {
+            "num_waiting",
+            "num_running",
+            "vtc_counter",
+            "served_prompt_tokens",
+            "served_output_tokens",
+            "running_adapters",
+            "priority",
+            "weight",
+        } <= set(entry)
         assert entry["served_output_tokens"] > 0
 
 
@@ -370,8 +414,14 @@ def test_locality_prefers_a_resident_adapter_only_within_the_slack():
     from loraplex.engine.policies import FairPolicy
 
     def make(tid, adapter, t):
-        req = Request(request_id=f"{tid}{t}", prompt_token_ids=[1] * 8, params=SamplingParams(max_tokens=4),
-                      adapter=AdapterRef(adapter, 1, adapter), tenant=TenantInfo(tid), arrival_time=t)
+        req = Request(
+            request_id=f"{tid}{t}",
+            prompt_token_ids=[1] * 8,
+            params=SamplingParams(max_tokens=4),
+            adapter=AdapterRef(adapter, 1, adapter),
+            tenant=TenantInfo(tid),
+            arrival_time=t,
+        )
         seq = Sequence(request=req, index=0, token_ids=[1] * 8, num_prompt_tokens=8)
         req.sequences.append(seq)
         return seq
@@ -388,6 +438,7 @@ def test_locality_prefers_a_resident_adapter_only_within_the_slack():
 def test_fair_share_preemption_trades_recompute_for_light_tenant_latency():
     """With share preemption a light tenant below its share takes a slot from the flood at once;
     without it (fair_share_preemption=False) nobody is preempted for share and it waits for a slot."""
+
     def run(enabled: bool) -> Sim:
         rng = random.Random(11)
         arrivals = poisson("flood", 80.0, 15.0, rng) + poisson("light", 2.0, 15.0, rng, t_start=1.0)
@@ -396,8 +447,11 @@ def test_fair_share_preemption_trades_recompute_for_light_tenant_latency():
         return sim
 
     def light_waits(sim: Sim) -> list[float]:
-        return sorted(sim.admitted_at[s.seq_id] - s.arrival_time for s in sim.seqs
-                      if s.tenant.tenant_id == "light" and s.seq_id in sim.admitted_at)
+        return sorted(
+            sim.admitted_at[s.seq_id] - s.arrival_time
+            for s in sim.seqs
+            if s.tenant.tenant_id == "light" and s.seq_id in sim.admitted_at
+        )
 
     on, off = run(True), run(False)
     preempted = lambda sim: sum(s.num_preemptions for s in sim.seqs)  # noqa: E731

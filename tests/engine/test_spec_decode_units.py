@@ -1,6 +1,7 @@
 """The self-contained pieces of speculative decoding: n-gram proposer, acceptance rules (exact
 greedy; rejection sampling keeps the target distribution: chi-square on a small vocabulary, with a
 broken rule as the negative control), and adaptive k."""
+
 from __future__ import annotations
 
 import pytest
@@ -80,6 +81,7 @@ def test_rejection_sampling_keeps_the_target_distribution(k, point_mass):
 def test_chi_square_detects_a_wrong_acceptance_rule():
     """Negative control: keeping every draft token emits the draft's distribution, and the same
     test must reject it."""
+
     def accept_all(draft, q, p, gen):
         return list(draft) + [int(torch.multinomial(p[len(draft)], 1, generator=gen))]
 

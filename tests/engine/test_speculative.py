@@ -2,6 +2,7 @@
 token for token (both proposers, several k, adapters mixed, chunked prefill and preemption in play),
 a draft equal to the target accepts everything, seeded sampling is reproducible, opt-out, fair
 charging of emitted tokens only, no prefix-cache hash over an unverified token, KV conservation."""
+
 from __future__ import annotations
 
 import random
@@ -13,21 +14,40 @@ from loraplex.engine import LLM, EngineConfig, SamplingParams
 from loraplex.engine.demo_model import create_random_checkpoint
 from loraplex.engine.prefix_cache import SeqBlockHashes, extra_key
 
-ADAPTERS = {"attn": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-            "mlp": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])}
+ADAPTERS = {
+    "attn": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "mlp": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"]),
+}
 # Tight on purpose: a 16-token budget chunks long prompts (and k+1 verification chunks compete for
 # it), 36 blocks of 4 tokens force preemptions.
-TIGHT = dict(dtype="float32", kernel_backend="torch", max_num_seqs=6, max_num_batched_tokens=16,
-             block_size=4, num_kv_blocks=36, max_lora_rank=8)
+TIGHT = dict(
+    dtype="float32",
+    kernel_backend="torch",
+    max_num_seqs=6,
+    max_num_batched_tokens=16,
+    block_size=4,
+    num_kv_blocks=36,
+    max_lora_rank=8,
+)
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("spec")
-    adapters = {n: make_peft_adapter(tiny_llama, root / n, seed=i + 1, **kw) for i, (n, kw) in enumerate(ADAPTERS.items())}
-    draft = create_random_checkpoint(root / "draft", preset="demo", seed=11, hidden_size=32, intermediate_size=64,
-                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                     initializer_range=0.1)
+    adapters = {
+        n: make_peft_adapter(tiny_llama, root / n, seed=i + 1, **kw) for i, (n, kw) in enumerate(ADAPTERS.items())
+    }
+    draft = create_random_checkpoint(
+        root / "draft",
+        preset="demo",
+        seed=11,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        initializer_range=0.1,
+    )
     return tiny_llama, adapters, str(draft)
 
 
@@ -75,8 +95,9 @@ def test_greedy_speculation_equals_plain_decoding(setup, plain, method, k):
     model, adapters, draft = setup
     prompts, params, expected = plain
     extra = {"draft_model": draft} if method == "draft" else {}
-    llm, outs = _run(model, adapters, prompts, params, speculative_method=method, num_speculative_tokens=k,
-                     **extra, **TIGHT)
+    llm, outs = _run(
+        model, adapters, prompts, params, speculative_method=method, num_speculative_tokens=k, **extra, **TIGHT
+    )
     for i, (got, exp) in enumerate(zip(outs, expected)):
         assert got == exp, f"prompt {i} diverged"
     st = llm.engine.stats()["speculative"]
@@ -94,8 +115,17 @@ def test_draft_equal_to_target_accepts_everything(setup):
     prompts = _prompts(6, seed=3)
     params = SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True)
     _, expected = _run(model, {}, prompts, params, dtype="float32", kernel_backend="torch")
-    llm, outs = _run(model, {}, prompts, params, dtype="float32", kernel_backend="torch",
-                     speculative_method="draft", draft_model=model, num_speculative_tokens=4)
+    llm, outs = _run(
+        model,
+        {},
+        prompts,
+        params,
+        dtype="float32",
+        kernel_backend="torch",
+        speculative_method="draft",
+        draft_model=model,
+        num_speculative_tokens=4,
+    )
     assert outs == expected
     st = llm.engine.stats()["speculative"]
     assert st["acceptance_rate"] == 1.0 and st["accepted_tokens"] > 0
@@ -106,8 +136,17 @@ def test_draft_equal_to_target_accepts_everything(setup):
     stop = expected[0][6]
     sp = SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True, stop_token_ids=[stop])
     _, plain_stop = _run(model, {}, prompts, sp, dtype="float32", kernel_backend="torch")
-    _, spec_stop = _run(model, {}, prompts, sp, dtype="float32", kernel_backend="torch",
-                        speculative_method="draft", draft_model=model, num_speculative_tokens=4)
+    _, spec_stop = _run(
+        model,
+        {},
+        prompts,
+        sp,
+        dtype="float32",
+        kernel_backend="torch",
+        speculative_method="draft",
+        draft_model=model,
+        num_speculative_tokens=4,
+    )
     assert spec_stop == plain_stop and len(plain_stop[0]) <= 7
 
 
@@ -116,10 +155,14 @@ def test_seeded_sampling_with_speculation_is_reproducible(setup, method):
     model, adapters, draft = setup
     prompts = _prompts(6, seed=4)
     extra = {"draft_model": draft} if method == "draft" else {}
-    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True)
-              for i in range(len(prompts))]
-    runs = [_run(model, adapters, prompts, params, speculative_method=method, num_speculative_tokens=3,
-                 **extra, **TIGHT) for _ in range(2)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    runs = [
+        _run(model, adapters, prompts, params, speculative_method=method, num_speculative_tokens=3, **extra, **TIGHT)
+        for _ in range(2)
+    ]
     assert runs[0][1] == runs[1][1]
     assert runs[0][0].engine.stats()["speculative"]["proposed_tokens"] > 0
     assert all(len(o) == 12 for o in runs[0][1])
@@ -145,8 +188,10 @@ def test_fair_policy_charges_emitted_tokens_only(setup):
         llm.generate(prompts, params, tenants=["a" if i % 3 else "b" for i in range(len(prompts))])
         counters.append(dict(llm.engine.policy.counters))
         if spec:
-            assert llm.engine.stats()["speculative"]["proposed_tokens"] > \
-                llm.engine.stats()["speculative"]["accepted_tokens"], "some proposals must be rejected"
+            assert (
+                llm.engine.stats()["speculative"]["proposed_tokens"]
+                > llm.engine.stats()["speculative"]["accepted_tokens"]
+            ), "some proposals must be rejected"
     assert counters[0] == pytest.approx(counters[1])
 
 
@@ -154,8 +199,15 @@ def test_prefix_cache_never_registers_an_unverified_token(setup):
     model, _, _ = setup
     prompts = _prompts(10, seed=6)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    llm = LLM(model=model, dtype="float32", kernel_backend="torch", block_size=4, enable_prefix_caching=True,
-              speculative_method="ngram", num_speculative_tokens=5)
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        kernel_backend="torch",
+        block_size=4,
+        enable_prefix_caching=True,
+        speculative_method="ngram",
+        num_speculative_tokens=5,
+    )
     outs = llm.generate(prompts, params)
     st = llm.engine.stats()["speculative"]
     assert st["proposed_tokens"] > st["accepted_tokens"] > 0
@@ -188,8 +240,16 @@ def test_sampler_processing_applies_to_verification(setup):
     prompts = _prompts(6, seed=8)
     bias = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logit_bias={42: 1.5, 7: 0.8})
     _, plain = _run(model, {}, prompts, bias, dtype="float32", kernel_backend="torch")
-    llm, spec = _run(model, {}, prompts, bias, dtype="float32", kernel_backend="torch",
-                     speculative_method="ngram", num_speculative_tokens=4)
+    llm, spec = _run(
+        model,
+        {},
+        prompts,
+        bias,
+        dtype="float32",
+        kernel_backend="torch",
+        speculative_method="ngram",
+        num_speculative_tokens=4,
+    )
     assert spec == plain and llm.engine.stats()["speculative"]["proposed_tokens"] > 0
     assert any(42 in o or 7 in o for o in plain), "the bias was meant to matter"
     pen = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, presence_penalty=0.5)

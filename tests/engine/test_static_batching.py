@@ -1,4 +1,5 @@
 """Static batching is only a baseline, but it must still produce the same tokens."""
+
 from __future__ import annotations
 
 from loraplex.engine import LLM, SamplingParams

@@ -1,4 +1,5 @@
 """Tenant scheduling fields live on one shared object per tenant, changeable at run time."""
+
 from __future__ import annotations
 
 import pytest

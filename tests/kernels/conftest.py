@@ -4,6 +4,7 @@ TRITON_INTERPRET must be set before triton compiles (decorates) any kernel, henc
 If something imported our Triton kernel modules earlier without it, the Triton tests skip with a
 reason instead of failing on CPU tensors (set it in the top-level tests/conftest.py to be safe).
 """
+
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")

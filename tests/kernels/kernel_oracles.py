@@ -1,5 +1,6 @@
 """Independent oracles and case builders for the kernel tests (float64, one token at a time,
 written from the op definitions, sharing no code with ``kernels/reference.py``)."""
+
 from __future__ import annotations
 
 import math
@@ -95,7 +96,7 @@ class PagedKV:
         for s, c in enumerate(ctx_lens):
             row = [perm.pop() for _ in range(n_blocks[s])]
             self.block_tables[s, : len(row)] = torch.tensor(row, dtype=torch.int32)
-            self.block_tables[s, len(row):] = perm[0]  # valid but foreign block
+            self.block_tables[s, len(row) :] = perm[0]  # valid but foreign block
             k = torch.randn(c, num_kv_heads, head_dim, generator=g).to(dtype)
             v = torch.randn(c, num_kv_heads, head_dim, generator=g).to(dtype)
             for p in range(c):

@@ -1,15 +1,15 @@
 """Paged attention and KV writes: Triton kernels (interpreter on CPU) and the torch reference
 against a dense float64 causal-softmax oracle built from the logical (unpaged) K/V."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
 
 from loraplex.kernels import reference
-
-from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
 
 # (block_size, num_q_heads, num_kv_heads, head_dim, dtype): covers block 8/16/32, GQA 1/4/8,
 # head dim 64/128 and the three dtypes without the full product (the interpreter is slow).
@@ -35,8 +35,9 @@ def _decode_ctx(bs):
 
 
 def _decode_expected(kv, q, scale):
-    return torch.cat([oracle_attention(q[s:s + 1], kv.keys[s], kv.values[s], c, scale)
-                      for s, c in enumerate(kv.ctx_lens)])
+    return torch.cat(
+        [oracle_attention(q[s : s + 1], kv.keys[s], kv.values[s], c, scale) for s, c in enumerate(kv.ctx_lens)]
+    )
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -81,8 +82,12 @@ def _prefill_case(cfg, seed):
         qsl.append(qsl[-1] + n)
     q = torch.randn(qsl[-1], hq, d).to(dtype)
     scale = 1 / math.sqrt(d)
-    expected = torch.cat([oracle_attention(q[qsl[s]:qsl[s + 1]], kv.keys[s], kv.values[s], c, scale)
-                          for s, (_, c) in enumerate(layout)])
+    expected = torch.cat(
+        [
+            oracle_attention(q[qsl[s] : qsl[s + 1]], kv.keys[s], kv.values[s], c, scale)
+            for s, (_, c) in enumerate(layout)
+        ]
+    )
     return kv, q, torch.tensor(qsl, dtype=torch.int32), scale, expected
 
 
@@ -165,5 +170,5 @@ def test_triton_ops_signatures_match_reference():
         ref = [p.name for p in inspect.signature(getattr(reference, name)).parameters.values()]
         tri = inspect.signature(getattr(ops, name)).parameters
         assert list(tri)[: len(ref)] == ref, name
-        extra = [p for p in list(tri.values())[len(ref):]]
+        extra = [p for p in list(tri.values())[len(ref) :]]
         assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in extra), name

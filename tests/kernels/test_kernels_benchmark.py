@@ -1,4 +1,5 @@
 """benchmarks/kernels.py runs its whole code path on CPU (interpreter smoke) and exits 0 without CUDA."""
+
 from __future__ import annotations
 
 import json

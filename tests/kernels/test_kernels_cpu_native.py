@@ -1,16 +1,16 @@
 """The native CPU paged attention (``kernels/cpu_native.py``, C++ built on first use) against the
 dense float64 oracle and the torch reference, over the same layouts as the Triton tests."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-
-from loraplex.kernels import cpu_native, get_kernel_ops, reference
-
 from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
 from test_kernels_attention import CONFIGS, _decode_ctx, _decode_expected, _ids, _prefill_case
+
+from loraplex.kernels import cpu_native, get_kernel_ops, reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,8 +55,9 @@ def test_native_long_contexts_and_odd_group(dtype):
     qsl = torch.tensor([0, 70, 71, 104, 200], dtype=torch.int32)
     qp = torch.randn(200, hq, d).to(dtype)
     out = cpu_native.paged_prefill_attention(qp, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, 0.1)
-    expected = torch.cat([oracle_attention(qp[qsl[s]:qsl[s + 1]], kv.keys[s], kv.values[s], c, 0.1)
-                          for s, c in enumerate(kv.ctx_lens)])
+    expected = torch.cat(
+        [oracle_attention(qp[qsl[s] : qsl[s + 1]], kv.keys[s], kv.values[s], c, 0.1) for s, c in enumerate(kv.ctx_lens)]
+    )
     assert sum(qlens) == 200
     assert_close_scaled(out, expected, dtype, "long prefill")
 

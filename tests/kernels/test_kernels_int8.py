@@ -1,5 +1,6 @@
 """INT8 weight-only matmul: quantization round trip, the CPU serving path and the Triton kernel
 (interpreter on CPU) against a float64 oracle built from the dequantized weights."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,12 +1,10 @@
 """SGMV shrink/expand: the torch reference (serving path and naive twin) against a float64
 per-token oracle, then the Triton kernels (interpreter on CPU) against the same oracle."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from loraplex.kernels import make_lora_segments, reference
-
 from kernel_oracles import (
     assert_close_scaled,
     make_lora_weights,
@@ -15,11 +13,17 @@ from kernel_oracles import (
     token_slots_from_segments,
 )
 
+from loraplex.kernels import make_lora_segments, reference
+
 # name -> (segments [(slot, length)], ranks per slot, hidden, slice widths)
 CASES = {
     # decode: 1-token segments over many adapters, mixed ranks 1..64, fused q|k|v widths, slot -1.
-    "decode_qkv": ([(0, 1), (1, 1), (2, 1), (-1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)],
-                   [1, 64, 8, 16, 0, 33, 64, 2], 72, [48, 16, 16]),  # slot 4: rank 0 (layer not targeted)
+    "decode_qkv": (
+        [(0, 1), (1, 1), (2, 1), (-1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)],
+        [1, 64, 8, 16, 0, 33, 64, 2],
+        72,
+        [48, 16, 16],
+    ),  # slot 4: rank 0 (layer not targeted)
     # 32 adapters one token each, single slice, hidden not a power of two.
     "decode_32_adapters": ([(s, 1) for s in range(32)], [1 + (7 * s) % 64 for s in range(32)], 40, [24]),
     # prefill-sized segments (long runs) with gate|up, a -1 run in the middle, rank 1 and 64.
@@ -44,7 +48,7 @@ def _garbage_beyond_rank(shrunk, token_slots, ranks):
     """Expand must read only the first ``rank`` columns of each token's shrunk activations."""
     g = shrunk.clone()
     for t, s in enumerate(token_slots):
-        g[:, t, (int(ranks[s]) if s >= 0 else 0):] = 7.0
+        g[:, t, (int(ranks[s]) if s >= 0 else 0) :] = 7.0
     return g
 
 
@@ -88,8 +92,9 @@ def test_reference_rank_mask_ignores_nonzero_padding():
     assert torch.allclose(fast, oracle_shrink(x, a, token_slots, ranks).float(), atol=1e-5)
     y = torch.zeros(4, 10)
     out = reference.sgmv_expand(y.clone(), fast + 1.0, b, seg, ranks, torch.ones(3), (0, 10))
-    assert torch.allclose(out, oracle_expand(y, fast + 1.0, b, token_slots, ranks, torch.ones(3), (0, 10)).float(),
-                          atol=1e-4)
+    assert torch.allclose(
+        out, oracle_expand(y, fast + 1.0, b, token_slots, ranks, torch.ones(3), (0, 10)).float(), atol=1e-4
+    )
 
 
 def test_reference_no_adapter_tokens_only():
@@ -102,10 +107,13 @@ def test_reference_no_adapter_tokens_only():
 
 # ---------------------------------------------------------------------------------------- triton
 TRITON_GRID = [
-    ("decode_qkv", torch.float32), ("decode_qkv", torch.bfloat16),
+    ("decode_qkv", torch.float32),
+    ("decode_qkv", torch.bfloat16),
     ("decode_32_adapters", torch.float16),
-    ("prefill_gate_up", torch.float32), ("prefill_gate_up", torch.bfloat16),
-    ("mixed", torch.float16), ("mixed", torch.bfloat16),
+    ("prefill_gate_up", torch.float32),
+    ("prefill_gate_up", torch.bfloat16),
+    ("mixed", torch.float16),
+    ("mixed", torch.bfloat16),
 ]
 
 
@@ -170,8 +178,8 @@ def test_triton_sgmv_strided_views(triton_ops):
     """x a column slice of a wider activation, y a column slice of a fused output (non-contiguous)."""
     token_slots, seg, x, y, a, b, ranks, scales, offsets = _build("mixed", torch.float32, seed=7)
     x_wide = torch.randn(x.shape[0], x.shape[1] + 11)
-    x_wide[:, 5:5 + x.shape[1]] = x
-    x_view = x_wide[:, 5:5 + x.shape[1]]
+    x_wide[:, 5 : 5 + x.shape[1]] = x
+    x_view = x_wide[:, 5 : 5 + x.shape[1]]
     y_wide = torch.randn(y.shape[0], y.shape[1] + 9)
     y_wide[:, 9:] = y
     y_view = y_wide[:, 9:]
@@ -181,5 +189,6 @@ def test_triton_sgmv_strided_views(triton_ops):
     left = y_wide[:, :9].clone()
     triton_ops.sgmv_expand(y_view, shrunk, b, seg, ranks, scales, offsets)
     assert torch.equal(y_wide[:, :9], left)
-    assert_close_scaled(y_view, oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets),
-                        torch.float32, "strided expand")
+    assert_close_scaled(
+        y_view, oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets), torch.float32, "strided expand"
+    )

@@ -1,4 +1,5 @@
 """Helpers for the billing / control-plane tests: tenants over HTTP, SSE streams read by hand."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-
 from platform_helpers import admin_headers, zip_bytes
 
 H = admin_headers()
@@ -22,8 +22,13 @@ def new_tenant(url: str, name: str, *, quota: dict | None = None) -> tuple[str, 
 
 
 def new_adapter(url: str, name: str, tid: str, files: dict[str, bytes]) -> str:
-    r = httpx.post(url + "/admin/v1/adapters", data={"name": name, "tenant_id": tid},
-                   files={"file": (f"{name}.zip", zip_bytes(files))}, headers=H, timeout=60)
+    r = httpx.post(
+        url + "/admin/v1/adapters",
+        data={"name": name, "tenant_id": tid},
+        files={"file": (f"{name}.zip", zip_bytes(files))},
+        headers=H,
+        timeout=60,
+    )
     assert r.status_code == 201, r.text
     return r.json()["id"]
 
@@ -46,13 +51,31 @@ class StreamResult:
     events: list = field(default_factory=list)
 
 
-def stream(url: str, key: str, model: str, *, prompt: str = "Once upon a time", max_tokens: int = 64,
-           on_chunk=None, timeout: float = 60, **extra) -> StreamResult:
+def stream(
+    url: str,
+    key: str,
+    model: str,
+    *,
+    prompt: str = "Once upon a time",
+    max_tokens: int = 64,
+    on_chunk=None,
+    timeout: float = 60,
+    **extra,
+) -> StreamResult:
     """A /v1/completions stream read event by event; ``on_chunk(result)`` runs after each chunk."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}
-    with httpx.Client(timeout=timeout) as c, c.stream("POST", url + "/v1/completions", json=body,
-                                                        headers=auth(key)) as r:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+    with (
+        httpx.Client(timeout=timeout) as c,
+        c.stream("POST", url + "/v1/completions", json=body, headers=auth(key)) as r,
+    ):
         res = StreamResult(r.status_code)
         if r.status_code != 200:
             r.read()

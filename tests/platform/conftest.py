@@ -1,5 +1,6 @@
 """Platform test fixtures: one real engine per session (demo model), a fresh database per test on
 SQLite and, when LORAPLEX_TEST_POSTGRES_URL is set, on PostgreSQL too."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -16,7 +18,6 @@ from loraplex.platform.app import build_context, create_app
 from loraplex.platform.db import migrate
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.settings import load_settings
-from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
 PG_URL = os.environ.get("LORAPLEX_TEST_POSTGRES_URL", "")
 REQUIRE_PG = os.environ.get("LORAPLEX_REQUIRE_POSTGRES") == "1"
@@ -93,8 +94,13 @@ def gateway(demo_model_dir, tmp_path_factory):
     """The real engine on the demo model, shared by every test of the session."""
     settings = load_settings(
         data_dir=tmp_path_factory.mktemp("engine-data"),
-        engine={"model": str(demo_model_dir), "max_num_seqs": 8, "max_loras": 4, "max_lora_rank": 16,
-                "kv_cache_memory_gb": 0.05},
+        engine={
+            "model": str(demo_model_dir),
+            "max_num_seqs": 8,
+            "max_loras": 4,
+            "max_lora_rank": 16,
+            "kv_cache_memory_gb": 0.05,
+        },
     )
     gw = EngineGateway.start(settings)
     yield gw
@@ -107,8 +113,7 @@ def make_settings(tmp_path: Path, db_url: str, **overrides):
         database_url=db_url,
         admin_key=ADMIN_KEY,
         engine={"enabled": False},
-        uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8,
-                 "max_unpacked_bytes": 4 * 1024 * 1024},
+        uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
     )
     values.update(overrides)
     return load_settings(**values)
@@ -146,11 +151,14 @@ def adapter_dirs(demo_model_dir, tmp_path_factory) -> dict[str, Path]:
     from loraplex.engine.demo_model import create_random_checkpoint
 
     root = tmp_path_factory.mktemp("adapters")
-    other_base = create_random_checkpoint(root / "other-base", preset="demo", hidden_size=64,
-                                          intermediate_size=128, num_hidden_layers=2)
+    other_base = create_random_checkpoint(
+        root / "other-base", preset="demo", hidden_size=64, intermediate_size=128, num_hidden_layers=2
+    )
     return {
         "good": make_peft_adapter(demo_model_dir, root / "good", r=4, targets=("q_proj", "v_proj")),
-        "good2": make_peft_adapter(demo_model_dir, root / "good2", r=8, targets=("q_proj", "o_proj", "down_proj"), seed=1),
+        "good2": make_peft_adapter(
+            demo_model_dir, root / "good2", r=8, targets=("q_proj", "o_proj", "down_proj"), seed=1
+        ),
         "wrong_base": make_peft_adapter(other_base, root / "wrong-base", r=4),
     }
 

@@ -1,4 +1,5 @@
 """Builders for the platform tests: PEFT adapters on tiny local models, archives, attack files."""
+
 from __future__ import annotations
 
 import io
@@ -15,8 +16,9 @@ def admin_headers(key: str = ADMIN_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def make_peft_adapter(base_dir: Path, out_dir: Path, *, r: int = 4, alpha: int = 8,
-                      targets=("q_proj", "v_proj"), seed: int = 0) -> Path:
+def make_peft_adapter(
+    base_dir: Path, out_dir: Path, *, r: int = 4, alpha: int = 8, targets=("q_proj", "v_proj"), seed: int = 0
+) -> Path:
     """A real PEFT adapter with non-zero weights, saved as safetensors."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -24,8 +26,9 @@ def make_peft_adapter(base_dir: Path, out_dir: Path, *, r: int = 4, alpha: int =
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
-                     task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False, task_type="CAUSAL_LM"
+    )
     peft_model = get_peft_model(model, cfg)
     peft_model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
@@ -35,8 +38,9 @@ def adapter_files(adapter_dir: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(adapter_dir.iterdir()) if p.is_file()}
 
 
-def zip_bytes(files: dict[str, bytes], *, symlinks: dict[str, str] | None = None,
-              compression=zipfile.ZIP_DEFLATED) -> bytes:
+def zip_bytes(
+    files: dict[str, bytes], *, symlinks: dict[str, str] | None = None, compression=zipfile.ZIP_DEFLATED
+) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=compression) as zf:
         for name, data in files.items():
@@ -48,8 +52,9 @@ def zip_bytes(files: dict[str, bytes], *, symlinks: dict[str, str] | None = None
     return buf.getvalue()
 
 
-def targz_bytes(files: dict[str, bytes], *, symlinks: dict[str, str] | None = None,
-                hardlinks: dict[str, str] | None = None) -> bytes:
+def targz_bytes(
+    files: dict[str, bytes], *, symlinks: dict[str, str] | None = None, hardlinks: dict[str, str] | None = None
+) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         for name, data in files.items():
@@ -71,7 +76,6 @@ def targz_bytes(files: dict[str, bytes], *, symlinks: dict[str, str] | None = No
 
 def nan_adapter_files(files: dict[str, bytes]) -> dict[str, bytes]:
     """The same adapter with a NaN in one LoRA weight."""
-    import torch
     from safetensors.torch import load, save
 
     tensors = load(files["adapter_model.safetensors"])

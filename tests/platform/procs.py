@@ -1,5 +1,6 @@
 """Real processes for fault tests: ``loraplex serve`` (killed with SIGKILL, restarted on the same
 data dir) and a private PostgreSQL server (stopped and started under load)."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from platform_helpers import ADMIN_KEY
 
 
@@ -25,20 +25,39 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, data_dir: Path, model_dir: Path, *, env: dict[str, str] | None = None,
-                 port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, model_dir: Path, *, env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / f"serve-{self.port}-{time.time_ns()}.log"
-        full_env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(model_dir), "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {
+            **os.environ,
+            "LORAPLEX_ENGINE__MODEL": str(model_dir),
+            "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         config = data_dir.parent / "serve-test.toml"  # a small KV cache: several servers share the machine
         config.write_text("[engine]\nkv_cache_memory_gb = 0.1\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--config", str(config),
-             "--data-dir", str(data_dir), "--port", str(self.port)],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=full_env)
+            [
+                sys.executable,
+                "-m",
+                "loraplex.platform.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--data-dir",
+                str(data_dir),
+                "--port",
+                str(self.port),
+            ],
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
         deadline = time.time() + 180  # a loaded 2-core machine can take a while to import torch
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -95,17 +114,43 @@ class PgCluster:
         self.port = free_port()
         self._pg("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres")
         self.start()
-        subprocess.run([str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                        "-qc", "create database loraplex"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(self.bin / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-qc",
+                "create database loraplex",
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/loraplex"
 
     def _pg(self, tool: str, *args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def start(self) -> None:
-        self._pg("pg_ctl", "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w", "-o",
-                 f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1", "start")
+        self._pg(
+            "pg_ctl",
+            "-D",
+            str(self.dir / "data"),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-o",
+            f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1",
+            "start",
+        )
 
     def stop(self, mode: str = "immediate") -> None:
         self._pg("pg_ctl", "-D", str(self.dir / "data"), "-m", mode, "-w", "stop")
@@ -131,7 +176,7 @@ def statuses_on_one_connection(url: str, path: str, token: str, n: int = 2) -> l
                 out.append(None)
                 break
             length = 0
-            while (line := f.readline().strip()):
+            while line := f.readline().strip():
                 name, _, value = line.decode().partition(":")
                 if name.lower() == "content-length":
                     length = int(value)

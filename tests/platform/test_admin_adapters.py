@@ -1,11 +1,12 @@
 """Adapters through the admin API: upload, versions, grants, listing, deletion, engine registration."""
+
 from __future__ import annotations
 
+from platform_helpers import adapter_files, admin_headers, targz_bytes, zip_bytes
 from sqlalchemy import func, select
+from test_admin_tenants import assert_error
 
 from loraplex.platform.adapters.models import Adapter
-from platform_helpers import adapter_files, admin_headers, targz_bytes, zip_bytes
-from test_admin_tenants import assert_error
 
 H = admin_headers()
 
@@ -29,8 +30,13 @@ def models_of(client, key) -> list[str]:
 
 def test_upload_private_then_serve(platform, client, good_files):
     acme = tenant(client, "acme")
-    r = upload(client, "support-bot", zip_bytes({f"support-bot/{k}": v for k, v in good_files.items()}),
-               visibility="private", tenant_id=acme)
+    r = upload(
+        client,
+        "support-bot",
+        zip_bytes({f"support-bot/{k}": v for k, v in good_files.items()}),
+        visibility="private",
+        tenant_id=acme,
+    )
     assert r.status_code == 201, r.text
     a = r.json()
     assert a["id"].startswith("ada_") and a["version"] == 1 and a["status"] == "active"
@@ -74,8 +80,7 @@ def test_new_version_is_explicit_and_never_reuses_the_old_key(platform, client, 
     assert [x["id"] for x in client.get("/admin/v1/adapters", headers=H).json()["data"]] == [v2["id"]]
     assert_error(upload(client, "never-seen", zip_bytes(good_files), tenant_id=acme, new_version=True), 404)
     other = tenant(client, "other")
-    assert_error(upload(client, "bot", zip_bytes(good_files), tenant_id=other, new_version=True), 409,
-                 contains="owner")
+    assert_error(upload(client, "bot", zip_bytes(good_files), tenant_id=other, new_version=True), 409, contains="owner")
 
 
 def test_same_content_is_stored_once_and_kept_while_referenced(platform, client, good_files):
@@ -107,8 +112,10 @@ def test_grants(client, good_files):
     assert_error(client.post(f"/admin/v1/adapters/{a['id']}/grants", json={"tenant_id": "ten_x"}, headers=H), 404)
     assert_error(client.post("/admin/v1/adapters/ada_x/grants", json={"tenant_id": beta}, headers=H), 404)
     assert_error(client.post(f"/admin/v1/adapters/{a['id']}/grants", json={}, headers=H), 422)
-    assert_error(client.post(f"/admin/v1/adapters/{a['id']}/grants", json={"tenant_id": beta},
-                             headers=admin_headers(beta_key)), 403)
+    assert_error(
+        client.post(f"/admin/v1/adapters/{a['id']}/grants", json={"tenant_id": beta}, headers=admin_headers(beta_key)),
+        403,
+    )
     # a new version keeps the grants
     v2 = upload(client, "private-bot", zip_bytes(good_files), tenant_id=acme, new_version=True).json()
     assert v2["granted_tenant_ids"] == [beta]

@@ -1,13 +1,14 @@
 """API keys: shown once, stored only as prefix + HMAC, revocation effective at the next request."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from platform_helpers import admin_headers
 from sqlalchemy import select
+from test_admin_tenants import assert_error
 
 from loraplex.platform.keys.models import ApiKey
-from platform_helpers import admin_headers
-from test_admin_tenants import assert_error
 
 H = admin_headers()
 
@@ -73,10 +74,12 @@ def test_expiry(client):
     assert r.status_code == 201 and r.json()["expires_at"] is not None
     assert client.get("/v1/models", headers=admin_headers(r.json()["key"])).status_code == 200
     past = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
-    assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", json={"expires_at": past}, headers=H), 400,
-                 param="expires_at")
-    assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", json={"expires_at": "2030-01-01T00:00:00"}, headers=H),
-                 422)  # no time zone
+    assert_error(
+        client.post(f"/admin/v1/tenants/{tid}/keys", json={"expires_at": past}, headers=H), 400, param="expires_at"
+    )
+    assert_error(
+        client.post(f"/admin/v1/tenants/{tid}/keys", json={"expires_at": "2030-01-01T00:00:00"}, headers=H), 422
+    )  # no time zone
 
 
 def test_key_errors(client):
@@ -84,7 +87,10 @@ def test_key_errors(client):
     assert_error(client.post("/admin/v1/tenants/ten_missing/keys", json={}, headers=H), 404)
     assert_error(client.get("/admin/v1/tenants/ten_missing/keys", headers=H), 404)
     assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", json={"name": "x" * 65}, headers=H), 422)
-    assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", content=b"[", headers={**H, "content-type": "application/json"}), 400)
+    assert_error(
+        client.post(f"/admin/v1/tenants/{tid}/keys", content=b"[", headers={**H, "content-type": "application/json"}),
+        400,
+    )
     assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", json={}), 401)
     key = client.post(f"/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()
     assert_error(client.post(f"/admin/v1/tenants/{tid}/keys", json={}, headers=admin_headers(key["key"])), 403)

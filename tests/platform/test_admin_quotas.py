@@ -10,10 +10,24 @@ def test_quota_put_get(client):
     tid = client.post("/admin/v1/tenants", json={"name": "acme"}, headers=H).json()["id"]
     r = client.get(f"/admin/v1/tenants/{tid}/quota", headers=H)
     assert r.status_code == 200
-    assert r.json() == {"object": "quota", "tenant_id": tid, "rpm": None, "tpm": None, "max_concurrent": None,
-                        "token_budget": None, "budget_period": "month", "max_generation_s": None}
-    body = {"rpm": 60, "tpm": 10000, "max_concurrent": 4, "token_budget": 1_000_000, "budget_period": "day",
-            "max_generation_s": 30.0}
+    assert r.json() == {
+        "object": "quota",
+        "tenant_id": tid,
+        "rpm": None,
+        "tpm": None,
+        "max_concurrent": None,
+        "token_budget": None,
+        "budget_period": "month",
+        "max_generation_s": None,
+    }
+    body = {
+        "rpm": 60,
+        "tpm": 10000,
+        "max_concurrent": 4,
+        "token_budget": 1_000_000,
+        "budget_period": "day",
+        "max_generation_s": 30.0,
+    }
     r = client.put(f"/admin/v1/tenants/{tid}/quota", json=body, headers=H)
     assert r.status_code == 200 and r.json() == {"object": "quota", "tenant_id": tid, **body}
     assert client.get(f"/admin/v1/tenants/{tid}/quota", headers=H).json()["rpm"] == 60
@@ -30,7 +44,10 @@ def test_quota_errors(client):
     assert_error(client.put(f"/admin/v1/tenants/{tid}/quota", json={"rpm": 0}, headers=H), 422, param="rpm")
     assert_error(client.put(f"/admin/v1/tenants/{tid}/quota", json={"budget_period": "week"}, headers=H), 422)
     assert_error(client.put(f"/admin/v1/tenants/{tid}/quota", json={"rpm": "many"}, headers=H), 422)
-    assert_error(client.put(f"/admin/v1/tenants/{tid}/quota", content=b"x", headers={**H, "content-type": "application/json"}), 400)
+    assert_error(
+        client.put(f"/admin/v1/tenants/{tid}/quota", content=b"x", headers={**H, "content-type": "application/json"}),
+        400,
+    )
     assert_error(client.put("/admin/v1/tenants/ten_missing/quota", json={}, headers=H), 404)
     assert_error(client.get("/admin/v1/tenants/ten_missing/quota", headers=H), 404)
     assert_error(client.get(f"/admin/v1/tenants/{tid}/quota"), 401)

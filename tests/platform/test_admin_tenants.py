@@ -1,8 +1,8 @@
 """Tenants through the admin API: happy paths and every refusal, with OpenAI-style error bodies."""
+
 from __future__ import annotations
 
 import pytest
-
 from platform_helpers import admin_headers
 
 H = admin_headers()
@@ -48,8 +48,11 @@ def test_auth_401_and_403(client):
     key = client.post(f"/admin/v1/tenants/{t['id']}/keys", json={}, headers=H).json()["key"]
     err = assert_error(client.get("/admin/v1/tenants", headers=admin_headers(key)), 403, contains="tenant API key")
     assert err["type"] == "permission_error"
-    for method, path in [("post", "/admin/v1/tenants"), ("patch", f"/admin/v1/tenants/{t['id']}"),
-                         ("delete", f"/admin/v1/tenants/{t['id']}")]:
+    for method, path in [
+        ("post", "/admin/v1/tenants"),
+        ("patch", f"/admin/v1/tenants/{t['id']}"),
+        ("delete", f"/admin/v1/tenants/{t['id']}"),
+    ]:
         assert client.request(method, path, json={}, headers=admin_headers(key)).status_code == 403
 
 
@@ -65,7 +68,9 @@ def test_conflicts_and_validation(client):
     assert_error(client.post("/admin/v1/tenants", json={"name": "ok", "priority": -1}, headers=H), 422)
     assert_error(client.post("/admin/v1/tenants", json={"name": "ok", "status": "gone"}, headers=H), 422)
     assert_error(client.post("/admin/v1/tenants", json={"name": "ok", "bogus": 1}, headers=H), 422, param="bogus")
-    assert_error(client.post("/admin/v1/tenants", content=b"{nope", headers={**H, "content-type": "application/json"}), 400)
+    assert_error(
+        client.post("/admin/v1/tenants", content=b"{nope", headers={**H, "content-type": "application/json"}), 400
+    )
     assert_error(client.post("/admin/v1/tenants", json=[1, 2], headers=H), 400)
     assert_error(client.patch(f"/admin/v1/tenants/{a['id']}", json={"weight": None}, headers=H), 422)
     assert_error(client.patch(f"/admin/v1/tenants/{a['id']}", json={"status": "deleted"}, headers=H), 422)
@@ -91,7 +96,8 @@ def _engine_tenant(llm_engine, tenant_id: str) -> dict:
     return {"priority": get("priority"), "weight": float(get("weight")), "max_running_seqs": get("max_running_seqs")}
 
 
-@pytest.mark.parametrize("path", ["/admin/v1/tenants", "/admin/v1/adapters", "/admin/v1/usage",
-                                  "/admin/v1/audit", "/admin/v1/engine"])
+@pytest.mark.parametrize(
+    "path", ["/admin/v1/tenants", "/admin/v1/adapters", "/admin/v1/usage", "/admin/v1/audit", "/admin/v1/engine"]
+)
 def test_every_list_endpoint_needs_admin(client, path):
     assert_error(client.get(path), 401)

@@ -2,6 +2,7 @@
 SQLite and PostgreSQL: cheap refusals, pre-stream errors as HTTP statuses (without using an rpm
 slot), lifecycle aborts within a second billed as delivered, the generation timeout, soft deletes
 that keep usage history, and the CSV / JSON lines export."""
+
 from __future__ import annotations
 
 import csv
@@ -13,7 +14,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
 
 
@@ -77,8 +77,7 @@ def test_huge_and_invalid_prompts_are_refused_cheaply(live):
         r, took = _fastest(lambda: c.post("/v1/completions", content=beyond))
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         assert took < 1.0
-        chat = {"model": base, "max_tokens": 1,
-                "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
+        chat = {"model": base, "max_tokens": 1, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
         assert c.post("/v1/chat/completions", json=chat).status_code == 400
         raw = b'{"model": "%s", "prompt": "bad \\ud800 text", "max_tokens": 2}' % base.encode()
         r = c.post("/v1/completions", content=raw)
@@ -93,8 +92,7 @@ def test_over_rpm_tenant_is_refused_before_tokenizing(live):
     with httpx.Client(base_url=live.url, headers=auth(key), timeout=30) as c:
         assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 1}).status_code == 200
         big = json.dumps({"model": base, "prompt": "word " * 700_000, "max_tokens": 1})  # seconds to tokenize
-        r, took = _fastest(lambda: c.post("/v1/completions", content=big,
-                                          headers={"content-type": "application/json"}))
+        r, took = _fastest(lambda: c.post("/v1/completions", content=big, headers={"content-type": "application/json"}))
         assert r.status_code == 429 and took < 1.0
         assert int(r.headers["retry-after"]) >= 1
 
@@ -164,8 +162,10 @@ def test_soft_deleted_tenant_keeps_its_usage_history_and_exports(live, good_file
     tid, key = new_tenant(live.url, "acme")
     new_adapter(live.url, "bot", tid, good_files)
     client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0)
-    done = [client.completions.create(model=m, prompt="hi", max_tokens=3, temperature=0, user=f"end-user-{i}")
-            for i, m in enumerate((_model(live), "bot"))]
+    done = [
+        client.completions.create(model=m, prompt="hi", max_tokens=3, temperature=0, user=f"end-user-{i}")
+        for i, m in enumerate((_model(live), "bot"))
+    ]
     with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
         assert c.delete(f"/admin/v1/tenants/{tid}").status_code == 200
         assert c.get(f"/admin/v1/tenants/{tid}").status_code == 404
@@ -208,7 +208,8 @@ def test_deleting_adapter_and_tenant_mid_traffic_loses_no_other_record(live, goo
                 time.sleep(0.02)
 
     threads = [threading.Thread(target=traffic, args=(vkey, "vbot"))] + [
-        threading.Thread(target=traffic, args=(k, _model(live))) for _, k in others for _ in range(2)]
+        threading.Thread(target=traffic, args=(k, _model(live))) for _, k in others for _ in range(2)
+    ]
     for t in threads:
         t.start()
     time.sleep(1.0)
@@ -234,20 +235,32 @@ def test_dead_engine_answers_503_and_ready_says_why(live_factory, demo_model_dir
     from loraplex.platform.engine_gateway import EngineGateway
     from loraplex.platform.settings import load_settings
 
-    gw = EngineGateway.start(load_settings(data_dir=tmp_path / "own-engine", engine={
-        "model": str(demo_model_dir), "max_num_seqs": 2, "kv_cache_memory_gb": 0.02}))
+    gw = EngineGateway.start(
+        load_settings(
+            data_dir=tmp_path / "own-engine",
+            engine={"model": str(demo_model_dir), "max_num_seqs": 2, "kv_cache_memory_gb": 0.02},
+        )
+    )
     try:
         live = live_factory(gw=gw)
         _tid, key = new_tenant(live.url, "acme")
         assert httpx.get(live.url + "/ready").json() == {
-            "status": "ready", "engine": "alive", "database": "reachable", "usage_spool": False, "in_flight": 0}
+            "status": "ready",
+            "engine": "alive",
+            "database": "reachable",
+            "usage_spool": False,
+            "in_flight": 0,
+        }
         gw.engine.shutdown()  # the engine loop is gone; the process still answers
         assert httpx.get(live.url + "/health").status_code == 200
         ready = httpx.get(live.url + "/ready")
         assert ready.status_code == 503 and ready.json()["engine"] == "dead"
         for is_stream in (False, True):
-            r = httpx.post(live.url + "/v1/completions", headers=auth(key), json={
-                "model": gw.model_name, "prompt": "hi", "max_tokens": 2, "stream": is_stream})
+            r = httpx.post(
+                live.url + "/v1/completions",
+                headers=auth(key),
+                json={"model": gw.model_name, "prompt": "hi", "max_tokens": 2, "stream": is_stream},
+            )
             assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
             assert int(r.headers["retry-after"]) >= 1
     finally:

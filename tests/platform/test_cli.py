@@ -1,9 +1,11 @@
 """The `loraplex` CLI: db upgrade and the admin helpers call the same services as the API."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from platform_helpers import zip_bytes
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -11,7 +13,6 @@ from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.audit.models import AuditEntry
 from loraplex.platform.cli import app
 from loraplex.platform.db.session import make_db_engine, make_session_factory
-from platform_helpers import zip_bytes
 
 runner = CliRunner()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from loraplex.platform.cluster.control import ControlPlane, raise_refusal
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import QuotaView

@@ -1,13 +1,14 @@
 """Alembic owns the schema: upgrade head on empty databases, downgrade cleanly, and the migrations
 agree with the models (autogenerate finds nothing to do)."""
+
 from __future__ import annotations
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from conftest import BACKENDS, need_postgres, pg_create_database, pg_drop_database
 from sqlalchemy import create_engine, inspect, text
 
-from conftest import BACKENDS, need_postgres, pg_create_database, pg_drop_database
 from loraplex.platform.db import migrate
 from loraplex.platform.db.metadata import metadata
 from loraplex.platform.db.session import make_db_engine

@@ -1,11 +1,13 @@
 """What the database says reaches the engine at start: tenants' scheduling fields and adapters."""
+
 from __future__ import annotations
 
-from loraplex.platform.app import build_context
-from platform_helpers import admin_headers, zip_bytes
 from conftest import make_settings
+from platform_helpers import admin_headers, zip_bytes
 from test_admin_adapters import tenant, upload
 from test_admin_tenants import _engine_tenant
+
+from loraplex.platform.app import build_context
 
 H = admin_headers()
 

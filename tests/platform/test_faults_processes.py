@@ -4,6 +4,7 @@ their last checkpoint and closed as interrupted, a missing adapter folder marked
 upload leftovers cleaned, no key in the access log, a 15 MB body refused without a memory spike);
 and PostgreSQL stopped and restarted under load (503 + Retry-After meanwhile, nothing lost,
 recovery without restarting loraplex)."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ import time
 
 import httpx
 import pytest
-
 from billing_helpers import H, auth, new_adapter, new_tenant, usage_rows
 from platform_helpers import ADMIN_KEY
 from procs import PgCluster, ServeProcess, statuses_on_one_connection
@@ -35,8 +35,9 @@ def test_kill9_under_streaming_load_then_restart(backend, request, tmp_path, dem
         tid, key = new_tenant(server.url, "acme")
         new_adapter(server.url, "bot", tid, adapter_files(adapter_dirs["good"]))
         new_adapter(server.url, "gone", tid, adapter_files(adapter_dirs["good2"]))
-        gone = next(a for a in httpx.get(server.url + "/admin/v1/adapters", headers=H).json()["data"]
-                    if a["name"] == "gone")
+        gone = next(
+            a for a in httpx.get(server.url + "/admin/v1/adapters", headers=H).json()["data"] if a["name"] == "gone"
+        )
         base = httpx.get(server.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
         traffic = Traffic(server.url, key, "bot", short=2, streams=1, long_streams=3).start()
         # kill once every long stream is well under way and a few requests completed (bounded)
@@ -89,8 +90,10 @@ def test_kill9_under_streaming_load_then_restart(backend, request, tmp_path, dem
         r = httpx.post(again.url + "/v1/completions", headers=auth(key), json={"model": "gone", **body})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
         for model in ("bot", base):
-            assert httpx.post(again.url + "/v1/completions", headers=auth(key),
-                              json={"model": model, **body}).status_code == 200
+            assert (
+                httpx.post(again.url + "/v1/completions", headers=auth(key), json={"model": model, **body}).status_code
+                == 200
+            )
         assert not list((store / ".staging").iterdir()) and not orphan.exists()
         assert httpx.get(again.url + "/ready").json()["status"] == "ready"
 
@@ -100,8 +103,12 @@ def test_kill9_under_streaming_load_then_restart(backend, request, tmp_path, dem
         rss = again.rss_mb()
         t0 = time.monotonic()
         big = json.dumps({"model": base, "prompt": "a" * (15 * 1024 * 1024)})
-        r = httpx.post(again.url + "/v1/completions", headers={**auth(key), "content-type": "application/json"},
-                       content=big, timeout=30)
+        r = httpx.post(
+            again.url + "/v1/completions",
+            headers={**auth(key), "content-type": "application/json"},
+            content=big,
+            timeout=30,
+        )
         assert r.status_code == 413 and time.monotonic() - t0 < 1.0
         assert again.rss_mb() - rss < 50
     finally:
@@ -116,8 +123,11 @@ def test_postgres_outage_under_load(tmp_path, demo_model_dir):
     pg = PgCluster()
     server = None
     try:
-        server = ServeProcess(tmp_path / "data", demo_model_dir,
-                              env={**ENV, "LORAPLEX_DATABASE_URL": pg.url, "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60"})
+        server = ServeProcess(
+            tmp_path / "data",
+            demo_model_dir,
+            env={**ENV, "LORAPLEX_DATABASE_URL": pg.url, "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60"},
+        )
         pid = server.proc.pid
         _tid, key = new_tenant(server.url, "acme")
         base = httpx.get(server.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]

@@ -1,6 +1,7 @@
 """The usage ledger on real SQLite and PostgreSQL: idempotent by request id, final records never
 rewritten, one bad row never rejects the others, an unreachable database spools to an fsync'd file
 that a later ledger replays, and a restart closes a dead run's records as interrupted."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,22 @@ from loraplex.platform.usage.spool import Spool
 
 
 def _row(rid: str, status: str = "ok", completion: int = 5, **extra) -> dict:
-    return {**dict(request_id=rid, tenant_id="ten_a", api_key_id="key_a", adapter_id=None, adapter_name=None,
-                   endpoint="completions", prompt_tokens=3, completion_tokens=completion, ttft_ms=1.0,
-                   latency_ms=2.0, status=status), **extra}
+    return {
+        **dict(
+            request_id=rid,
+            tenant_id="ten_a",
+            api_key_id="key_a",
+            adapter_id=None,
+            adapter_name=None,
+            endpoint="completions",
+            prompt_tokens=3,
+            completion_tokens=completion,
+            ttft_ms=1.0,
+            latency_ms=2.0,
+            status=status,
+        ),
+        **extra,
+    }
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """The tenant-facing OpenAI API, driven by the official `openai` client against a real uvicorn."""
+
 from __future__ import annotations
 
 import threading
@@ -8,10 +9,10 @@ import httpx
 import openai
 import pytest
 import uvicorn
-
-from loraplex.platform.app import build_context, create_app
 from conftest import make_settings
 from platform_helpers import admin_headers, zip_bytes
+
+from loraplex.platform.app import build_context, create_app
 
 H = admin_headers()
 
@@ -38,8 +39,11 @@ def tenant_setup(server, good_files):
     with httpx.Client(base_url=url, headers=H, timeout=30) as c:
         tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
         key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
-        ada = c.post("/admin/v1/adapters", data={"name": "bot", "tenant_id": tid},
-                     files={"file": ("bot.zip", zip_bytes(good_files))}).json()
+        ada = c.post(
+            "/admin/v1/adapters",
+            data={"name": "bot", "tenant_id": tid},
+            files={"file": ("bot.zip", zip_bytes(good_files))},
+        ).json()
     client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
     return ctx, url, tid, key, ada, client
 
@@ -52,8 +56,9 @@ def test_models_completions_and_chat(tenant_setup):
     assert r.choices[0].finish_reason in ("length", "stop") and r.usage.completion_tokens >= 1
     lora = client.completions.create(model="bot", prompt="Hello, world.", max_tokens=5, temperature=0)
     assert lora.usage.prompt_tokens == r.usage.prompt_tokens
-    chat = client.chat.completions.create(model="bot", messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=4, temperature=0)
+    chat = client.chat.completions.create(
+        model="bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+    )
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens >= 1
 
 
@@ -61,13 +66,18 @@ def test_streaming_matches_non_streaming(tenant_setup):
     *_, client = tenant_setup
     msgs = [{"role": "user", "content": "Tell me about the scheduler"}]
     full = client.chat.completions.create(model="bot", messages=msgs, max_tokens=8, temperature=0)
-    chunks = list(client.chat.completions.create(model="bot", messages=msgs, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="bot", messages=msgs, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="bot", prompt="abc", max_tokens=6, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="bot", prompt="abc", max_tokens=6, temperature=0, stream=True)
+    )
     assert streamed == client.completions.create(model="bot", prompt="abc", max_tokens=6, temperature=0).choices[0].text
 
 

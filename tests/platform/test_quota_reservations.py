@@ -1,6 +1,7 @@
 """Quotas hold under concurrency: admission reserves prompt + max_tokens atomically and the finish
 settles to what was served, so 30-50 simultaneous requests cannot overshoot tpm, the token budget,
 rpm or max_concurrent (checked against the ledger, an independent record of what was served)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,11 +10,10 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
+from billing_helpers import auth, new_tenant, usage_rows
 
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView
-
-from billing_helpers import auth, new_tenant, usage_rows
 
 
 async def _burst(url: str, key: str, model: str, n: int, max_tokens: int) -> list[httpx.Response]:

@@ -1,5 +1,6 @@
 """`loraplex serve` for real: a uvicorn process, a generated admin key printed once, state kept
 across a restart."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from platform_helpers import zip_bytes
 
 
@@ -30,9 +30,20 @@ class Server:
         env.pop("LORAPLEX_ADMIN_KEY", None)
         self.log = data_dir.parent / f"serve-{self.port}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data_dir),
-             "--port", str(self.port)],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "loraplex.platform.cli",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--port",
+                str(self.port),
+            ],
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -66,8 +77,11 @@ def test_serve_first_start_and_restart(tmp_path, demo_model_dir, good_files):
         with httpx.Client(base_url=server.url, headers=admin, timeout=30) as c:
             tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
             key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
-            r = c.post("/admin/v1/adapters", data={"name": "bot", "tenant_id": tid},
-                       files={"file": ("bot.zip", zip_bytes(good_files))})
+            r = c.post(
+                "/admin/v1/adapters",
+                data={"name": "bot", "tenant_id": tid},
+                files={"file": ("bot.zip", zip_bytes(good_files))},
+            )
             assert r.status_code == 201, r.text
             ada = r.json()["id"]
     finally:

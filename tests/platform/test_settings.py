@@ -1,4 +1,5 @@
 """Settings: defaults = configs/default.toml; TOML < environment < explicit overrides; clear errors."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,11 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def clean_env(monkeypatch):
     import os
 
-    for name in [n for n in os.environ if n.startswith("LORAPLEX_") and not n.startswith("LORAPLEX_TEST")
-                 and n != "LORAPLEX_REQUIRE_POSTGRES"]:
+    for name in [
+        n
+        for n in os.environ
+        if n.startswith("LORAPLEX_") and not n.startswith("LORAPLEX_TEST") and n != "LORAPLEX_REQUIRE_POSTGRES"
+    ]:
         monkeypatch.delenv(name)
 
 
@@ -63,16 +67,19 @@ def test_demo_secret_is_generated_once_and_kept(tmp_path):
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
 
-@pytest.mark.parametrize("content, words", [
-    ("[engine]\nmax_loras = 0\n", "max_loras must be a positive integer"),
-    ("[engine]\nbogus = 1\n", "engine.bogus"),
-    ("environment = \"staging\"\n", "environment"),
-    ("[server]\nport = \"http\"\n", "server.port"),
-    ("[engine]\ndtype = \"float64\"\n", "dtype must be"),
-    ("[engine]\nschedulng_policy = \"fair\"\n", "engine.schedulng_policy"),
-    ("[engine]\nscheduling_policy = \"lifo\"\n", "scheduling_policy"),
-    ("[engine.extra]\nkv_cache_memory_gb = 1\n", "engine.extra"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("[engine]\nmax_loras = 0\n", "max_loras must be a positive integer"),
+        ("[engine]\nbogus = 1\n", "engine.bogus"),
+        ('environment = "staging"\n', "environment"),
+        ('[server]\nport = "http"\n', "server.port"),
+        ('[engine]\ndtype = "float64"\n', "dtype must be"),
+        ('[engine]\nschedulng_policy = "fair"\n', "engine.schedulng_policy"),
+        ('[engine]\nscheduling_policy = "lifo"\n', "scheduling_policy"),
+        ("[engine.extra]\nkv_cache_memory_gb = 1\n", "engine.extra"),
+    ],
+)
 def test_invalid_config_says_which_field(tmp_path, content, words):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(content)
@@ -105,8 +112,12 @@ def test_int8_and_speculative_engine_keys_reach_the_engine(tmp_path, monkeypatch
     cfg.write_text('[engine]\nquantization = "int8"\nspeculative_method = "ngram"\nnum_speculative_tokens = 6\n')
     monkeypatch.setenv("LORAPLEX_ENGINE__SPECULATIVE_ADAPTIVE", "false")
     kw = engine_config_kwargs(load_settings(cfg).engine)
-    assert (kw["quantization"], kw["speculative_method"], kw["num_speculative_tokens"], kw["speculative_adaptive"]) \
-        == ("int8", "ngram", 6, False)
+    assert (kw["quantization"], kw["speculative_method"], kw["num_speculative_tokens"], kw["speculative_adaptive"]) == (
+        "int8",
+        "ngram",
+        6,
+        False,
+    )
     cfg.write_text('[engine]\nspeculative_method = "draft"\n')  # a draft method without a draft model
     with pytest.raises(ConfigError, match="draft_model"):
         load_settings(cfg)

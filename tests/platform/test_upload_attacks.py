@@ -1,5 +1,6 @@
 """Hostile or broken uploads: each is refused with a clear message, leaves nothing in the store or
 the database, and the server keeps serving."""
+
 from __future__ import annotations
 
 import io
@@ -7,13 +8,20 @@ import os
 import zipfile
 
 import pytest
+from platform_helpers import (
+    adapter_files,
+    admin_headers,
+    nan_adapter_files,
+    reshaped_adapter_files,
+    targz_bytes,
+    with_config,
+    zip_bytes,
+)
 from sqlalchemy import func, select
-
-from loraplex.platform.adapters.models import Adapter
-from platform_helpers import (adapter_files, admin_headers, nan_adapter_files, reshaped_adapter_files,
-                              targz_bytes, with_config, zip_bytes)
 from test_admin_adapters import tenant, upload
 from test_admin_tenants import assert_error
+
+from loraplex.platform.adapters.models import Adapter
 
 H = admin_headers()
 MiB = 1024 * 1024
@@ -31,8 +39,6 @@ def _zip_bomb(good: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-
-
 ATTACKS = {
     # name: (builder(good_files, adapter_dirs) -> bytes, status, words expected in the message)
     "zip_slip": (lambda g, d: zip_bytes({**g, "../../evil.txt": b"x"}), 400, ".."),
@@ -45,8 +51,13 @@ ATTACKS = {
     "tar_hardlink": (lambda g, d: targz_bytes(g, hardlinks={"README.md": "/etc/passwd"}), 400, "link"),
     "zip_bomb": (lambda g, d: _zip_bomb(g), 413, "unpacks to more than"),
     "too_many_members": (lambda g, d: zip_bytes({**g, **{f"x{i}/README.md": b"" for i in range(10)}}), 400, "members"),
-    "pickle_bin": (lambda g, d: zip_bytes({"adapter_config.json": g["adapter_config.json"],
-                                           "adapter_model.bin": b"\x80\x04cos\nsystem\n."}), 400, "pickle"),
+    "pickle_bin": (
+        lambda g, d: zip_bytes(
+            {"adapter_config.json": g["adapter_config.json"], "adapter_model.bin": b"\x80\x04cos\nsystem\n."}
+        ),
+        400,
+        "pickle",
+    ),
     "pickle_next_to_safetensors": (lambda g, d: zip_bytes({**g, "adapter_model.bin": b"\x80\x04."}), 400, "pickle"),
     "unexpected_file": (lambda g, d: zip_bytes({**g, "run.sh": b"rm -rf /"}), 400, "unexpected file"),
     "missing_weights": (lambda g, d: zip_bytes({"adapter_config.json": g["adapter_config.json"]}), 400, "lacks"),
@@ -87,9 +98,11 @@ def test_upload_attack_is_refused_and_leaves_nothing(platform, client, good_file
 def test_streamed_body_over_the_limit_gets_413(platform, client):
     """A chunked upload without Content-Length is cut off at the limit."""
     boundary = "lpxboundary"
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nbig\r\n"
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.zip\"\r\n"
-            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nbig\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.zip"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
 
     def body():
         yield head
@@ -97,8 +110,9 @@ def test_streamed_body_over_the_limit_gets_413(platform, client):
             yield b"\0" * MiB
         yield f"\r\n--{boundary}--\r\n".encode()
 
-    r = client.post("/admin/v1/adapters", content=body(),
-                    headers={**H, "content-type": f"multipart/form-data; boundary={boundary}"})
+    r = client.post(
+        "/admin/v1/adapters", content=body(), headers={**H, "content-type": f"multipart/form-data; boundary={boundary}"}
+    )
     assert_error(r, 413, contains="larger than")
     assert platform.ctx.store.stored_paths() == []
     assert client.get("/health").status_code == 200

@@ -1,5 +1,6 @@
 """Background client load for fault tests: threads looping over short completions and streams,
 remembering what each client actually saw (ids, usage, chunks and when they arrived)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,17 @@ class Seen:
 
 
 class Traffic:
-    def __init__(self, url: str, key: str, model: str, *, short: int = 2, streams: int = 1,
-                 long_streams: int = 0, stream_tokens: int = 40) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        model: str,
+        *,
+        short: int = 2,
+        streams: int = 1,
+        long_streams: int = 0,
+        stream_tokens: int = 40,
+    ) -> None:
         self.url, self.key, self.model = url, key, model
         self.seen: list[Seen] = []
         self._lock = threading.Lock()
@@ -32,7 +42,8 @@ class Traffic:
         self._threads = (
             [threading.Thread(target=self._loop, args=("short", 6), daemon=True) for _ in range(short)]
             + [threading.Thread(target=self._loop, args=("stream", stream_tokens), daemon=True) for _ in range(streams)]
-            + [threading.Thread(target=self._loop, args=("long", 1500), daemon=True) for _ in range(long_streams)])
+            + [threading.Thread(target=self._loop, args=("long", 1500), daemon=True) for _ in range(long_streams)]
+        )
 
     def start(self) -> Traffic:
         for t in self._threads:
@@ -55,8 +66,7 @@ class Traffic:
                 seen = Seen(kind)
                 with self._lock:
                     self.seen.append(seen)
-                body = {"model": self.model, "prompt": "Once upon a time", "max_tokens": max_tokens,
-                        "temperature": 0}
+                body = {"model": self.model, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0}
                 try:
                     if kind == "short":
                         r = c.post("/v1/completions", json=body)

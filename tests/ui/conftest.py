@@ -4,6 +4,7 @@ platform on 127.0.0.1, with the demo model engine and a temporary SQLite data di
 Chromium comes from Debian (`apt-get install chromium`); Playwright's own browser download is not
 used. Without /usr/bin/chromium these tests skip, unless LORAPLEX_REQUIRE_BROWSER=1 (CI) fails them.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,14 @@ from platform_helpers import ADMIN_KEY, adapter_files, admin_headers, make_peft_
 
 CHROMIUM = os.environ.get("LORAPLEX_CHROMIUM", "/usr/bin/chromium")
 REQUIRE_BROWSER = os.environ.get("LORAPLEX_REQUIRE_BROWSER") == "1"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _browser_missing_reason() -> str | None:
@@ -54,8 +61,9 @@ def ui_demo_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ui_adapter_files(ui_demo_model_dir, tmp_path_factory) -> dict[str, bytes]:
     """A real PEFT adapter (rank 4 on q/v) made with peft on the demo model."""
-    out = make_peft_adapter(ui_demo_model_dir, tmp_path_factory.mktemp("ui-adapters") / "good",
-                            r=4, alpha=8, targets=("q_proj", "v_proj"))
+    out = make_peft_adapter(
+        ui_demo_model_dir, tmp_path_factory.mktemp("ui-adapters") / "good", r=4, alpha=8, targets=("q_proj", "v_proj")
+    )
     return adapter_files(out)
 
 
@@ -80,8 +88,13 @@ def server(ui_demo_model_dir, tmp_path_factory):
     settings = load_settings(
         data_dir=data_dir,
         admin_key=ADMIN_KEY,
-        engine={"model": str(ui_demo_model_dir), "max_num_seqs": 8, "max_loras": 4, "max_lora_rank": 16,
-                "kv_cache_memory_gb": 0.05},
+        engine={
+            "model": str(ui_demo_model_dir),
+            "max_num_seqs": 8,
+            "max_loras": 4,
+            "max_lora_rank": 16,
+            "kv_cache_memory_gb": 0.05,
+        },
         uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
     )
     ctx, _ = build_context(settings)
@@ -118,8 +131,14 @@ def page(browser, server):
     pg = context.new_page()
     problems: list[str] = []
     pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    pg.on("console", lambda msg: problems.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" and
-          "Failed to load resource" not in msg.text else None)
+    pg.on(
+        "console",
+        lambda msg: (
+            problems.append(f"console.{msg.type}: {msg.text}")
+            if msg.type == "error" and "Failed to load resource" not in msg.text
+            else None
+        ),
+    )
     yield pg
     context.close()
     assert not problems, problems

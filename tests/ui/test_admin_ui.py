@@ -1,5 +1,6 @@
 """The admin web page in a real browser, against the real platform: every check that matters is
 confirmed through the admin API (or the tenant API) too, not just on screen."""
+
 from __future__ import annotations
 
 import re
@@ -83,15 +84,18 @@ def test_create_edit_delete_tenant(signed_in, server):
     row = page.get_by_role("row").filter(has_text=name)
     expect(row).to_contain_text("1.5")
     with server.admin() as c:
-        created = next(t for t in c.get("/admin/v1/tenants", params={"limit": 1000}).json()["data"] if t["name"] == name)
+        created = next(
+            t for t in c.get("/admin/v1/tenants", params={"limit": 1000}).json()["data"] if t["name"] == name
+        )
     assert (created["priority"], created["weight"], created["status"]) == (2, 1.5, "active")
 
     # The server's validation message reaches the user verbatim.
     form.get_by_label("Name").fill("bad name!")
     form.get_by_role("button", name="Create tenant").click()
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as c:
-        expected = c.post("/admin/v1/tenants", json={"name": "bad name!", "priority": 0, "weight": 1,
-                                                     "status": "active"}).json()["error"]["message"]
+        expected = c.post(
+            "/admin/v1/tenants", json={"name": "bad name!", "priority": 0, "weight": 1, "status": "active"}
+        ).json()["error"]["message"]
     expect(alert(page).locator("#error-text")).to_have_text(expected)
     # A duplicate name: the server's conflict message.
     form.get_by_label("Name").fill(name)
@@ -179,7 +183,13 @@ def test_quota_editor(signed_in, server):
     expect(page.get_by_role("status")).to_contain_text("Quota of")
     with server.admin() as c:
         q = c.get(f"/admin/v1/tenants/{t['id']}/quota").json()
-    assert (q["rpm"], q["tpm"], q["max_concurrent"], q["token_budget"], q["budget_period"]) == (60, 5000, 2, 100000, "day")
+    assert (q["rpm"], q["tpm"], q["max_concurrent"], q["token_budget"], q["budget_period"]) == (
+        60,
+        5000,
+        2,
+        100000,
+        "day",
+    )
 
     quota.get_by_label("Requests per minute").fill("")
     quota.get_by_role("button", name="Save quota").click()
@@ -246,8 +256,9 @@ def test_adapter_upload_list_grants_and_errors(signed_in, server, ui_adapter_fil
     # Not an archive: the server's own message, verbatim.
     bogus = b"this is not a zip file at all"
     with server.admin() as c:
-        r = c.post("/admin/v1/adapters", data={"name": "bogus", "tenant_id": owner["id"]},
-                   files={"file": ("bogus.zip", bogus)})
+        r = c.post(
+            "/admin/v1/adapters", data={"name": "bogus", "tenant_id": owner["id"]}, files={"file": ("bogus.zip", bogus)}
+        )
         assert r.status_code >= 400
         expected = r.json()["error"]["message"]
     _upload(page, "bogus", "bogus.zip", bogus, owner["name"])
@@ -258,8 +269,9 @@ def test_adapter_upload_list_grants_and_errors(signed_in, server, ui_adapter_fil
     expect(alert(page)).to_be_hidden()
     form = page.get_by_role("form", name="Upload adapter")
     form.get_by_label("Adapter name").fill(unique("orphan"))
-    form.get_by_label("Adapter archive").set_input_files({"name": "a.zip", "mimeType": "application/zip",
-                                                           "buffer": zip_bytes(ui_adapter_files)})
+    form.get_by_label("Adapter archive").set_input_files(
+        {"name": "a.zip", "mimeType": "application/zip", "buffer": zip_bytes(ui_adapter_files)}
+    )
     form.get_by_role("button", name="Upload adapter").click()
     expect(alert(page)).to_contain_text("a private adapter needs the owning tenant_id")
 
@@ -267,8 +279,11 @@ def test_adapter_upload_list_grants_and_errors(signed_in, server, ui_adapter_fil
     page.get_by_role("dialog").get_by_role("button", name="Delete adapter").click()
     expect(page.get_by_role("status")).to_contain_text(f"Adapter {name} v2 deleted.")
     with server.admin() as c:
-        left = [a for a in c.get("/admin/v1/adapters", params={"include_superseded": True}).json()["data"]
-                if a["name"] == name]
+        left = [
+            a
+            for a in c.get("/admin/v1/adapters", params={"include_superseded": True}).json()["data"]
+            if a["name"] == name
+        ]
     assert [a["version"] for a in left] == [1]
 
 
@@ -287,7 +302,9 @@ def test_engine_view_usage_and_audit(signed_in, server, tmp_path):
     expect(page.get_by_text(base, exact=True)).to_be_visible()
     expect(page.get_by_text("Batch size (running)")).to_be_visible()
     expect(page.get_by_text("KV cache use")).to_be_visible()
-    expect(page.get_by_role("table", name="Per-tenant scheduling").get_by_role("row").filter(has_text=t["name"])).to_be_visible()
+    expect(
+        page.get_by_role("table", name="Per-tenant scheduling").get_by_role("row").filter(has_text=t["name"])
+    ).to_be_visible()
     expect(page.get_by_label("Auto-refresh every 3 s")).to_be_checked()
     # It refreshes by itself.
     stamp = page.get_by_text(re.compile(r"^Updated "))

@@ -1,4 +1,5 @@
 """How the platform serves the admin page (no browser needed)."""
+
 from __future__ import annotations
 
 import httpx
@@ -15,8 +16,12 @@ def test_admin_page_is_served_with_a_strict_csp(server):
         assert 'src="static/app.js"' in page.text
         js = c.get("/admin/static/app.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
-        for path in ("/admin/static/api.js", "/admin/static/dom.js", "/admin/static/style.css",
-                     "/admin/static/views/engine.js"):
+        for path in (
+            "/admin/static/api.js",
+            "/admin/static/dom.js",
+            "/admin/static/style.css",
+            "/admin/static/views/engine.js",
+        ):
             assert c.get(path).status_code == 200, path
         # The page itself holds no data: everything comes from /admin/v1 with the admin key.
         assert c.get("/admin/v1/tenants").status_code == 401

@@ -1,4 +1,5 @@
 """Helpers shared by the admin UI tests."""
+
 from __future__ import annotations
 
 import os
