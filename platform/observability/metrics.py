@@ -179,6 +179,20 @@ class _EngineCollector(Collector):
             ("cpu_evictions", "Adapters evicted from the host cache"),
         ):
             yield counter(f"lora_{key}", doc, lora.get(key, 0))
+        spec = s.get("speculative")
+        if spec:  # speculative decoding is on: what it proposes and what the target keeps
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed", spec.get("proposed_tokens", 0))
+            yield counter(
+                "spec_decode_num_accepted_tokens", "Draft tokens accepted by the target", spec.get("accepted_tokens", 0)
+            )
+            yield gauge(
+                "spec_decode_acceptance_rate", "Accepted / proposed since start", spec.get("acceptance_rate", 0.0)
+            )
+            yield gauge(
+                "spec_decode_mean_accepted_length",
+                "Tokens emitted per verification (accepted drafts + the target's own)",
+                spec.get("mean_accepted_length", 0.0),
+            )
         so = s.get("structured_output") or {}
         yield counter("grammar_compilations", "Structured-output grammars compiled", so.get("compiled", 0))
         yield counter("grammar_cache_hits", "Structured-output grammar cache hits", so.get("cache_hits", 0))

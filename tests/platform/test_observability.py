@@ -135,3 +135,24 @@ def test_metrics_logs_and_traces(obs_server, caplog):
     assert set(kids) == {"admission", "queue+prefill", "decode"}
     assert root.start_time <= kids["admission"].start_time <= kids["queue+prefill"].start_time
     assert kids["decode"].end_time == root.end_time and root.attributes["gen_ai.usage.output_tokens"] == 5
+
+
+def test_speculative_stats_are_exported_when_speculation_is_on():
+    """The engine collector maps stats()["speculative"] to vLLM-like spec_decode metrics, and
+    exports none of them when speculation is off."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from loraplex.platform.observability.metrics import Metrics
+
+    def render(spec):
+        stats = {"enabled": True, "scheduler": {}, "kv_cache": {}, "counters": {}, "speculative": spec}
+        text = Metrics(lambda: stats).render()
+        text = text.decode() if isinstance(text, bytes) else text
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    on = render({"proposed_tokens": 40, "accepted_tokens": 30, "acceptance_rate": 0.75, "mean_accepted_length": 2.5})
+    assert on["loraplex:spec_decode_num_draft_tokens_total"] == 40
+    assert on["loraplex:spec_decode_num_accepted_tokens_total"] == 30
+    assert on["loraplex:spec_decode_acceptance_rate"] == 0.75
+    assert on["loraplex:spec_decode_mean_accepted_length"] == 2.5
+    assert not any("spec_decode" in name for name in render(None))
