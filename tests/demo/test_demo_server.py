@@ -85,7 +85,7 @@ def server(smollm2_dir, tmp_path_factory):
     (data / "models").mkdir(parents=True)
     (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
     config = data.parent / "loraplex.toml"
-    config.write_text("[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\n[engine.extra]\nkv_cache_memory_gb = 0.25\n")
+    config.write_text("[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\nkv_cache_memory_gb = 0.25\n")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_") or k.startswith("LORAPLEX_TEST")}
     env.update(PYTHONUNBUFFERED="1", LORAPLEX_ADMIN_KEY=ADMIN_KEY)

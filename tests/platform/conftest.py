@@ -96,6 +96,7 @@ def gateway(demo_model_dir, tmp_path_factory):
         data_dir=tmp_path_factory.mktemp("engine-data"),
         engine={
             "model": str(demo_model_dir),
+            "dtype": "float32",  # HF oracles (logprobs) compare in fp32; auto would pick bf16 on this CPU
             "max_num_seqs": 8,
             "max_loras": 4,
             "max_lora_rank": 16,
