@@ -56,17 +56,20 @@ async def _health_run(url: str, key: str, n_streams: int, prompt_words: int, max
     import httpx
 
     rng = random.Random(0)
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     probes: list[float] = []
     done = asyncio.Event()
 
     async def stream(client: httpx.AsyncClient, i: int) -> int:
-        prompt = " ".join(rng.choice(words) for _ in range(prompt_words))
-        body = {"model": "bench-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        # Token ids, so the prompt is exactly this long on every server (no tokenizer differences).
+        prompt = [rng.randrange(10, 690) for _ in range(prompt_words)]  # the bench vocab is 704
+        body = {"model": "bench-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "ignore_eos": True}
         chunks = 0
         async with client.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
+                if '"error"' in line:  # an older server answered refusals as 200 + an SSE error event
+                    raise RuntimeError(f"stream {i} failed: {line[:300]}")
                 chunks += line.startswith("data: ")
         return chunks
 
@@ -111,6 +114,11 @@ def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_
         "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
         "LORAPLEX_ENGINE__MAX_NUM_SEQS": "32",
         "PYTHONUNBUFFERED": "1",
+        # The same engine work on both sides (newer defaults pick bf16 and the native CPU kernels):
+        # what differs is only how the server talks to the engine.
+        "LORAPLEX_ENGINE__DTYPE": "float32",
+        "LORAPLEX_ENGINE__KERNEL_BACKEND": "torch",
+        "LORAPLEX_ENGINE__DEVICE": "cpu",
     }
     log = open(data / "serve.log", "w")
     proc = subprocess.Popen(
@@ -155,6 +163,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
         max_num_seqs=batch,
         max_num_batched_tokens=2048,
         dtype="float32",
+        kernel_backend="torch",
         num_kv_blocks=2048,
         block_size=16,
     )
@@ -193,7 +202,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
 
 # ---------------------------------------------------------------------------------------- driver
 def run_all(python: str, args: argparse.Namespace, root: Path) -> dict:
-    health = part_health(python, root, args.streams, args.prompt_words, args.max_tokens)
+    health = part_health(python, root, args.streams, args.prompt_tokens, args.max_tokens)
     here = os.path.realpath(sys.executable) == os.path.realpath(python)
     if here:
         steps = part_steps(root, args.batch, args.steps)
@@ -223,7 +232,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="python of a venv with the older loraplex to compare against")
     ap.add_argument("--streams", type=int, default=24)
-    ap.add_argument("--prompt-words", type=int, default=700)
+    ap.add_argument("--prompt-tokens", type=int, default=700)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=60)
