@@ -62,8 +62,14 @@ async def _health_run(url: str, key: str, n_streams: int, prompt_words: int, max
     async def stream(client: httpx.AsyncClient, i: int) -> int:
         # Token ids, so the prompt is exactly this long on every server (no tokenizer differences).
         prompt = [rng.randrange(10, 690) for _ in range(prompt_words)]  # the bench vocab is 704
-        body = {"model": "bench-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "ignore_eos": True}
+        body = {
+            "model": "bench-model",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         chunks = 0
         async with client.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
             r.raise_for_status()
