@@ -17,6 +17,7 @@ from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.auth.admin import ensure_admin_key
+from loraplex.platform.body_limit import BodySizeLimit
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
@@ -24,7 +25,6 @@ from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import readiness
 from loraplex.platform.http_errors import install_error_handlers
-from loraplex.platform.inference.body_limit import BodySizeLimit
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings

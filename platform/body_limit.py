@@ -1,5 +1,6 @@
-"""ASGI guard for the tenant API: a request body over the limit gets 413 before it is read whole
-(declared Content-Length first; a chunked body is counted as it arrives)."""
+"""ASGI guard: a request body over the limit gets 413 before it is read whole (the declared
+Content-Length first; a chunked body is counted as it arrives). One mechanism for the tenant API
+(``/v1/`` prefix) and the adapter upload route (``size_limit.UploadSizeLimit``)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,32 @@ class _TooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app, prefix: str, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app,
+        max_bytes: int,
+        *,
+        prefix: str | None = None,
+        path: str | None = None,
+        method: str | None = None,
+        message: str | None = None,
+        param: str | None = None,
+    ) -> None:
         self.app = app
-        self.prefix = prefix
         self.limit = max_bytes
+        self.prefix, self.path, self.method = prefix, path, method
+        self.message = message or f"the request body is larger than {max_bytes} bytes"
+        self.param = param
+
+    def _guards(self, scope) -> bool:
+        if scope["type"] != "http" or (self.method is not None and scope["method"] != self.method):
+            return False
+        if self.path is not None:
+            return scope["path"].rstrip("/") == self.path
+        return self.prefix is None or scope["path"].startswith(self.prefix)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        if not self._guards(scope):
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
@@ -53,9 +73,6 @@ class BodySizeLimit:
 
     async def _refuse(self, scope, receive, send):
         response = error_response(
-            413,
-            f"the request body is larger than {self.limit} bytes",
-            code="payload_too_large",
-            headers={"connection": "close"},
+            413, self.message, param=self.param, code="payload_too_large", headers={"connection": "close"}
         )
         await response(scope, receive, send)
