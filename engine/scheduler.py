@@ -256,6 +256,8 @@ class Scheduler:
 
     def _slots_used(self) -> int:
         """Running sequences plus the followers already promised to running leaders."""
+        if not self._followers:  # the common case (n == 1 everywhere): no set to build per candidate
+            return len(self.running)
         running = {s.seq_id for s in self.running}
         return len(running) + sum(len(fs) for lid, fs in self._followers.items() if lid in running)
 
