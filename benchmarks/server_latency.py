@@ -175,7 +175,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
     )
     engine = llm.engine
     forward = [0.0]
-    execute = engine.runner.execute
+    execute = engine.runner.forward
 
     def timed_execute(*args, **kwargs):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -184,7 +184,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
         finally:
             forward[0] += time.perf_counter() - t
 
-    engine.runner.execute = timed_execute
+    engine.runner.forward = timed_execute  # type: ignore[method-assign]
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=steps + 50, temperature=0.8, top_p=0.95, seed=1, ignore_eos=True)
