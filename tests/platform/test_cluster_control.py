@@ -36,8 +36,10 @@ def test_reservations_by_key_are_exact_and_refunds_work():
 
 def test_state_is_versioned_and_only_changes_bump_it():
     cp = ControlPlane("sqlite://")
-    assert cp.state(-1) == {"version": 0, "tenants": {}, "adapters": {}}
+    v0 = cp.version()
+    assert cp.state(-1) == {"version": v0, "tenants": {}, "adapters": {}}
     v1 = cp.set_tenant("t", 0, 1.0, None)
+    assert v1 == v0 + 1
     assert cp.set_tenant("t", 0, 1.0, None) == v1  # the same value again is no change
     v2 = cp.add_adapter("ad", "/store/ad")
     assert v2 == v1 + 1 and cp.state(v2) is None  # an up-to-date replica gets nothing
@@ -56,3 +58,67 @@ def test_replicas_that_stop_reporting_are_forgotten():
     assert [r["pid"] for r in cp.replicas()] == [2]
     cp.forget("engine-b")
     assert cp.replicas() == []
+
+
+def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reservations(tmp_path, db_url, monkeypatch):
+    """What Ray's restart gives: a new instance, same arguments. The desired engine state comes
+    back from the database (the oracle: the rows), versions keep growing, and the reservations the
+    ingresses still hold are adopted, so a concurrency cap stays exact across the restart."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from loraplex.platform.cluster.quota_store import ActorQuotaStore
+    from loraplex.platform.tenants.models import Tenant
+
+    engine = create_engine(db_url)
+    with Session(engine) as s:
+        s.add(Tenant(name="acme", priority=2, weight=3.0))
+        s.add(Tenant(name="gone", status="deleted"))
+        s.commit()
+        acme = s.query(Tenant).filter_by(name="acme").one().id
+    engine.dispose()
+    old = ControlPlane(db_url, store_root=str(tmp_path / "store"))
+    assert old.state(-1)["tenants"] == {acme: (2, 3.0, None)}  # deleted tenants are not pushed
+
+    class Direct:  # the actor handle's shape, calling the object in this thread
+        def __init__(self, target):
+            self.target = target
+
+        def __getattr__(self, name):
+            fn = getattr(self.target, name)
+            return type("M", (), {"remote": staticmethod(lambda *a, **k: fn(*a, **k))})
+
+    handle = Direct(old)
+    store = ActorQuotaStore(handle)
+    import loraplex.platform.cluster.quota_store as qs
+
+    monkeypatch.setattr(qs, "call_actor", lambda submit, what="": submit())  # no Ray: the value is the answer
+    q = QuotaView(max_concurrent=2, tpm=1000)
+    a = store.reserve("t", q, 100)
+    b = store.reserve("t", q, 100)
+    store.settle(b, 50)  # ended before the restart: not adopted
+    new = ControlPlane(db_url, store_root=str(tmp_path / "store"))
+    assert new.epoch != old.epoch and new.version() > old.version()
+    handle.target = new
+    c = store.reserve("t", q, 100)  # the answer carries the new epoch: `a` is adopted
+    assert new.running("t") == 2  # a (adopted) and c
+    refused = new.reserve("t", q, 1)["refused"]
+    assert refused["message"].startswith("too many concurrent requests")
+    store.settle(a, 10)
+    store.settle(c, 10)
+    assert new.running("t") == 0 and new.live_reservations() == 0
+
+
+def test_admin_aborts_and_draining_reach_every_ingress_snapshot():
+    cp = ControlPlane("sqlite://")
+    first = cp.snapshot("ingress-a", 0, 0)
+    assert first["aborts"] == [] and first["draining"] is False
+    seq = cp.broadcast_abort("key revoked", {"tenant_id": None, "key_id": "k1", "adapter_id": None})
+    for name in ("ingress-a", "ingress-b"):
+        snap = cp.snapshot(name, 3, 0)
+        assert [(a["reason"], a["match"]["key_id"]) for a in snap["aborts"]] == [("key revoked", "k1")]
+        assert snap["abort_seq"] == seq
+    assert cp.snapshot("ingress-a", 0, seq)["aborts"] == []  # each abort is applied once
+    cp.set_draining(True)
+    assert cp.snapshot("ingress-b", 1, seq)["draining"] is True
+    assert cp.in_flight() == 1
