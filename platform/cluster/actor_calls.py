@@ -11,25 +11,46 @@ from loraplex.platform.errors import ServiceUnavailable
 
 T = TypeVar("T")
 
-CALL_TIMEOUT_S = 10.0  # one try: generous, the box may be busy
-RETRY_BUDGET_S = 20.0  # a restart of the actor takes a few seconds; this covers it with margin
+CALL_TIMEOUT_S = 5.0  # one wait; a slow answer is waited for again, never sent twice
+RETRY_BUDGET_S = 30.0  # a restart of the actor (a new worker process) on a busy box, with margin
 
 
 def call_actor(submit: Callable[[], object], *, what: str = "the cluster control plane") -> object:
-    """``ray.get(submit())`` with retries: ``submit`` makes a fresh call each try (an ObjectRef of
-    a dead instance never resolves to anything else). Blocking: call from a worker thread."""
+    """``ray.get(submit())`` that rides out a restart of the actor. A call that is only slow is
+    waited for (a second copy could hold a second reservation); a call that failed because the
+    instance died is made again (``submit`` makes a fresh call), with backoff. Blocking: call it
+    from a worker thread, never on an event loop."""
     import ray
-    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     deadline = time.monotonic() + RETRY_BUDGET_S
     delay = 0.1
+    ref = submit()
     while True:
+        left = deadline - time.monotonic()
         try:
-            return ray.get(submit(), timeout=CALL_TIMEOUT_S)  # type: ignore[call-overload]
-        except (RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
+            return ray.get(ref, timeout=max(0.1, min(CALL_TIMEOUT_S, left)))  # type: ignore[call-overload]
+        except GetTimeoutError:
+            if time.monotonic() < deadline:
+                continue
+            _cancel(ref)
+            raise ServiceUnavailable(
+                f"{what} did not answer in {RETRY_BUDGET_S:.0f} s", headers={"retry-after": "5"}
+            ) from None
+        except RayActorError as exc:  # died (or unreachable) before answering: ask the next instance
             if time.monotonic() + delay > deadline:
                 raise ServiceUnavailable(
                     f"{what} is unavailable: {type(exc).__name__}", headers={"retry-after": "5"}
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+            ref = submit()
+
+
+def _cancel(ref: object) -> None:
+    import ray
+
+    try:
+        ray.cancel(ref)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - already running or done: nothing more to do
+        pass

@@ -17,6 +17,7 @@ Why an actor and not the database: see docs/scale-out.md.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from datetime import datetime
@@ -44,6 +45,7 @@ class ControlPlane:
         self._quotas = InProcessQuotaStore(self._tokens_since)
         self._reservations: dict[str, Reservation] = {}
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
+        self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
         # instance must see the new instance's state as newer, never as N - k.
         self._version = time.time_ns() // 1_000_000
@@ -188,6 +190,7 @@ class ControlPlane:
         self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time()}
         return {
             "epoch": self.epoch,
+            "control": {"pid": self.pid, "epoch": self.epoch, "live_reservations": len(self._reservations)},
             "version": self._version,
             "replicas": self.replicas(),
             "draining": self._draining,

@@ -44,6 +44,7 @@ class ClusterView:
         self.draining = False
         self.epoch = ""
         self.abort_seq = 0
+        self.control: dict[str, Any] = {}
         self.fresh = threading.Event()  # set once a snapshot arrived
 
 
@@ -95,6 +96,7 @@ class RemoteEngineClient:
         snap: Any = call_actor(lambda: self._control.snapshot.remote(self.name, in_flight, self.view.abort_seq))
         view = self.view
         view.replicas, view.draining, view.epoch = snap["replicas"], snap["draining"], snap["epoch"]
+        view.control = snap["control"]
         if self._quotas is not None:
             self._quotas.saw_epoch(snap["epoch"])
         for abort in snap["aborts"]:
@@ -250,4 +252,5 @@ class RemoteEngineClient:
             "replica_count": len(replicas),
             "replicas": replicas,
             "draining": self.view.draining,
+            "control": self.view.control,
         }

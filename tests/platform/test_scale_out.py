@@ -11,21 +11,18 @@ import asyncio
 import collections
 import json
 import os
-import random
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from billing_helpers import H, StreamResult, auth, new_adapter, new_tenant, stream, usage_rows
-from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
+from cluster_helpers import Cluster
+from platform_helpers import adapter_files, make_peft_adapter
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
+pytestmark = pytest.mark.slow
 
 CONFIG = """
 [engine]
@@ -44,91 +41,9 @@ chunk_timeout_s = 10
 """
 
 
-def _serve_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+) and above Ray's worker ports
-    (10002-19999): Ray's own processes take ephemeral ports while Serve's proxy starts, and one of
-    them could take a port picked from that range before the proxy binds it."""
-    for _ in range(200):
-        port = random.randint(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-30000")
-
-
-class Cluster:
-    def __init__(self, root: Path, model_dir: Path) -> None:
-        self.port = _serve_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (root / "cluster.toml").write_text(CONFIG)
-        self.log = root / "cluster.log"
-        env = {
-            **os.environ,
-            "LORAPLEX_ENGINE__MODEL": str(model_dir),
-            "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-            "PYTHONUNBUFFERED": "1",
-            "RAY_DEDUP_LOGS": "0",
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loraplex.platform.cli",
-                "serve",
-                "--config",
-                str(root / "cluster.toml"),
-                "--data-dir",
-                str(root / "data"),
-                "--port",
-                str(self.port),
-            ],
-            stdout=open(self.log, "w"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve --replicas 2 exited ({self.proc.returncode}):\n{self.output()[-4000:]}")
-            if "loraplex serving on" in self.output() and len(self.replicas()) == 2:
-                return
-            time.sleep(0.5)
-        self.stop()
-        pytest.fail("the cluster did not come up in 180 s:\n" + self.output()[-4000:])
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def engine(self) -> dict:
-        return httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=10).json()
-
-    def replicas(self) -> list[dict]:
-        try:
-            return self.engine().get("replicas", [])
-        except (httpx.HTTPError, ValueError):
-            return []
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # whatever is left of this run's Ray processes (same process group, not other runs')
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def cluster(demo_model_dir, tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir)
+    c = Cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir, CONFIG)
     yield c
     c.stop()
 
@@ -468,3 +383,79 @@ def test_replica_killed_mid_load_service_keeps_answering(cluster):
         time.sleep(1.0)
     else:
         pytest.fail(f"Serve did not replace the killed replica: {cluster.replicas()}")
+
+
+def _hold_streams(url: str, key: str, n: int, max_tokens: int, tag: str) -> tuple[list, list[threading.Thread]]:
+    """n streams started and each past its first chunk when this returns."""
+    results: list = [None] * n
+    first = threading.Semaphore(0)
+
+    def client(i: int) -> None:
+        seen = [False]
+
+        def on_chunk(_res):
+            if not seen[0]:
+                seen[0] = True
+                first.release()
+
+        try:
+            results[i] = stream(
+                url,
+                key,
+                "demo",
+                prompt=f"{tag} {i}",
+                max_tokens=max_tokens,
+                timeout=240,
+                ignore_eos=True,
+                on_chunk=on_chunk,
+            )
+        finally:
+            if not seen[0]:
+                first.release()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert first.acquire(timeout=120)
+    return results, threads
+
+
+def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
+    """SIGKILL the control-plane actor while three streams hold a tenant's three concurrency slots:
+    Ray restarts it, the ingresses retry meanwhile (requests are answered, not refused), the new
+    instance adopts the live reservations (the cap still holds), and every token is billed."""
+    tid, key = new_tenant(cluster.url, "heal", quota={"max_concurrent": 3})
+    _t2, other = new_tenant(cluster.url, "heal-other")
+    before = cluster.engine()["control"]
+    results, threads = _hold_streams(cluster.url, key, 3, 300, "Heal")
+    killed_at = time.monotonic()
+    os.kill(int(before["pid"]), signal.SIGKILL)
+    answered = [_post(cluster.url, other, {"model": "demo", "prompt": "up?", "max_tokens": 2}, timeout=120)]
+    back_after = time.monotonic() - killed_at
+    answered += [
+        _post(cluster.url, other, {"model": "demo", "prompt": "up?", "max_tokens": 2}, timeout=120) for _ in range(3)
+    ]
+    assert [r.status_code for r in answered] == [200] * 4, [r.text for r in answered]
+    deadline = time.time() + 120
+    while (now := cluster.engine().get("control", {})).get("epoch") == before["epoch"]:
+        assert time.time() < deadline, "the control plane did not come back as a new instance"
+        time.sleep(0.5)
+    assert now["pid"] != before["pid"]
+    print(f"control plane killed: first request answered {back_after:.1f} s after the kill")
+    if all(t.is_alive() for t in threads):  # the adopted reservations still hold the three slots
+        r = _post(cluster.url, key, {"model": "demo", "prompt": "fourth", "max_tokens": 2})
+        assert r.status_code == 429 or not all(t.is_alive() for t in threads), r.text
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    time.sleep(1.0)
+    rows = usage_rows(cluster.url, tid)
+    for r in results:
+        assert r.finish_reason == "length" and not r.error, r
+        assert rows[r.request_id]["status"] == "ok"
+        assert rows[r.request_id]["completion_tokens"] == r.usage["completion_tokens"] == 300
+    deadline = time.time() + 60  # the slots came back (settled in the new instance)
+    while _post(cluster.url, key, {"model": "demo", "prompt": "again", "max_tokens": 2}).status_code != 200:
+        assert time.time() < deadline, "concurrency slots were not returned after the restart"
+        time.sleep(0.5)
