@@ -51,6 +51,6 @@ def _cancel(ref: object) -> None:
     import ray
 
     try:
-        ray.cancel(ref)  # type: ignore[arg-type]
+        ray.cancel(ref)
     except Exception:  # noqa: BLE001 - already running or done: nothing more to do
         pass
