@@ -52,6 +52,8 @@ class ControlPlane:
         self._tenants: dict[str, tuple[int, float, int | None]] = {}
         self._adapters: dict[str, str] = {}
         self._replicas: dict[str, dict[str, Any]] = {}
+        self._service: dict[str, dict[str, float]] = {}  # replica -> tenant -> fair-share service
+        self._retired: dict[str, float] = {}  # service of replicas that are gone, per tenant
         self._replica_ttl_s = replica_ttl_s
         self._draining = False
         self._ingresses: dict[str, dict[str, Any]] = {}
@@ -176,12 +178,28 @@ class ControlPlane:
         return {"version": self._version, "tenants": dict(self._tenants), "adapters": dict(self._adapters)}
 
     # -- replica registry --------------------------------------------------------------------
-    def report(self, replica: str, info: dict[str, Any]) -> int:
+    def report(self, replica: str, info: dict[str, Any], service: dict[str, float] | None = None) -> dict[str, Any]:
+        """A replica's heartbeat, with its cumulative fair-share service per tenant. Answers the
+        state version and the service every OTHER replica gave each tenant (global VTC: the
+        replica charges the growth of that to its own counters)."""
         self._replicas[replica] = {**info, "replica": replica, "seen": time.time()}
-        return self._version
+        if service is not None:
+            self._service[replica] = service
+        others: dict[str, float] = dict(self._retired)
+        for name, served in self._service.items():
+            if name != replica:
+                for tid, amount in served.items():
+                    others[tid] = others.get(tid, 0.0) + amount
+        return {"version": self._version, "others": others}
 
     def forget(self, replica: str) -> None:
         self._replicas.pop(replica, None)
+        self._retire(replica)
+
+    def _retire(self, replica: str) -> None:
+        """A gone replica's service still counts (the others have charged it already)."""
+        for tid, amount in self._service.pop(replica, {}).items():
+            self._retired[tid] = self._retired.get(tid, 0.0) + amount
 
     # -- what every ingress polls: registry, draining, admin aborts ---------------------------
     def snapshot(self, ingress: str, in_flight: int, abort_seq: int) -> dict[str, Any]:
@@ -220,6 +238,7 @@ class ControlPlane:
         now = time.time()
         for name in [n for n, r in self._replicas.items() if now - r["seen"] > self._replica_ttl_s]:
             del self._replicas[name]  # no heartbeat: dead, or stopped by a scale-down
+            self._retire(name)
         return sorted(self._replicas.values(), key=lambda r: r["replica"])
 
 

@@ -41,6 +41,8 @@ class EngineReplica:
         self._applied = -1
         self._adapters: dict[str, str] = {}
         self._sync_lock = threading.Lock()
+        self._served: dict[str, float] = {}  # this engine's fair-share service per tenant
+        self._others_seen: dict[str, float] = {}  # the other replicas' service, as last charged
         self._stop = threading.Event()
         self.sync()  # before the first request: every tenant and adapter of the control plane
         # serve.multiplexed with this deployment's own bound (from settings), hence built here.
@@ -96,13 +98,25 @@ class EngineReplica:
             log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
 
     def _loop(self) -> None:
+        import ray
+
         interval = self.settings.cluster.sync_interval_s
         while not self._stop.wait(interval):
             try:
                 self.sync()
-                self.control.report.remote(self.name, self.report())
+                ref: Any = self.control.report.remote(self.name, self.report(), self._served)
+                answer: dict[str, Any] = ray.get(ref, timeout=30)
+                self._exchange_service(answer["others"])
             except Exception as exc:  # noqa: BLE001 - the control plane restarting: try again next tick
                 log.warning("replica %s: sync failed: %s", self.name, exc)
+
+    def _exchange_service(self, others: dict[str, float]) -> None:
+        """Global VTC: charge this engine's fair counters with the growth of what the other
+        replicas served each tenant since the last tick, and keep our own total for the next
+        report. A total that went down (a restarted control plane forgot it) is not charged back."""
+        delta = {tid: total - self._others_seen.get(tid, 0.0) for tid, total in others.items()}
+        self._others_seen = dict(others)
+        self._served = self.gateway.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
 
     def report(self) -> dict[str, Any]:
         stats = self.gateway.stats()

@@ -203,6 +203,12 @@ class LocalEngineClient:
         with self._lock:
             return sorted(self._adapters)
 
+    def exchange_fair_service(self, external: dict[str, float]) -> dict[str, float]:
+        """Global fairness of a scale-out (one replica's side, see ``cluster/replica.py``)."""
+        if self._engine is None:
+            return {}
+        return self._engine.exchange_fair_service(external)
+
     def stats(self) -> EngineStats:
         if self._engine is None:
             return {"enabled": False}

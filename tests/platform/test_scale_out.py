@@ -459,3 +459,39 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
     while _post(cluster.url, key, {"model": "demo", "prompt": "again", "max_tokens": 2}).status_code != 200:
         assert time.time() < deadline, "concurrency slots were not returned after the restart"
         time.sleep(0.5)
+
+
+def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
+    """Last in the module: it stops the cluster. SIGTERM on the driver: the streams in flight run
+    to their end and are billed exactly, new requests get a 503 meanwhile, the driver exits 0."""
+    import sqlite3
+
+    tid, key = new_tenant(cluster.url, "drain")
+    results, threads = _hold_streams(cluster.url, key, 6, 120, "Drain")
+    cluster.proc.send_signal(signal.SIGTERM)
+    refused = None
+    while refused is None and any(t.is_alive() for t in threads):
+        try:
+            r = _post(cluster.url, key, {"model": "demo", "prompt": "new", "max_tokens": 2}, timeout=60)
+        except httpx.HTTPError:
+            break  # the proxy is already gone: nothing new can start either
+        if r.status_code == 503:
+            refused = r.json()["error"]
+        else:
+            assert r.status_code == 200, r.text  # admitted before every ingress saw the drain
+            time.sleep(0.2)
+    assert refused is not None and refused["code"] == "shutting_down", refused
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    assert cluster.proc.wait(240) == 0, cluster.output()[-3000:]
+    db = sqlite3.connect(cluster.root / "data" / "loraplex.db")
+    rows = dict(
+        (rid, (status, tokens))
+        for rid, status, tokens in db.execute(
+            "SELECT request_id, status, completion_tokens FROM usage_records WHERE tenant_id = ?", (tid,)
+        )
+    )
+    for r in results:
+        assert r.finish_reason == "length" and not r.error and r.done, r
+        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 120
