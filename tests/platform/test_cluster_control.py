@@ -122,3 +122,42 @@ def test_admin_aborts_and_draining_reach_every_ingress_snapshot():
     cp.set_draining(True)
     assert cp.snapshot("ingress-b", 1, seq)["draining"] is True
     assert cp.in_flight() == 1
+
+
+def test_prefix_keys_chain_blocks_and_are_namespaced_by_tenant_and_adapter():
+    from loraplex.platform.cluster.routing import SPAN, prefix_keys
+
+    prompt = list(range(3 * SPAN + 5))
+    keys = prefix_keys(prompt, "ad", "t1")
+    assert len(keys) == 3  # full spans only
+    longer = prefix_keys(prompt + [7] * SPAN, "ad", "t1")
+    assert longer[:3] == keys and len(longer) == 4  # a longer turn of the same chat extends the chain
+    changed = list(prompt)
+    changed[SPAN + 1] += 1  # the second block differs: the first key still matches, no later one
+    other = prefix_keys(changed, "ad", "t1")
+    assert other[0] == keys[0] and not set(other[1:]) & set(keys)
+    assert not set(prefix_keys(prompt, "ad", "t2")) & set(keys)  # another tenant: nothing shared
+    assert not set(prefix_keys(prompt, None, "t1")) & set(keys)  # the base model: nothing shared
+
+
+def test_router_scoring_prefers_cache_then_adapter_and_the_guard_caps_load():
+    from loraplex.platform.cluster.routing import GUARD, PrefixSummary, prefix_keys, rank, score
+
+    prompt = list(range(4 * 32))
+    keys = prefix_keys(prompt, None, "t")
+    warm, cold = PrefixSummary(), PrefixSummary()
+    warm.add(keys[:3])
+    held_warm, held_cold = frozenset(warm.snapshot()), frozenset(cold.snapshot())
+    s_warm, matched = score(keys, held_warm, False, 2, 32)
+    s_cold, _ = score(keys, held_cold, False, 0, 32)
+    assert matched == 3 and s_warm > s_cold
+    assert rank([("cold", s_cold, 0), ("warm", s_warm, 2)]) == [["warm"], ["cold"]]
+    # the cache does not win over a much busier replica
+    s_busy, _ = score(keys, held_warm, False, GUARD + 1, 32)
+    assert rank([("warm", s_busy, GUARD + 1), ("cold", s_cold, 0)]) == [["cold"], ["warm"]]
+    # adapter residency breaks a tie in prefix
+    s_res, _ = score(keys, held_cold, True, 0, 32)
+    assert s_res > s_cold
+    small = PrefixSummary(max_keys=2)
+    small.add([1, 2, 3])
+    assert small.snapshot() == [2, 3]  # bounded: the least recently served go first
