@@ -57,7 +57,8 @@ class RemoteEngineClient:
         self._control = control
         self._model_dir = model_dir
         self._chunk_timeout_s = settings.cluster.chunk_timeout_s
-        self._affinity = settings.cluster.routing == "affinity"
+        # the adapter as Serve's multiplexed id: Serve's own affinity, or residency for "prefix"
+        self._affinity = settings.cluster.routing in ("affinity", "prefix")
         self._version = 0
         self._lock = threading.Lock()
         self._adapters: dict[str, str] = {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
+from loraplex.platform.cluster.routing import PrefixSummary, prefix_keys
 from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.errors import PlatformError
 from loraplex.platform.settings import Settings
@@ -41,6 +42,8 @@ class EngineReplica:
         self._applied = -1
         self._adapters: dict[str, str] = {}
         self._sync_lock = threading.Lock()
+        self._prefixes = PrefixSummary()  # prompts served lately: what prefix-aware routers read
+        self._ongoing = 0
         self._served: dict[str, float] = {}  # this engine's fair-share service per tenant
         self._others_seen: dict[str, float] = {}  # the other replicas' service, as last charged
         self._stop = threading.Event()
@@ -114,6 +117,8 @@ class EngineReplica:
         """Global VTC: charge this engine's fair counters with the growth of what the other
         replicas served each tenant since the last tick, and keep our own total for the next
         report. A total that went down (a restarted control plane forgot it) is not charged back."""
+        if not self.settings.cluster.global_fairness:
+            return
         delta = {tid: total - self._others_seen.get(tid, 0.0) for tid, total in others.items()}
         self._others_seen = dict(others)
         self._served = self.gateway.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
@@ -146,6 +151,8 @@ class EngineReplica:
             await self._multiplexed_adapter(adapter)
         rid = req["request_id"]
         finished = False
+        self._ongoing += 1
+        self._prefixes.add(prefix_keys(req["prompt_ids"], req.get("adapter"), req["cache_salt"]))
         try:
             stream = self.gateway.submit(
                 req["prompt_ids"],
@@ -170,8 +177,13 @@ class EngineReplica:
                 "headers": exc.headers,
             }
         finally:
+            self._ongoing -= 1
             if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
                 self.gateway.abort(rid)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by Serve for the prefix-aware routers (``cluster/routing.py``)."""
+        return {"prefix_keys": self._prefixes.snapshot(), "ongoing": self._ongoing}
 
     def check_health(self) -> None:
         if not self.gateway.alive:
@@ -201,12 +213,20 @@ def deployment(settings: Settings) -> Any:
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 10.0,
     }
+    if cl.routing == "prefix":
+        options["request_router_config"] = {  # Serve's RequestRouterConfig fields
+            "request_router_class": "loraplex.platform.cluster.routing:PrefixAwareRouter",
+            "request_routing_stats_period_s": 1.0,
+            "request_routing_stats_timeout_s": 5.0,
+        }
     if cl.max_replicas > cl.replicas:
         options["autoscaling_config"] = {
             "min_replicas": min(cl.min_replicas, cl.replicas),
             "initial_replicas": cl.replicas,
             "max_replicas": cl.max_replicas,
             "target_ongoing_requests": cl.target_ongoing_requests,
+            "upscale_delay_s": cl.upscale_delay_s,
+            "downscale_delay_s": cl.downscale_delay_s,
         }
     else:
         options["num_replicas"] = cl.replicas

@@ -89,7 +89,7 @@ def _router_class() -> type:
     """Built lazily: importing it needs Ray Serve (``--replicas 1`` never does)."""
     from ray.serve.request_router import FIFOMixin, MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
-    class PrefixAwareRouter(FIFOMixin, MultiplexMixin, RequestRouter):  # type: ignore[misc]
+    class PrefixAwareRouter(FIFOMixin, MultiplexMixin, RequestRouter):
         async def choose_replicas(
             self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
         ) -> list[list[RunningReplica]]:
