@@ -223,6 +223,22 @@ def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
 
 
+def test_admin_abort_reaches_streams_on_every_ingress(cluster):
+    """Revoking a key stops its streams in flight on BOTH ingress replicas (8 streams spread over
+    them by Serve's proxy), not only on the one that handled the DELETE: the abort is broadcast
+    through the control plane. Each stream ends with the request_cancelled error event."""
+    tid, key = new_tenant(cluster.url, "abort-all")
+    results, threads = _hold_streams(cluster.url, key, 8, 2000, "Abort")
+    key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
+    assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a stream of the revoked key kept running"
+    for r in results:
+        assert r.error is not None and r.error["code"] == "request_cancelled", r
+        assert r.chunks < 2000
+
+
 def test_frozen_replica_never_hangs_the_ingress(cluster):
     """SIGSTOP a replica (alive to Ray, silent): its streams end with a clean error after
     chunk_timeout_s (10 s here), the other replica's streams complete, new requests are answered."""
