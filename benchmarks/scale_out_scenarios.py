@@ -61,7 +61,7 @@ def sessions(server, key: str, models: list[str], n_sessions: int, turns: int, m
     whole history (a unique 96-token system part, then 48 new tokens per turn). TTFT of turns 2+
     is where a replica holding the history wins."""
     rng = random.Random(5)
-    hist = [[rng.randrange(100, 900) for _ in range(96)] for _ in range(n_sessions)]
+    hist = [[rng.randrange(100, 600) for _ in range(96)] for _ in range(n_sessions)]
     model_of = [models[i % len(models)] for i in range(n_sessions)]
     before = kv_counters(server)
     ttft_later: list[float] = []
@@ -70,7 +70,7 @@ def sessions(server, key: str, models: list[str], n_sessions: int, turns: int, m
     async def session(c: httpx.AsyncClient, i: int) -> None:
         last = ""
         for t in range(turns):
-            hist[i] += [rng.randrange(100, 900) for _ in range(48)]
+            hist[i] += [rng.randrange(100, 600) for _ in range(48)]
             body = {"model": model_of[i], "prompt": hist[i], "max_tokens": max_tokens, "temperature": 0}
             status, ttft, _tok, replica = await one_stream(c, body)
             if status == 200 and t > 0 and ttft is not None:

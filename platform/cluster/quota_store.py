@@ -3,17 +3,26 @@ exact across every ingress replica (the actor serialises them).
 
 Calls ride out an actor restart (``actor_calls``). The store remembers its live reservations, so
 when the actor comes back as a new instance (a new epoch) it hands them back (``adopt``): the
-requests still running keep their concurrency slot and their tokens in the window."""
+requests still running keep their concurrency slot and their tokens in the window.
+
+One actor round trip per admitted request: ``precheck`` (the cheap refusal before tokenizing)
+answers from this ingress's memory of the tenant's last refusal, for at most ``REFUSAL_MEMORY_S``,
+instead of asking the actor; ``reserve`` checks every limit atomically there anyway. A tenant
+hammering past its limit then costs the actor one call per ingress per interval, not one per
+request."""
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from loraplex.platform.cluster.actor_calls import call_actor
 from loraplex.platform.cluster.control import raise_refusal
 from loraplex.platform.quotas.store import QuotaView, Reservation
+
+REFUSAL_MEMORY_S = 0.5  # a slot freed on another ingress is seen at most this late
 
 
 @dataclass
@@ -28,17 +37,27 @@ class ActorQuotaStore:
         self._lock = threading.Lock()
         self._live: dict[str, ActorReservation] = {}
         self._epoch: str | None = None
+        self._refused: dict[str, tuple[float, dict[str, Any]]] = {}  # tenant -> (until, refusal)
 
     def precheck(self, tenant_id: str, quota: QuotaView) -> None:
-        refusal = call_actor(lambda: self._actor.precheck.remote(tenant_id, quota), what="the quota coordinator")
-        if refusal is not None:
-            raise_refusal(refusal)  # type: ignore[arg-type]
+        with self._lock:
+            until, refusal = self._refused.get(tenant_id, (0.0, {}))
+        if time.monotonic() < until:
+            raise_refusal(refusal)
+
+    def _remember(self, tenant_id: str, refusal: dict[str, Any]) -> None:
+        with self._lock:
+            self._refused[tenant_id] = (time.monotonic() + REFUSAL_MEMORY_S, refusal)
+            if len(self._refused) > 10_000:  # bounded: drop the expired ones
+                now = time.monotonic()
+                self._refused = {t: v for t, v in self._refused.items() if v[0] > now}
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         got: Any = call_actor(
             lambda: self._actor.reserve.remote(tenant_id, quota, tokens), what="the quota coordinator"
         )
         if "refused" in got:
+            self._remember(tenant_id, got["refused"])
             raise_refusal(got["refused"])
         period = quota.budget_period if quota.token_budget is not None else None
         res = ActorReservation(

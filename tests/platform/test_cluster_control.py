@@ -104,6 +104,13 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     assert new.running("t") == 2  # a (adopted) and c
     refused = new.reserve("t", q, 1)["refused"]
     assert refused["message"].startswith("too many concurrent requests")
+    with pytest.raises(RateLimited):
+        store.reserve("t", q, 1)  # refused by the actor: the store remembers it briefly
+    handle.target = None  # any call to the actor now would fail: the precheck answers from memory
+    with pytest.raises(RateLimited) as exc:
+        store.precheck("t", q)
+    assert exc.value.message.startswith("too many concurrent requests")
+    handle.target = new
     store.settle(a, 10)
     store.settle(c, 10)
     assert new.running("t") == 0 and new.live_reservations() == 0
