@@ -1,4 +1,6 @@
-"""Scale-out on Ray Serve: adapter-affinity routing vs no affinity, and 1 vs 2 engine replicas.
+"""Scale-out on Ray Serve: adapter-affinity routing vs no affinity, and 1 vs 2 engine replicas;
+with ``--scenario``: multi-turn sessions per routing mode, a two-tenant flood (global fairness on
+and off), control-plane kill, SIGTERM drain and autoscaling (``scale_out_scenarios.py``).
 
 Each configuration is a real ``loraplex serve`` (``--replicas 1`` = the plain process; 2 = Ray
 Serve) on the demo model with 32 PEFT adapters and a small ``max_loras``, driven over HTTP by a
@@ -10,6 +12,7 @@ from the store), device slot loads and slot evictions. Warm-up requests are not 
 
     .venv/bin/python benchmarks/scale_out.py                # all configurations
     .venv/bin/python benchmarks/scale_out.py --requests 200 --configs affinity-2
+    .venv/bin/python benchmarks/scale_out.py --scenario sessions,flood,faults,autoscale
 """
 
 from __future__ import annotations
@@ -82,13 +85,16 @@ def build_adapters(model: Path, out: Path, n: int) -> list[bytes]:
 
 
 class Server:
-    def __init__(self, root: Path, model: Path, replicas: int, routing: str, args) -> None:
+    headers = H
+
+    def __init__(self, root: Path, model: Path, replicas: int, routing: str, args, extra: str = "") -> None:
         self.url = f"http://127.0.0.1:{(port := _port())}"
+        self.root = root
         cfg = root / "bench.toml"
         cfg.write_text(f"""
 [engine]
 kv_cache_memory_gb = 0.1
-max_num_seqs = 32
+max_num_seqs = {getattr(args, "max_num_seqs", 32)}
 max_loras = {args.max_loras}
 max_cpu_loras = {args.max_cpu_loras}
 max_lora_rank = 16
@@ -97,6 +103,7 @@ replicas = {replicas}
 routing = "{routing}"
 replica_num_cpus = 0.5
 ingress_num_cpus = 0.25
+{extra}
 """)
         env = {
             **os.environ,
@@ -130,7 +137,7 @@ ingress_num_cpus = 0.25
                 raise RuntimeError("serve exited:\n" + self.log.read_text()[-3000:])
             try:
                 eng = httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=2).json()
-                if eng.get("replica_count", 1) == replicas and "scheduler" in eng:
+                if eng.get("replica_count", 1) >= replicas and "scheduler" in eng:
                     return
             except (httpx.HTTPError, ValueError):
                 pass
@@ -247,6 +254,10 @@ def run_config(name: str, model: Path, archives: list[bytes], args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", default="routing", help="routing, or any of sessions,flood,faults,autoscale")
+    ap.add_argument("--sessions", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--flood-seconds", type=float, default=60.0)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--adapters", type=int, default=32)
     ap.add_argument("--requests", type=int, default=400)
@@ -261,6 +272,12 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="lpx-scale-out-"))
     model = Path(ensure_demo_model(work / "demo"))
+    if args.scenario != "routing":
+        from scale_out_runs import run_scenarios
+
+        archives = build_adapters(model, work / "adapters", min(args.adapters, 4))
+        run_scenarios(args, model, archives, Server)
+        return
     archives = build_adapters(model, work / "adapters", args.adapters)
     rows = [run_config(name, model, archives, args) for name in args.configs.split(",")]
     head = (

@@ -242,6 +242,18 @@ class AsyncEngine:
     def stats(self) -> dict:
         return self._call(self.engine.stats)
 
+    def exchange_fair_service(self, external: dict[str, float]) -> dict[str, float]:
+        """Charge the fair policy with service other engines gave these tenants (weight-normalised
+        units, since the previous call) and return this engine's own cumulative service per
+        tenant: the two halves of fairness across replicas, in one call between two steps."""
+        policy = self.engine.policy
+
+        def exchange() -> dict[str, float]:
+            policy.add_external_service(external)
+            return policy.local_service()
+
+        return self._call(exchange)
+
     # ------------------------------------------------------------------ the loop
     def _drain(self, block: bool) -> None:
         """Apply everything in the inbox; with ``block``, wait for the first item."""

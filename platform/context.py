@@ -12,7 +12,7 @@ from loraplex.platform.adapters.store import AdapterStore
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.inference.inflight import InflightRegistry
 from loraplex.platform.observability.metrics import Metrics
 from loraplex.platform.observability.requests import RequestObserver, make_tracer
@@ -29,7 +29,7 @@ class PlatformContext:
     hasher: KeyHasher
     key_cache: KeyCache
     store: AdapterStore
-    gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
+    gateway: EngineClient = field(default_factory=LocalEngineClient.disabled)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     # Built from the fields above in __post_init__ (a deployment may swap ``quotas`` afterwards).
     quotas: QuotaStore = field(init=False)
@@ -55,7 +55,7 @@ class PlatformContext:
             return tokens_since(session, tenant_id, since)
 
     @classmethod
-    def build(cls, settings: Settings, gateway: EngineGateway | None = None) -> PlatformContext:
+    def build(cls, settings: Settings, gateway: EngineClient | None = None) -> PlatformContext:
         db_engine = make_db_engine(settings.db_url)
         return cls(
             settings=settings,
@@ -64,7 +64,7 @@ class PlatformContext:
             hasher=KeyHasher(settings.resolved_secret()),
             key_cache=KeyCache(settings.auth.key_cache_ttl_s),
             store=AdapterStore(settings.adapter_store_dir),
-            gateway=gateway or EngineGateway.disabled(),
+            gateway=gateway or LocalEngineClient.disabled(),
         )
 
     def close(self) -> None:

@@ -4,12 +4,13 @@ committed admin change (just what changed), so the change affects the engine's n
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository as adapters_repo
 from loraplex.platform.db.session import on_commit
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.tenants import repository as tenants_repo
 from loraplex.platform.tenants.models import Tenant
@@ -17,13 +18,13 @@ from loraplex.platform.tenants.models import Tenant
 log = logging.getLogger("loraplex.platform.engine")
 
 
-def push_tenant_after_commit(session: Session, gateway: EngineGateway, tenant: Tenant) -> None:
+def push_tenant_after_commit(session: Session, gateway: EngineClient, tenant: Tenant) -> None:
     quota = quotas_repo.get(session, tenant.id)
     args = (tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
     on_commit(session, lambda: gateway.set_tenant(*args))
 
 
-def sync_all(session: Session, gateway: EngineGateway, store_root) -> None:
+def sync_all(session: Session, gateway: EngineClient, store_root: Path) -> None:
     """Everything into the engine. An adapter that cannot be loaded (files missing or unreadable)
     is marked ``unavailable`` with the reason instead of stopping the server; one that loads again
     becomes ``active`` again."""

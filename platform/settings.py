@@ -128,13 +128,17 @@ class ClusterSettings(_Table):
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(0, ge=0)
     target_ongoing_requests: float = Field(16.0, gt=0)
+    # How long the load must stay above / below target before Serve adds / removes a replica.
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
     # Resources of one engine replica: a GPU each on GPU machines, a CPU share on CPU boxes.
     replica_num_cpus: float = Field(1.0, ge=0)
     replica_num_gpus: float = Field(0.0, ge=0)
     ingress_num_cpus: float = Field(0.5, ge=0)
     # "affinity": the adapter is Serve's multiplexed model id (requests go where it is resident);
+    # "prefix": scored by cached prompt prefix, adapter residency and load (cluster/routing.py);
     # "load": no affinity, every request to the least loaded replica (a baseline to measure against).
-    routing: Literal["affinity", "load"] = "affinity"
+    routing: Literal["affinity", "prefix", "load"] = "affinity"
     # Adapters a replica reports as resident to Serve's multiplexed router (LRU beyond this).
     max_adapters_per_replica: int = Field(0, ge=0)  # 0 = engine.max_loras (the device slots)
     # The ingress never waits longer than this for a replica's next chunk (a dead or stuck replica).
@@ -143,6 +147,8 @@ class ClusterSettings(_Table):
     drain_timeout_s: float = Field(120.0, gt=0)
     # How often a replica pulls the control plane's tenant/adapter state and reports its stats.
     sync_interval_s: float = Field(0.5, gt=0)
+    # Fair-share (VTC) counters shared by the replicas through the control plane (docs/scale-out.md).
+    global_fairness: bool = True
 
 
 class Settings(BaseSettings):

@@ -106,6 +106,17 @@ class SchedulingPolicy(ABC):
         """``seq`` left the engine (finished or aborted)."""
         self.book.finished(seq)
 
+    # ------------------------------------------------------------------ service elsewhere
+    def local_service(self) -> dict[str, float]:
+        """Fair-share service this engine gave each tenant (policies without counters: none)."""
+        return {}
+
+    def add_external_service(self, service: dict[str, float]) -> None:
+        """Service other engines (replicas of one deployment) gave these tenants since the last
+        call: a fair policy charges it like its own, so fairness holds across the replicas.
+        Policies without counters have nothing to charge."""
+        return None
+
     def stats(self) -> dict:
         """JSON-serialisable: policy name, per-tenant counts and served tokens, running adapters."""
         return {

@@ -39,6 +39,7 @@ class FairPolicy(ClassQueuesPolicy):
         self.locality_slack = locality_slack
         self.share_preemption = share_preemption
         self.counters: dict[str, float] = {}
+        self.served: dict[str, float] = {}  # what this engine charged (lifts excluded), per tenant
         self._last_left: dict[int, float] = {}  # class -> counter of the last tenant leaving its backlog
         self.locality_picks = 0  # times locality overrode the fairest pick (stats)
 
@@ -70,6 +71,18 @@ class FairPolicy(ClassQueuesPolicy):
     def _charge(self, seq: Sequence, service: float) -> None:
         tid = seq.tenant.tenant_id
         self.counters[tid] = self.counters.get(tid, 0.0) + service / seq.tenant.weight
+        self.served[tid] = self.served.get(tid, 0.0) + service / seq.tenant.weight
+
+    def local_service(self) -> dict[str, float]:
+        return dict(self.served)
+
+    def add_external_service(self, service: dict[str, float]) -> None:
+        # Global VTC (docs/scale-out.md): a tenant served on other replicas carries that service
+        # here too, so flooding every replica cannot buy it more than its weighted share of any.
+        # Already weight-normalised by the engine that served it (one weight per tenant everywhere).
+        for tid, amount in service.items():
+            if amount > 0:
+                self.counters[tid] = self.counters.get(tid, 0.0) + amount
 
     # ------------------------------------------------------------------ choice
     def _pick(self, heads: list[tuple[str, Sequence]], now: float, top: int) -> Sequence:

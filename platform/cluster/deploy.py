@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +37,23 @@ class Ingress:
 
         from loraplex.platform.app import create_app
         from loraplex.platform.cluster.quota_store import ActorQuotaStore
-        from loraplex.platform.cluster.remote_gateway import RemoteEngineGateway
+        from loraplex.platform.cluster.remote_client import RemoteEngineClient
         from loraplex.platform.context import PlatformContext
         from loraplex.platform.db.session import unit_of_work
-        from loraplex.platform.engine_gateway import resolve_model_dir
+        from loraplex.platform.engine_client import resolve_model_dir
         from loraplex.platform.engine_sync import sync_all
 
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        gateway = RemoteEngineGateway(settings, self.engine_handle, control, resolve_model_dir(settings))
-        ctx = PlatformContext.build(settings, gateway)
-        ctx.quotas = ActorQuotaStore(control)
+        client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
+        ctx = PlatformContext.build(settings, client)
+        quotas = ActorQuotaStore(control)
+        ctx.quotas = quotas
+        ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
+        client.attach(quotas, ctx.inflight)
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
-            sync_all(session, gateway, ctx.store.root)  # idempotent: the same state from every ingress
+            sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress
         return create_app(ctx, owns_engine=False)
 
 
@@ -59,7 +63,7 @@ def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
     data = settings.model_dump(mode="json")
     data["data_dir"] = str(Path(settings.data_dir).resolve())
     data["database_url"] = settings.db_url
-    from loraplex.platform.engine_gateway import resolve_model_dir
+    from loraplex.platform.engine_client import resolve_model_dir
 
     data["engine"]["model"] = str(resolve_model_dir(settings))  # the demo model is built once, here
     if settings.cluster.ingress_replicas > 1:
@@ -93,14 +97,20 @@ def start(settings: Settings) -> Any:
         )
     dump = cluster_settings_dump(settings)
     control = (
-        ray.remote(num_cpus=0, max_restarts=0)(ControlPlane)
+        # Restarted by Ray when it dies (state rebuilt from the DB, the replicas and the ingresses);
+        # calls in flight at the death are retried on the new instance.
+        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
         .options(
             name=ACTOR_NAME,
             namespace=NAMESPACE,
             get_if_exists=True,
             max_concurrency=1,
         )
-        .remote(dump["database_url"], replica_ttl_s=max(5.0, 6 * cl.sync_interval_s))
+        .remote(
+            dump["database_url"],
+            replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
+            store_root=str(Path(dump["data_dir"]) / "adapters"),
+        )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
     engine = replica.deployment(settings).bind(dump)
@@ -143,14 +153,16 @@ def prepare_once(settings: Settings) -> str | None:
 
 
 def run(settings: Settings) -> None:
-    """Deploy and block until SIGINT/SIGTERM, then take the deployments down."""
+    """Deploy and block until SIGINT/SIGTERM, then drain and take the deployments down."""
     import ray
     from ray import serve
 
+    control = start(settings)  # this reference keeps the control-plane actor alive
     stop = threading.Event()
+    # After ray.init, which installs its own SIGTERM handler in the driver (it would exit at once,
+    # cutting every stream): a signal here starts the drain instead.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    control = start(settings)  # this reference keeps the control-plane actor alive
     print(
         f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
         f"({settings.cluster.replicas} engine replicas on Ray Serve)",
@@ -158,8 +170,33 @@ def run(settings: Settings) -> None:
     )
     stop.wait()
     try:
-        serve.delete(APP_NAME)  # replicas first (they drain), the control plane they talk to last
+        drain(control, settings.cluster.drain_timeout_s, settings.cluster.sync_interval_s)
+        serve.delete(APP_NAME)  # replicas first, the control plane they talk to last
         serve.shutdown()
     finally:
         del control
         ray.shutdown()
+
+
+def drain(control: Any, timeout_s: float, tick_s: float) -> int:
+    """The one-process contract on Ray: new requests are refused with 503 (every ingress reads
+    ``draining`` at its next tick), requests in flight run to their end (their reservations are
+    settled) for up to ``timeout_s``. Returns how many were still running when it gave up."""
+    import ray
+
+    print("loraplex: draining (new requests get 503; in-flight requests finish)", flush=True)
+    ray.get(control.set_draining.remote(True), timeout=30)
+    deadline = time.monotonic() + timeout_s
+    time.sleep(2 * tick_s)  # every ingress has seen the flag: nothing new is admitted past this
+    left = -1
+    while time.monotonic() < deadline:
+        try:
+            left = int(ray.get(control.live_reservations.remote(), timeout=10))
+        except Exception as exc:  # noqa: BLE001 - the control plane restarting: ask again
+            log.warning("drain: %s", exc)
+            left = -1
+        if left == 0:
+            break
+        time.sleep(0.2)
+    print(f"loraplex: drained ({max(left, 0)} request(s) still running at the end)", flush=True)
+    return max(left, 0)

@@ -1,65 +1,117 @@
 """``QuotaStore`` backed by the control-plane actor: the same four calls as the in-process store,
-exact across every ingress replica (the actor serialises them)."""
+exact across every ingress replica (the actor serialises them).
+
+Calls ride out an actor restart (``actor_calls``). The store remembers its live reservations, so
+when the actor comes back as a new instance (a new epoch) it hands them back (``adopt``): the
+requests still running keep their concurrency slot and their tokens in the window.
+
+One actor round trip per admitted request: ``precheck`` (the cheap refusal before tokenizing)
+answers from this ingress's memory of the tenant's last refusal, for at most ``REFUSAL_MEMORY_S``,
+instead of asking the actor; ``reserve`` checks every limit atomically there anyway. A tenant
+hammering past its limit then costs the actor one call per ingress per interval, not one per
+request."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.platform.cluster.actor_calls import call_actor
 from loraplex.platform.cluster.control import raise_refusal
-from loraplex.platform.errors import ServiceUnavailable
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
-CALL_TIMEOUT_S = 10.0
+REFUSAL_MEMORY_S = 0.5  # a slot freed on another ingress is seen at most this late
 
 
 @dataclass
 class ActorReservation(Reservation):
     key: str = ""  # the actor keeps the real reservation; this names it
+    period: str | None = None  # the budget period it holds tokens against (None: no budget)
 
 
 class ActorQuotaStore:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
-
-    def _get(self, ref: Any) -> Any:
-        import ray
-
-        try:
-            return ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except Exception as exc:  # actor gone or stuck: refuse rather than admit unmetered
-            raise ServiceUnavailable(
-                f"the quota coordinator is unavailable: {type(exc).__name__}", headers={"retry-after": "5"}
-            ) from None
+        self._lock = threading.Lock()
+        self._live: dict[str, ActorReservation] = {}
+        self._epoch: str | None = None
+        self._refused: dict[str, tuple[float, dict[str, Any]]] = {}  # tenant -> (until, refusal)
 
     def precheck(self, tenant_id: str, quota: QuotaView) -> None:
-        refusal = self._get(self._actor.precheck.remote(tenant_id, quota))
-        if refusal is not None:
+        with self._lock:
+            until, refusal = self._refused.get(tenant_id, (0.0, {}))
+        if time.monotonic() < until:
             raise_refusal(refusal)
 
+    def _remember(self, tenant_id: str, refusal: dict[str, Any]) -> None:
+        with self._lock:
+            self._refused[tenant_id] = (time.monotonic() + REFUSAL_MEMORY_S, refusal)
+            if len(self._refused) > 10_000:  # bounded: drop the expired ones
+                now = time.monotonic()
+                self._refused = {t: v for t, v in self._refused.items() if v[0] > now}
+
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
-        got = self._get(self._actor.reserve.remote(tenant_id, quota, tokens))
+        got: Any = call_actor(
+            lambda: self._actor.reserve.remote(tenant_id, quota, tokens), what="the quota coordinator"
+        )
         if "refused" in got:
+            self._remember(tenant_id, got["refused"])
             raise_refusal(got["refused"])
-        return ActorReservation(tenant_id, got["tokens"], got["headers"], got["admitted_at"], key=got["key"])
+        period = quota.budget_period if quota.token_budget is not None else None
+        res = ActorReservation(
+            tenant_id, got["tokens"], got["headers"], got["admitted_at"], key=got["key"], period=period
+        )
+        with self._lock:
+            self._live[res.key] = res
+        self.saw_epoch(got["epoch"])
+        return res
 
     # settle/cancel run on the event loop at a request's end: fire and forget (an actor executes
-    # one caller's calls in submission order, so a later reserve sees this release).
+    # one caller's calls in submission order, so a later reserve sees this release; Ray retries
+    # them on a restarted instance, where an unknown key is a no-op).
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        if not reservation.done:
-            reservation.done = True
+        if self._forget(reservation):
             self._actor.settle.remote(_key(reservation), used_tokens)
 
     def cancel(self, reservation: Reservation) -> None:
-        if not reservation.done:
-            reservation.done = True
+        if self._forget(reservation):
             self._actor.cancel.remote(_key(reservation))
 
     def running(self, tenant_id: str) -> int:
-        return int(self._get(self._actor.running.remote(tenant_id)))
+        return int(call_actor(lambda: self._actor.running.remote(tenant_id)))  # type: ignore[call-overload]
 
     def usage_now(self, tenant_id: str) -> dict[str, int]:
-        return dict(self._get(self._actor.usage_now.remote(tenant_id)))
+        return dict(call_actor(lambda: self._actor.usage_now.remote(tenant_id)))  # type: ignore[call-overload]
+
+    # -- healing -------------------------------------------------------------------------------
+    def saw_epoch(self, epoch: str) -> None:
+        """The actor instance that answered. A new one (restarted) gets this store's live
+        reservations back; calls from one caller run in order, so a settle sent after this
+        adopt finds its key there, and one sent before it was not adopted (already forgotten)."""
+        with self._lock:
+            if self._epoch == epoch:
+                return
+            first, self._epoch = self._epoch is None, epoch
+            held = [
+                {"key": r.key, "tenant_id": r.tenant_id, "tokens": r.tokens, "budget_period": r.period}
+                for r in self._live.values()
+            ]
+            if not first and held:
+                self._actor.adopt.remote(held)
+
+    def live_count(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def _forget(self, reservation: Reservation) -> bool:
+        with self._lock:
+            if reservation.done:
+                return False
+            reservation.done = True
+            self._live.pop(_key(reservation), None)
+            return True
 
 
 def _key(reservation: Reservation) -> str:

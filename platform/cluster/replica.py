@@ -1,5 +1,5 @@
 """One engine replica of the Ray Serve deployment: owns one ``AsyncEngine`` (through the ordinary
-``EngineGateway``) and streams a request's DELTA outputs back to the ingress as plain dicts.
+``LocalEngineClient``) and streams a request's DELTA outputs back to the ingress as plain dicts.
 
 The adapter is Serve's multiplexed model id: ``get_adapter`` is the ``serve.multiplexed`` loader,
 so Serve's router sends an adapter's requests to the replicas that report it loaded and a
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.cluster.routing import PrefixSummary, prefix_keys
+from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.errors import PlatformError
 from loraplex.platform.settings import Settings
 
@@ -37,10 +38,14 @@ class EngineReplica:
         ctx = serve.get_replica_context()
         self.name = f"engine-{ctx.replica_id.unique_id}"
         self.control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        self.gateway = EngineGateway.start(self.settings)
+        self.gateway = LocalEngineClient.start(self.settings)
         self._applied = -1
         self._adapters: dict[str, str] = {}
         self._sync_lock = threading.Lock()
+        self._prefixes = PrefixSummary()  # prompts served lately: what prefix-aware routers read
+        self._ongoing = 0
+        self._served: dict[str, float] = {}  # this engine's fair-share service per tenant
+        self._others_seen: dict[str, float] = {}  # the other replicas' service, as last charged
         self._stop = threading.Event()
         self.sync()  # before the first request: every tenant and adapter of the control plane
         # serve.multiplexed with this deployment's own bound (from settings), hence built here.
@@ -56,12 +61,24 @@ class EngineReplica:
 
     # -- control-plane state -----------------------------------------------------------------
     def sync(self) -> None:
+        """Pull and apply the control plane's state (blocking: the sync thread or a worker)."""
         import ray
 
+        ref: Any = self.control.state.remote(self._applied)
+        self._apply(ray.get(ref, timeout=30))
+
+    async def sync_async(self) -> None:
+        """The same from the request path: the actor call is awaited, the engine calls (which
+        wait for a step boundary) run in a worker thread."""
+        state = await self.control.state.remote(self._applied)
+        if state is not None:
+            await asyncio.to_thread(self._apply, state)
+
+    def _apply(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
         with self._sync_lock:
-            ref: Any = self.control.state.remote(self._applied)
-            state: dict[str, Any] | None = ray.get(ref, timeout=30)
-            if state is None:
+            if state["version"] == self._applied:
                 return
             for tenant_id, (priority, weight, cap) in state["tenants"].items():
                 self.gateway.set_tenant(tenant_id, priority, weight, cap)
@@ -71,21 +88,40 @@ class EngineReplica:
                 del self._adapters[key]
             for key, path in wanted.items():
                 if key not in self._adapters:
-                    try:
-                        self.gateway.add_adapter(key, Path(path))
-                        self._adapters[key] = path
-                    except PlatformError as exc:  # reported to the request that asks for it
-                        log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
+                    self._load_adapter(key, path)
             self._applied = state["version"]
 
+    def _load_adapter(self, key: str, path: str) -> None:
+        """The one place a replica gets an adapter's weights into its engine (an adapter store
+        that resolves keys to files elsewhere swaps this function only)."""
+        try:
+            self.gateway.add_adapter(key, Path(path))
+            self._adapters[key] = path
+        except PlatformError as exc:  # reported to the request that asks for it
+            log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
+
     def _loop(self) -> None:
+        import ray
+
         interval = self.settings.cluster.sync_interval_s
         while not self._stop.wait(interval):
             try:
                 self.sync()
-                self.control.report.remote(self.name, self.report())
+                ref: Any = self.control.report.remote(self.name, self.report(), self._served)
+                answer: dict[str, Any] = ray.get(ref, timeout=30)
+                self._exchange_service(answer["others"])
             except Exception as exc:  # noqa: BLE001 - the control plane restarting: try again next tick
                 log.warning("replica %s: sync failed: %s", self.name, exc)
+
+    def _exchange_service(self, others: dict[str, float]) -> None:
+        """Global VTC: charge this engine's fair counters with the growth of what the other
+        replicas served each tenant since the last tick, and keep our own total for the next
+        report. A total that went down (a restarted control plane forgot it) is not charged back."""
+        if not self.settings.cluster.global_fairness:
+            return
+        delta = {tid: total - self._others_seen.get(tid, 0.0) for tid, total in others.items()}
+        self._others_seen = dict(others)
+        self._served = self.gateway.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
 
     def report(self) -> dict[str, Any]:
         stats = self.gateway.stats()
@@ -97,7 +133,7 @@ class EngineReplica:
         # The engine loads the weights itself on first use (LRU within max_loras); what Serve
         # caches here is only the fact "this replica serves adapter X", which steers its router.
         if adapter_id not in self._adapters:
-            await asyncio.to_thread(self.sync)
+            await self.sync_async()
         return adapter_id
 
     async def generate(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -108,13 +144,15 @@ class EngineReplica:
         routed_by = serve.get_multiplexed_model_id()
         adapter = routed_by or req.get("adapter") or None
         if req["version"] > self._applied:
-            await asyncio.to_thread(self.sync)
+            await self.sync_async()
         if routed_by:
             await self.get_adapter(routed_by)
         elif adapter:
             await self._multiplexed_adapter(adapter)
         rid = req["request_id"]
         finished = False
+        self._ongoing += 1
+        self._prefixes.add(prefix_keys(req["prompt_ids"], req.get("adapter"), req["cache_salt"]))
         try:
             stream = self.gateway.submit(
                 req["prompt_ids"],
@@ -139,8 +177,13 @@ class EngineReplica:
                 "headers": exc.headers,
             }
         finally:
+            self._ongoing -= 1
             if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
                 self.gateway.abort(rid)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by Serve for the prefix-aware routers (``cluster/routing.py``)."""
+        return {"prefix_keys": self._prefixes.snapshot(), "ongoing": self._ongoing}
 
     def check_health(self) -> None:
         if not self.gateway.alive:
@@ -164,19 +207,39 @@ def deployment(settings: Settings) -> Any:
         "name": "engine",
         "ray_actor_options": {"num_cpus": cl.replica_num_cpus, "num_gpus": cl.replica_num_gpus},
         # the engine batches: let it see its whole batch plus a queue, not Serve's default of 5
-        "max_ongoing_requests": max(16, 2 * int(settings.engine.max_num_seqs)),
+        "max_ongoing_requests": max(16, 2 * _batch_size(settings)),
         "graceful_shutdown_timeout_s": cl.drain_timeout_s,  # scale-down drains
         "graceful_shutdown_wait_loop_s": 1.0,
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 10.0,
     }
+    if cl.routing == "prefix":
+        options["request_router_config"] = {  # Serve's RequestRouterConfig fields
+            "request_router_class": "loraplex.platform.cluster.routing:PrefixAwareRouter",
+            "request_routing_stats_period_s": 1.0,
+            "request_routing_stats_timeout_s": 5.0,
+        }
     if cl.max_replicas > cl.replicas:
         options["autoscaling_config"] = {
             "min_replicas": min(cl.min_replicas, cl.replicas),
             "initial_replicas": cl.replicas,
             "max_replicas": cl.max_replicas,
             "target_ongoing_requests": cl.target_ongoing_requests,
+            "upscale_delay_s": cl.upscale_delay_s,
+            "downscale_delay_s": cl.downscale_delay_s,
         }
     else:
         options["num_replicas"] = cl.replicas
     return serve.deployment(**options)(EngineReplica)
+
+
+def _batch_size(settings: Settings) -> int:
+    """The replica's ``max_num_seqs``; left to auto-sizing (None, the default), the cap the engine
+    would size it to on the replica's device (the driver cannot see the replica's memory)."""
+    if settings.engine.max_num_seqs is not None:
+        return int(settings.engine.max_num_seqs)
+    import torch
+
+    from loraplex.engine.memory import auto_max_num_seqs
+
+    return auto_max_num_seqs(torch.device("cuda" if settings.cluster.replica_num_gpus else "cpu"), None)

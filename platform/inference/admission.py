@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
@@ -18,6 +18,9 @@ from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.store import QuotaView, Reservation
+
+if TYPE_CHECKING:
+    from loraplex.engine import SamplingParams
 
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 
@@ -29,7 +32,7 @@ class Prepared:
     endpoint: str
     adapter_id: str | None
     prompt_ids: list[int]
-    params: Any
+    params: SamplingParams
     reservation: Reservation
     timeout_s: float
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.platform.engine_client import EngineStream
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 from loraplex.platform.inference.admission import Prepared
 from loraplex.platform.observability.metrics import FinishedRequest
@@ -53,9 +54,7 @@ async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
             tenant_id=prep.auth.tenant_id,
             cache_salt=prep.auth.tenant_id,
         )
-        opened = getattr(stream, "open", None)
-        if opened is not None:  # a remote engine (Ray Serve): wait until a replica accepted it
-            await opened()
+        await stream.open()  # a remote engine (Ray Serve): until a replica accepted it
     except BaseException as exc:
         ctx.quotas.cancel(prep.reservation)
         if isinstance(exc, PlatformError) or not isinstance(exc, Exception):
@@ -72,7 +71,7 @@ async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
 
 
 class Generation:
-    def __init__(self, ctx: Any, prep: Prepared, stream: Any, streaming: bool) -> None:
+    def __init__(self, ctx: Any, prep: Prepared, stream: EngineStream, streaming: bool) -> None:
         self.ctx = ctx
         self.streaming = streaming
         self.prep = prep
@@ -84,7 +83,7 @@ class Generation:
     @property
     def replica(self) -> str:
         """x-loraplex-replica: the engine replica serving it (a remote stream knows it once opened)."""
-        return getattr(self._stream, "replica", "") or self.ctx.gateway.replica_name
+        return self._stream.replica or self.ctx.gateway.replica_name
 
     async def durable(self, written: Any) -> None:
         if self.ctx.settings.ledger.durable:

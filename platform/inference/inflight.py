@@ -5,6 +5,7 @@ engine's abort ends each stream, and the request bills what it had delivered."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -21,6 +22,8 @@ class InflightRegistry:
         self._lock = threading.Lock()
         self._requests: dict[str, InFlight] = {}
         self._reasons: dict[str, str] = {}
+        # Where an abort also goes: the other ingress replicas of a scale-out (reason, match).
+        self.peers: Callable[[str, dict[str, str | None]], None] | None = None
 
     def add(self, request_id: str, tenant_id: str, key_id: str, adapter_id: str | None) -> None:
         with self._lock:
@@ -47,8 +50,12 @@ class InflightRegistry:
         tenant_id: str | None = None,
         key_id: str | None = None,
         adapter_id: str | None = None,
+        broadcast: bool = True,
     ) -> int:
-        """Abort every request matching all the given fields; returns how many."""
+        """Abort every request matching all the given fields (here, and on the other ingress
+        replicas unless ``broadcast`` is False); returns how many were here."""
+        if broadcast and self.peers is not None:
+            self.peers(reason, {"tenant_id": tenant_id, "key_id": key_id, "adapter_id": adapter_id})
         with self._lock:
             hits = [
                 r

@@ -36,8 +36,10 @@ def test_reservations_by_key_are_exact_and_refunds_work():
 
 def test_state_is_versioned_and_only_changes_bump_it():
     cp = ControlPlane("sqlite://")
-    assert cp.state(-1) == {"version": 0, "tenants": {}, "adapters": {}}
+    v0 = cp.version()
+    assert cp.state(-1) == {"version": v0, "tenants": {}, "adapters": {}}
     v1 = cp.set_tenant("t", 0, 1.0, None)
+    assert v1 == v0 + 1
     assert cp.set_tenant("t", 0, 1.0, None) == v1  # the same value again is no change
     v2 = cp.add_adapter("ad", "/store/ad")
     assert v2 == v1 + 1 and cp.state(v2) is None  # an up-to-date replica gets nothing
@@ -56,3 +58,113 @@ def test_replicas_that_stop_reporting_are_forgotten():
     assert [r["pid"] for r in cp.replicas()] == [2]
     cp.forget("engine-b")
     assert cp.replicas() == []
+
+
+def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reservations(tmp_path, db_url, monkeypatch):
+    """What Ray's restart gives: a new instance, same arguments. The desired engine state comes
+    back from the database (the oracle: the rows), versions keep growing, and the reservations the
+    ingresses still hold are adopted, so a concurrency cap stays exact across the restart."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from loraplex.platform.cluster.quota_store import ActorQuotaStore
+    from loraplex.platform.tenants.models import Tenant
+
+    engine = create_engine(db_url)
+    with Session(engine) as s:
+        s.add(Tenant(name="acme", priority=2, weight=3.0))
+        s.add(Tenant(name="gone", status="deleted"))
+        s.commit()
+        acme = s.query(Tenant).filter_by(name="acme").one().id
+    engine.dispose()
+    old = ControlPlane(db_url, store_root=str(tmp_path / "store"))
+    assert old.state(-1)["tenants"] == {acme: (2, 3.0, None)}  # deleted tenants are not pushed
+
+    class Direct:  # the actor handle's shape, calling the object in this thread
+        def __init__(self, target):
+            self.target = target
+
+        def __getattr__(self, name):
+            fn = getattr(self.target, name)
+            return type("M", (), {"remote": staticmethod(lambda *a, **k: fn(*a, **k))})
+
+    handle = Direct(old)
+    store = ActorQuotaStore(handle)
+    import loraplex.platform.cluster.quota_store as qs
+
+    monkeypatch.setattr(qs, "call_actor", lambda submit, what="": submit())  # no Ray: the value is the answer
+    q = QuotaView(max_concurrent=2, tpm=1000)
+    a = store.reserve("t", q, 100)
+    b = store.reserve("t", q, 100)
+    store.settle(b, 50)  # ended before the restart: not adopted
+    new = ControlPlane(db_url, store_root=str(tmp_path / "store"))
+    assert new.epoch != old.epoch and new.version() > old.version()
+    handle.target = new
+    c = store.reserve("t", q, 100)  # the answer carries the new epoch: `a` is adopted
+    assert new.running("t") == 2  # a (adopted) and c
+    refused = new.reserve("t", q, 1)["refused"]
+    assert refused["message"].startswith("too many concurrent requests")
+    with pytest.raises(RateLimited):
+        store.reserve("t", q, 1)  # refused by the actor: the store remembers it briefly
+    handle.target = None  # any call to the actor now would fail: the precheck answers from memory
+    with pytest.raises(RateLimited) as exc:
+        store.precheck("t", q)
+    assert exc.value.message.startswith("too many concurrent requests")
+    handle.target = new
+    store.settle(a, 10)
+    store.settle(c, 10)
+    assert new.running("t") == 0 and new.live_reservations() == 0
+
+
+def test_admin_aborts_and_draining_reach_every_ingress_snapshot():
+    cp = ControlPlane("sqlite://")
+    first = cp.snapshot("ingress-a", 0, 0)
+    assert first["aborts"] == [] and first["draining"] is False
+    seq = cp.broadcast_abort("key revoked", {"tenant_id": None, "key_id": "k1", "adapter_id": None})
+    for name in ("ingress-a", "ingress-b"):
+        snap = cp.snapshot(name, 3, 0)
+        assert [(a["reason"], a["match"]["key_id"]) for a in snap["aborts"]] == [("key revoked", "k1")]
+        assert snap["abort_seq"] == seq
+    assert cp.snapshot("ingress-a", 0, seq)["aborts"] == []  # each abort is applied once
+    cp.set_draining(True)
+    assert cp.snapshot("ingress-b", 1, seq)["draining"] is True
+    assert cp.in_flight() == 1
+
+
+def test_prefix_keys_chain_blocks_and_are_namespaced_by_tenant_and_adapter():
+    from loraplex.platform.cluster.routing import SPAN, prefix_keys
+
+    prompt = list(range(3 * SPAN + 5))
+    keys = prefix_keys(prompt, "ad", "t1")
+    assert len(keys) == 3  # full spans only
+    longer = prefix_keys(prompt + [7] * SPAN, "ad", "t1")
+    assert longer[:3] == keys and len(longer) == 4  # a longer turn of the same chat extends the chain
+    changed = list(prompt)
+    changed[SPAN + 1] += 1  # the second block differs: the first key still matches, no later one
+    other = prefix_keys(changed, "ad", "t1")
+    assert other[0] == keys[0] and not set(other[1:]) & set(keys)
+    assert not set(prefix_keys(prompt, "ad", "t2")) & set(keys)  # another tenant: nothing shared
+    assert not set(prefix_keys(prompt, None, "t1")) & set(keys)  # the base model: nothing shared
+
+
+def test_router_scoring_prefers_cache_then_adapter_and_the_guard_caps_load():
+    from loraplex.platform.cluster.routing import GUARD, PrefixSummary, prefix_keys, rank, score
+
+    prompt = list(range(4 * 32))
+    keys = prefix_keys(prompt, None, "t")
+    warm, cold = PrefixSummary(), PrefixSummary()
+    warm.add(keys[:3])
+    held_warm, held_cold = frozenset(warm.snapshot()), frozenset(cold.snapshot())
+    s_warm, matched = score(keys, held_warm, False, 2, 32)
+    s_cold, _ = score(keys, held_cold, False, 0, 32)
+    assert matched == 3 and s_warm > s_cold
+    assert rank([("cold", s_cold, 0), ("warm", s_warm, 2)]) == [["warm"], ["cold"]]
+    # the cache does not win over a much busier replica
+    s_busy, _ = score(keys, held_warm, False, GUARD + 1, 32)
+    assert rank([("warm", s_busy, GUARD + 1), ("cold", s_cold, 0)]) == [["cold"], ["warm"]]
+    # adapter residency breaks a tie in prefix
+    s_res, _ = score(keys, held_cold, True, 0, 32)
+    assert s_res > s_cold
+    small = PrefixSummary(max_keys=2)
+    small.add([1, 2, 3])
+    assert small.snapshot() == [2, 3]  # bounded: the least recently served go first

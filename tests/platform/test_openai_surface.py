@@ -1,17 +1,25 @@
 # ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
-"""The OpenAI surface agent frameworks use, through the official `openai` client against a real
-uvicorn: structured output, tools, n, logprobs, penalties, logit_bias, prompt lists, content parts,
-roles, unsupported parameters, /tokenize. The model is random: JSON validity is the grammar's doing."""
+"""The OpenAI surface agent frameworks use, through the official `openai` client: structured output,
+tools, n, logprobs, penalties, logit_bias, prompt lists, content parts, roles, unsupported
+parameters, /tokenize. The model is random: JSON validity is the grammar's doing.
+
+Every test runs twice: against one process (a real uvicorn) and against ``loraplex serve
+--replicas 2`` on Ray with the DEFAULT configuration (no engine settings but the model), so the
+scale-out serves the very same surface."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import httpx
 import jsonschema
 import openai
 import pytest
 import torch
+from billing_helpers import H
+from cluster_helpers import Cluster
+from platform_helpers import zip_bytes
 from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 PERSON = {
@@ -47,8 +55,66 @@ MSGS = [
 ]
 
 
-def test_json_schema_and_json_object_outputs_validate(tenant_setup):
-    *_, client = tenant_setup
+@dataclass
+class _ClusterGateway:
+    """What these tests read from ``ctx.gateway``, for a server in other processes."""
+
+    model_name: str
+    tokenizer: object
+    logprob_tol: float
+
+
+@dataclass
+class _ClusterCtx:
+    gateway: _ClusterGateway
+
+
+@pytest.fixture(scope="module")
+def default_cluster(demo_model_dir, tmp_path_factory):
+    """``loraplex serve --replicas 2``, no config file: the default [engine] and [cluster]."""
+    pytest.importorskip("ray.serve", reason="the --replicas 2 surface needs loraplex[ray]")
+    c = Cluster(tmp_path_factory.mktemp("surface-cluster"), demo_model_dir, None)
+    yield c
+    c.stop()
+
+
+def _cluster_setup(cluster, good_files, demo_model_dir):
+    if getattr(cluster, "setup", None) is None:  # one tenant and adapter for the module
+        from loraplex.engine.config import resolve_dtype
+        from loraplex.engine.models import ModelConfig
+        from loraplex.engine.tokenizer import load_tokenizer
+
+        with httpx.Client(base_url=cluster.url, headers=H, timeout=60) as c:
+            tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
+            key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
+            ada = c.post(
+                "/admin/v1/adapters",
+                data={"name": "bot", "tenant_id": tid},
+                files={"file": ("bot.zip", zip_bytes(good_files))},
+            ).json()
+        # The default dtype (auto) may be bf16 on this CPU: the HF fp32 oracle then agrees less closely.
+        dtype = resolve_dtype("auto", torch.device("cpu"), ModelConfig.from_dir(str(demo_model_dir)).checkpoint_dtype)
+        gw = _ClusterGateway(
+            demo_model_dir.name, load_tokenizer(demo_model_dir), 1e-3 if dtype == torch.float32 else 5e-2
+        )
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        cluster.setup = (_ClusterCtx(gw), cluster.url, tid, key, ada, client)
+    return cluster.setup
+
+
+@pytest.fixture(params=["one-process", pytest.param("replicas-2", marks=pytest.mark.slow)])
+def surface(request, db_url):
+    """(ctx, url, tenant id, key, adapter, openai client) of the server under test."""
+    if request.param == "one-process":
+        return request.getfixturevalue("tenant_setup")
+    if not db_url.startswith("sqlite"):
+        pytest.skip("the --replicas 2 variant runs once (its own SQLite database)")
+    cluster = request.getfixturevalue("default_cluster")
+    return _cluster_setup(cluster, request.getfixturevalue("good_files"), request.getfixturevalue("demo_model_dir"))
+
+
+def test_json_schema_and_json_object_outputs_validate(surface):
+    *_, client = surface
     r = client.chat.completions.create(
         model="bot",
         messages=MSGS,
@@ -63,7 +129,7 @@ def test_json_schema_and_json_object_outputs_validate(tenant_setup):
         assert c.finish_reason == "stop"
         jsonschema.validate(json.loads(c.message.content), PERSON)
     assert r.usage.completion_tokens >= 3 * 10  # every choice's tokens are counted
-    base = tenant_setup[0].gateway.model_name
+    base = surface[0].gateway.model_name
     obj = client.completions.create(
         model=base,
         prompt="Data:",
@@ -78,8 +144,8 @@ def test_json_schema_and_json_object_outputs_validate(tenant_setup):
         assert obj.choices[0].text.startswith("{")
 
 
-def test_unsupported_schema_is_a_400_naming_the_construct(tenant_setup):
-    *_, client = tenant_setup
+def test_unsupported_schema_is_a_400_naming_the_construct(surface):
+    *_, client = surface
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="bot",
@@ -90,8 +156,8 @@ def test_unsupported_schema_is_a_400_naming_the_construct(tenant_setup):
     assert 'Unsupported type "foo"' in e.value.body["message"] and e.value.body["param"] == "response_format"
 
 
-def test_named_and_required_tool_calls(tenant_setup):
-    *_, client = tenant_setup
+def test_named_and_required_tool_calls(surface):
+    *_, client = surface
     named = client.chat.completions.create(
         model="bot",
         messages=MSGS,
@@ -151,8 +217,8 @@ def test_named_and_required_tool_calls(tenant_setup):
     assert follow.choices[0].message.role == "assistant"
 
 
-def test_logit_bias_forces_a_token(tenant_setup):
-    ctx, *_, client = tenant_setup
+def test_logit_bias_forces_a_token(surface):
+    ctx, *_, client = surface
     tok = ctx.gateway.tokenizer
     forced = tok.encode("fox")[0]
     r = client.completions.create(
@@ -171,8 +237,8 @@ def test_logit_bias_forces_a_token(tenant_setup):
     assert tok.decode([forced]) not in banned.choices[0].logprobs.tokens
 
 
-def test_n_times_logprobs_shapes_and_values(tenant_setup, demo_model_dir):
-    ctx, *_, client = tenant_setup
+def test_n_times_logprobs_shapes_and_values(surface, demo_model_dir):
+    ctx, *_, client = surface
     base = ctx.gateway.model_name
     prompt = [5, 17, 42, 8]
     r = client.completions.create(
@@ -202,7 +268,8 @@ def test_n_times_logprobs_shapes_and_values(tenant_setup, demo_model_dir):
     ref_top = ref.topk(3)
     tok = ctx.gateway.tokenizer
     assert list(top) == [tok.decode([i]) for i in ref_top.indices.tolist()]
-    assert list(top.values()) == pytest.approx(ref_top.values.tolist(), abs=1e-3)
+    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)  # the session's one-process engine runs in float32
+    assert list(top.values()) == pytest.approx(ref_top.values.tolist(), abs=tol)
 
     chat = client.chat.completions.create(
         model="bot",
@@ -220,8 +287,8 @@ def test_n_times_logprobs_shapes_and_values(tenant_setup, demo_model_dir):
         assert bytes(b for t in c.logprobs.content for b in t.bytes).decode("utf-8", "ignore") == c.message.content
 
 
-def test_penalties_change_a_greedy_output(tenant_setup):
-    *_, client = tenant_setup
+def test_penalties_change_a_greedy_output(surface):
+    *_, client = surface
     kw = dict(model="bot", prompt="The quick brown", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
     plain = client.completions.create(**kw, logprobs=0).choices[0]
     pen = client.completions.create(
@@ -234,8 +301,8 @@ def test_penalties_change_a_greedy_output(tenant_setup):
     assert len(set(pen.logprobs.tokens)) > len(set(plain.logprobs.tokens))
 
 
-def test_prompt_lists_n_streaming_usage_and_echo(tenant_setup):
-    *_, client = tenant_setup
+def test_prompt_lists_n_streaming_usage_and_echo(surface):
+    *_, client = surface
     r = client.completions.create(
         model="bot",
         prompt=["abc", "Hello, world"],
@@ -273,8 +340,8 @@ def test_prompt_lists_n_streaming_usage_and_echo(tenant_setup):
     assert chunks[-1].usage.completion_tokens == 12
 
 
-def test_unsupported_parameters_are_400_and_unknown_ones_ignored(tenant_setup):
-    *_, client = tenant_setup
+def test_unsupported_parameters_are_400_and_unknown_ones_ignored(surface):
+    *_, client = surface
     cases = [
         (dict(extra_body={"audio": {"voice": "alloy"}}), "audio"),
         (dict(extra_body={"modalities": ["text", "audio"]}), "modalities"),
@@ -310,8 +377,8 @@ def test_unsupported_parameters_are_400_and_unknown_ones_ignored(tenant_setup):
     assert ok.choices[0].message.role == "assistant"
 
 
-def test_tokenize_and_detokenize(tenant_setup):
-    ctx, url, tid, key, ada, client = tenant_setup
+def test_tokenize_and_detokenize(surface):
+    ctx, url, tid, key, ada, client = surface
     h = {"Authorization": f"Bearer {key}"}
     tok = ctx.gateway.tokenizer
     r = httpx.post(url + "/tokenize", json={"model": "bot", "prompt": "Hello, world"}, headers=h).json()

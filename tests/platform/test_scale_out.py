@@ -11,21 +11,18 @@ import asyncio
 import collections
 import json
 import os
-import random
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from billing_helpers import H, StreamResult, auth, new_adapter, new_tenant, stream, usage_rows
-from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
+from cluster_helpers import Cluster
+from platform_helpers import adapter_files, make_peft_adapter
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
+pytestmark = pytest.mark.slow
 
 CONFIG = """
 [engine]
@@ -44,91 +41,9 @@ chunk_timeout_s = 10
 """
 
 
-def _serve_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+) and above Ray's worker ports
-    (10002-19999): Ray's own processes take ephemeral ports while Serve's proxy starts, and one of
-    them could take a port picked from that range before the proxy binds it."""
-    for _ in range(200):
-        port = random.randint(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-30000")
-
-
-class Cluster:
-    def __init__(self, root: Path, model_dir: Path) -> None:
-        self.port = _serve_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (root / "cluster.toml").write_text(CONFIG)
-        self.log = root / "cluster.log"
-        env = {
-            **os.environ,
-            "LORAPLEX_ENGINE__MODEL": str(model_dir),
-            "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-            "PYTHONUNBUFFERED": "1",
-            "RAY_DEDUP_LOGS": "0",
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loraplex.platform.cli",
-                "serve",
-                "--config",
-                str(root / "cluster.toml"),
-                "--data-dir",
-                str(root / "data"),
-                "--port",
-                str(self.port),
-            ],
-            stdout=open(self.log, "w"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve --replicas 2 exited ({self.proc.returncode}):\n{self.output()[-4000:]}")
-            if "loraplex serving on" in self.output() and len(self.replicas()) == 2:
-                return
-            time.sleep(0.5)
-        self.stop()
-        pytest.fail("the cluster did not come up in 180 s:\n" + self.output()[-4000:])
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def engine(self) -> dict:
-        return httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=10).json()
-
-    def replicas(self) -> list[dict]:
-        try:
-            return self.engine().get("replicas", [])
-        except (httpx.HTTPError, ValueError):
-            return []
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # whatever is left of this run's Ray processes (same process group, not other runs')
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def cluster(demo_model_dir, tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir)
+    c = Cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir, CONFIG)
     yield c
     c.stop()
 
@@ -293,7 +208,8 @@ def test_quotas_are_exact_across_replicas_under_40_concurrent_requests(cluster):
 def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     tid, key = new_tenant(cluster.url, "revoke")
     body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
-    assert {r.status_code for r in asyncio.run(_many(cluster.url, key, body, 8))} == {200}
+    first = asyncio.run(_many(cluster.url, key, body, 8))
+    assert {r.status_code for r in first} == {200}, [r.text for r in first if r.status_code != 200]
     key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
     assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
     # immediately after: 16 requests spread over both ingress replicas, all refused
@@ -305,6 +221,22 @@ def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
         httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"}, headers=H).status_code == 200
     )
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
+
+
+def test_admin_abort_reaches_streams_on_every_ingress(cluster):
+    """Revoking a key stops its streams in flight on BOTH ingress replicas (8 streams spread over
+    them by Serve's proxy), not only on the one that handled the DELETE: the abort is broadcast
+    through the control plane. Each stream ends with the request_cancelled error event."""
+    tid, key = new_tenant(cluster.url, "abort-all")
+    results, threads = _hold_streams(cluster.url, key, 8, 2000, "Abort")
+    key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
+    assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a stream of the revoked key kept running"
+    for r in results:
+        assert r.error is not None and r.error["code"] == "request_cancelled", r
+        assert r.chunks < 2000
 
 
 def test_frozen_replica_never_hangs_the_ingress(cluster):
@@ -468,3 +400,115 @@ def test_replica_killed_mid_load_service_keeps_answering(cluster):
         time.sleep(1.0)
     else:
         pytest.fail(f"Serve did not replace the killed replica: {cluster.replicas()}")
+
+
+def _hold_streams(url: str, key: str, n: int, max_tokens: int, tag: str) -> tuple[list, list[threading.Thread]]:
+    """n streams started and each past its first chunk when this returns."""
+    results: list = [None] * n
+    first = threading.Semaphore(0)
+
+    def client(i: int) -> None:
+        seen = [False]
+
+        def on_chunk(_res):
+            if not seen[0]:
+                seen[0] = True
+                first.release()
+
+        try:
+            results[i] = stream(
+                url,
+                key,
+                "demo",
+                prompt=f"{tag} {i}",
+                max_tokens=max_tokens,
+                timeout=240,
+                ignore_eos=True,
+                on_chunk=on_chunk,
+            )
+        finally:
+            if not seen[0]:
+                first.release()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert first.acquire(timeout=120)
+    return results, threads
+
+
+def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
+    """SIGKILL the control-plane actor while three streams hold a tenant's three concurrency slots:
+    Ray restarts it, the ingresses retry meanwhile (requests are answered, not refused), the new
+    instance adopts the live reservations (the cap still holds), and every token is billed."""
+    tid, key = new_tenant(cluster.url, "heal", quota={"max_concurrent": 3})
+    _t2, other = new_tenant(cluster.url, "heal-other")
+    before = cluster.engine()["control"]
+    results, threads = _hold_streams(cluster.url, key, 3, 300, "Heal")
+    killed_at = time.monotonic()
+    os.kill(int(before["pid"]), signal.SIGKILL)
+    answered = [_post(cluster.url, other, {"model": "demo", "prompt": "up?", "max_tokens": 2}, timeout=120)]
+    back_after = time.monotonic() - killed_at
+    answered += [
+        _post(cluster.url, other, {"model": "demo", "prompt": "up?", "max_tokens": 2}, timeout=120) for _ in range(3)
+    ]
+    assert [r.status_code for r in answered] == [200] * 4, [r.text for r in answered]
+    deadline = time.time() + 120
+    while (now := cluster.engine().get("control", {})).get("epoch") == before["epoch"]:
+        assert time.time() < deadline, "the control plane did not come back as a new instance"
+        time.sleep(0.5)
+    assert now["pid"] != before["pid"]
+    print(f"control plane killed: first request answered {back_after:.1f} s after the kill")
+    if all(t.is_alive() for t in threads):  # the adopted reservations still hold the three slots
+        r = _post(cluster.url, key, {"model": "demo", "prompt": "fourth", "max_tokens": 2})
+        assert r.status_code == 429 or not all(t.is_alive() for t in threads), r.text
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    time.sleep(1.0)
+    rows = usage_rows(cluster.url, tid)
+    for r in results:
+        assert r.finish_reason == "length" and not r.error, r
+        assert rows[r.request_id]["status"] == "ok"
+        assert rows[r.request_id]["completion_tokens"] == r.usage["completion_tokens"] == 300
+    deadline = time.time() + 60  # the slots came back (settled in the new instance)
+    while _post(cluster.url, key, {"model": "demo", "prompt": "again", "max_tokens": 2}).status_code != 200:
+        assert time.time() < deadline, "concurrency slots were not returned after the restart"
+        time.sleep(0.5)
+
+
+def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
+    """Last in the module: it stops the cluster. SIGTERM on the driver: the streams in flight run
+    to their end and are billed exactly, new requests get a 503 meanwhile, the driver exits 0."""
+    import sqlite3
+
+    tid, key = new_tenant(cluster.url, "drain")
+    results, threads = _hold_streams(cluster.url, key, 6, 120, "Drain")
+    cluster.proc.send_signal(signal.SIGTERM)
+    refused = None
+    while refused is None and any(t.is_alive() for t in threads):
+        try:
+            r = _post(cluster.url, key, {"model": "demo", "prompt": "new", "max_tokens": 2}, timeout=60)
+        except httpx.HTTPError:
+            break  # the proxy is already gone: nothing new can start either
+        if r.status_code == 503:
+            refused = r.json()["error"]
+        else:
+            assert r.status_code == 200, r.text  # admitted before every ingress saw the drain
+            time.sleep(0.2)
+    assert refused is not None and refused["code"] == "shutting_down", refused
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    assert cluster.proc.wait(240) == 0, cluster.output()[-3000:]
+    db = sqlite3.connect(cluster.root / "data" / "loraplex.db")
+    rows = dict(
+        (rid, (status, tokens))
+        for rid, status, tokens in db.execute(
+            "SELECT request_id, status, completion_tokens FROM usage_records WHERE tenant_id = ?", (tid,)
+        )
+    )
+    for r in results:
+        assert r.finish_reason == "length" and not r.error and r.done, r
+        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 120

@@ -1,0 +1,116 @@
+"""``benchmarks/scale_out.py --scenario ...``: each scenario on fresh servers, alternating the
+configurations it compares, one printed table per scenario and one JSON file for all."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import httpx
+from scale_out_scenarios import autoscale, flood, kill_control, sessions, sigterm_drain
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _tenant(server, name: str, adapters: list[bytes] = ()) -> tuple[str, str, list[str]]:
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
+        tid = c.post("/admin/v1/tenants", json={"name": name}).json()["id"]
+        key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
+        names = []
+        for i, data in enumerate(adapters):
+            n = f"{name}-a{i}"
+            r = c.post("/admin/v1/adapters", data={"name": n, "tenant_id": tid}, files={"file": (f"{n}.zip", data)})
+            r.raise_for_status()
+            names.append(n)
+    return tid, key, names
+
+
+def _server(Server, model: Path, replicas: int, routing: str, args, extra: str = ""):
+    root = Path(tempfile.mkdtemp(prefix=f"lpx-scenario-{routing}-"))
+    return Server(root, model, replicas, routing, args, extra)
+
+
+def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], Server) -> None:
+    picked = args.scenario.split(",")
+    out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg": os.getloadavg()}
+    if "sessions" in picked:
+        rows = []
+        for routing in ("prefix", "affinity", "load"):
+            srv = _server(Server, model, 2, routing, args)
+            try:
+                _tid, key, names = _tenant(srv, "chat", archives[:2])
+                models = ["demo", names[0], "demo", names[1]]
+                rows.append({"routing": routing, **sessions(srv, key, models, args.sessions, args.turns, 8)})
+            finally:
+                srv.stop()
+        print(f"\nmulti-turn sessions: {args.sessions} sessions x {args.turns} turns, 2 replicas")
+        print(f"{'routing':<10} {'prefix hit':>10} {'TTFT p50 (turn 2+)':>19} {'p90':>8} {'switches':>9}")
+        for r in rows:
+            print(
+                f"{r['routing']:<10} {r['prefix_hit_rate']:10.2f} {r['ttft_later_p50_ms']:17.0f}ms "
+                f"{r['ttft_later_p90_ms']:6.0f}ms {r['replica_switches']:9d}"
+            )
+        out["sessions"] = rows
+    if "flood" in picked:
+        small = copy.copy(args)
+        small.max_num_seqs = 8  # both tenants stay backlogged
+        rows = []
+        for gf in ("true", "false"):
+            srv = _server(Server, model, 2, "affinity", small, f"global_fairness = {gf}")
+            try:
+                _t, fkey, _ = _tenant(srv, "flooder")
+                _t, lkey, lnames = _tenant(srv, "light", archives[:1])
+                rows.append({"global_fairness": gf, **flood(srv, fkey, lkey, lnames[0], args.flood_seconds, 24)})
+            finally:
+                srv.stop()
+        print(f"\ntwo-tenant flood, {args.flood_seconds:.0f} s: F = 24 streams on the base model, L = 8 on one adapter")
+        print(
+            f"{'global VTC':<10} {'F tok/s':>8} {'L tok/s':>8} {'Jain':>6} {'L TTFT p50':>11} {'F TTFT p50':>11} {'L/F':>6}"
+        )
+        for r in rows:
+            print(
+                f"{r['global_fairness']:<10} {r['flooder_tok_s']:8.1f} {r['light_tok_s']:8.1f} {r['jain']:6.3f} "
+                f"{r['light_ttft_p50_ms']:9.0f}ms {r['flooder_ttft_p50_ms']:9.0f}ms {r['ttft_ratio']:6.2f}"
+            )
+        out["flood"] = rows
+    if "faults" in picked:
+        srv = _server(Server, model, 2, "affinity", args)
+        try:
+            _t, key, _ = _tenant(srv, "faults")
+            kill = kill_control(srv, key, 16)
+            tid, key2, _ = _tenant(srv, "drain")
+            drain = sigterm_drain(srv, key2, tid, srv.root / "data" / "loraplex.db", 64)
+        finally:
+            srv.stop()
+        print("\nfaults (2 replicas):")
+        print(
+            f"  control actor SIGKILL: first request admitted after the kill done in {kill['service_back_s']}, "
+            f"status counts {kill['status_counts']}"
+        )
+        print(
+            f"  SIGTERM drain: {drain['streams_completed']}/{drain['streams']} streams completed, "
+            f"delivered {drain['tokens_delivered']} billed {drain['tokens_billed']} tokens, "
+            f"exit {drain['exit_code']} after {drain['exit_after_sigterm_s']:.1f} s"
+        )
+        out["faults"] = {"kill_control": kill, "sigterm_drain": drain}
+    if "autoscale" in picked:
+        extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"
+        srv = _server(Server, model, 1, "affinity", args, extra)
+        try:
+            _t, key, _ = _tenant(srv, "scale")
+            auto = autoscale(srv, key, 32, args.flood_seconds)
+        finally:
+            srv.stop()
+        print(
+            f"\nautoscaling min 1 / max 2: up at {auto['scaled_up_at_s']} s, down at {auto['scaled_down_at_s']} s, "
+            f"max seen {auto['max_replicas_seen']}, {auto['cut_or_failed']} of {auto['requests']} requests cut"
+        )
+        out["autoscale"] = auto
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "scale_out_scenarios.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"wrote {path}")

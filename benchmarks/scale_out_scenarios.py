@@ -1,0 +1,275 @@
+"""Scenarios of ``benchmarks/scale_out.py`` beyond adapter routing: multi-turn sessions (prefix
+hit rate and TTFT per routing mode), a two-tenant flood across replicas (fairness), the control
+plane killed under load, SIGTERM drain, and autoscaling min 1 / max 2. Each runs against a real
+``loraplex serve`` (``Server`` from scale_out.py) over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+H_KEY = "Authorization"
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def one_stream(c: httpx.AsyncClient, body: dict) -> tuple[int, float | None, int, str]:
+    """(status, ttft seconds, completion tokens, replica) of one streamed completion."""
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    async with c.stream(
+        "POST", "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return r.status_code, None, 0, ""
+        replica = r.headers.get("x-loraplex-replica", "")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                return 599, first, tokens, replica
+            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+                first = time.perf_counter() - t0
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+    return 200, first, tokens, replica
+
+
+def kv_counters(server) -> dict[str, int]:
+    eng = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=10).json()
+    reps = eng.get("replicas") or [eng]
+    return {k: sum(int(r["kv_cache"][k]) for r in reps) for k in ("prefix_cache_queries", "prefix_cache_hits")}
+
+
+# ---------------------------------------------------------------------------------- sessions
+def sessions(server, key: str, models: list[str], n_sessions: int, turns: int, max_tokens: int) -> dict:
+    """Chat sessions of ``turns`` turns, run side by side: each turn's prompt is the session's
+    whole history (a unique 96-token system part, then 48 new tokens per turn). TTFT of turns 2+
+    is where a replica holding the history wins."""
+    rng = random.Random(5)
+    hist = [[rng.randrange(100, 600) for _ in range(96)] for _ in range(n_sessions)]
+    model_of = [models[i % len(models)] for i in range(n_sessions)]
+    before = kv_counters(server)
+    ttft_later: list[float] = []
+    switches = [0]
+
+    async def session(c: httpx.AsyncClient, i: int) -> None:
+        last = ""
+        for t in range(turns):
+            hist[i] += [rng.randrange(100, 600) for _ in range(48)]
+            body = {"model": model_of[i], "prompt": hist[i], "max_tokens": max_tokens, "temperature": 0}
+            status, ttft, _tok, replica = await one_stream(c, body)
+            if status == 200 and t > 0 and ttft is not None:
+                ttft_later.append(ttft)
+                switches[0] += bool(last and replica != last)
+            last = replica or last
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
+            await asyncio.gather(*[session(c, i) for i in range(n_sessions)])
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    after = kv_counters(server)
+    q = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    h = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "prefix_hit_rate": h / q if q else 0.0,
+        "ttft_later_p50_ms": _pct(ttft_later, 0.5) * 1000,
+        "ttft_later_p90_ms": _pct(ttft_later, 0.9) * 1000,
+        "replica_switches": switches[0],
+        "later_turns": len(ttft_later),
+    }
+
+
+# ------------------------------------------------------------------------------------- flood
+def flood(server, flooder: str, light: str, light_model: str, seconds: float, max_tokens: int) -> dict:
+    """Tenant F floods both replicas (base model, 24 closed-loop streams); tenant L runs 8 streams
+    of one adapter (so adapter affinity keeps L on one replica). Both stay backlogged; fair means
+    equal tokens/s. Reports Jain over the two tenants' tokens/s and L's TTFT ÷ F's TTFT."""
+    stop = time.perf_counter() + seconds
+    served = {"F": 0, "L": 0}
+    ttft: dict[str, list[float]] = {"F": [], "L": []}
+
+    async def loop(c: httpx.AsyncClient, who: str, model: str, i: int) -> None:
+        n = 0
+        while time.perf_counter() < stop:
+            n += 1
+            body = {
+                "model": model,
+                "prompt": f"{who} {i} {n} tell me",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            status, first, tokens, _ = await one_stream(c, body)
+            if status == 200:
+                served[who] += tokens
+                if first is not None:
+                    ttft[who].append(first)
+
+    async def run() -> None:
+        cf = httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {flooder}"}, timeout=300)
+        cl = httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {light}"}, timeout=300)
+        async with cf, cl:
+            await asyncio.gather(
+                *[loop(cf, "F", "demo", i) for i in range(24)], *[loop(cl, "L", light_model, i) for i in range(8)]
+            )
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    wall = time.perf_counter() - t0
+    x = [served["F"] / wall, served["L"] / wall]
+    jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if any(x) else float("nan")
+    return {
+        "wall_s": wall,
+        "flooder_tok_s": x[0],
+        "light_tok_s": x[1],
+        "jain": jain,
+        "light_ttft_p50_ms": _pct(ttft["L"], 0.5) * 1000,
+        "flooder_ttft_p50_ms": _pct(ttft["F"], 0.5) * 1000,
+        "ttft_ratio": _pct(ttft["L"], 0.5) / _pct(ttft["F"], 0.5) if ttft["F"] and ttft["L"] else float("nan"),
+    }
+
+
+# ------------------------------------------------------------------------------------ faults
+def kill_control(server, key: str, max_tokens: int) -> dict:
+    """SIGKILL the control-plane actor while 8 closed-loop clients run; time until a request
+    admitted after the kill completes, and how many requests failed meanwhile."""
+    pid = int(httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=10).json()["control"]["pid"])
+    killed = threading.Event()
+    t_kill = [0.0]
+    back = [None]
+    codes: dict[int, int] = {}
+    stop = [False]
+
+    async def loop(c: httpx.AsyncClient, i: int) -> None:
+        n = 0
+        while not stop[0]:
+            n += 1
+            sent = time.perf_counter()
+            status, _f, _t, _ = await one_stream(c, {"model": "demo", "prompt": f"k {i} {n}", "max_tokens": max_tokens})
+            codes[status] = codes.get(status, 0) + 1
+            if killed.is_set() and sent >= t_kill[0] and status == 200 and back[0] is None:
+                back[0] = time.perf_counter() - t_kill[0]
+            if killed.is_set() and back[0] is not None and time.perf_counter() - t_kill[0] > 5:
+                stop[0] = True
+
+    async def killer() -> None:
+        await asyncio.sleep(5)
+        t_kill[0] = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        killed.set()
+        await asyncio.sleep(120)
+        stop[0] = True
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
+            k = asyncio.create_task(killer())
+            await asyncio.gather(*[loop(c, i) for i in range(8)])
+            k.cancel()
+
+    asyncio.run(run())
+    return {"service_back_s": back[0], "status_counts": codes}
+
+
+def sigterm_drain(server, key: str, tenant_id: str, db_path: Path, max_tokens: int) -> dict:
+    """8 streams in flight, SIGTERM to the driver: streams cut, billed vs delivered, time to exit."""
+    results: list = []
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
+            tasks = [
+                asyncio.create_task(
+                    one_stream(c, {"model": "demo", "prompt": f"d {i}", "max_tokens": max_tokens, "ignore_eos": True})
+                )
+                for i in range(8)
+            ]
+            await asyncio.sleep(3)
+            t0[0] = time.perf_counter()
+            server.proc.send_signal(signal.SIGTERM)
+            results.extend(await asyncio.gather(*tasks))
+
+    t0 = [0.0]
+    asyncio.run(run())
+    rc = server.proc.wait(600)
+    exit_s = time.perf_counter() - t0[0]
+    delivered = sum(r[2] for r in results)
+    db = sqlite3.connect(db_path)
+    billed = db.execute(
+        "SELECT COALESCE(SUM(completion_tokens), 0) FROM usage_records WHERE tenant_id = ?", (tenant_id,)
+    ).fetchone()[0]
+    return {
+        "exit_code": rc,
+        "exit_after_sigterm_s": exit_s,
+        "streams_completed": sum(1 for r in results if r[0] == 200 and r[2] == max_tokens),
+        "streams": len(results),
+        "tokens_delivered": delivered,
+        "tokens_billed": int(billed),
+    }
+
+
+# --------------------------------------------------------------------------------- autoscale
+def autoscale(server, key: str, max_tokens: int, load_s: float) -> dict:
+    """min 1 / max 2: 16 closed-loop streams for ``load_s``, then 1 stream while Serve scales down.
+    Reports the replica count seen over time and whether any stream was cut."""
+    seen: list[tuple[float, int]] = []
+    cut = [0]
+    done = [0]
+    t0 = time.perf_counter()
+    heavy_until = t0 + load_s
+    end = [heavy_until + 120]
+
+    def count() -> int:
+        try:
+            return int(
+                httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=10).json()["replica_count"]
+            )
+        except (httpx.HTTPError, ValueError, KeyError):
+            return -1
+
+    async def watcher() -> None:
+        while time.perf_counter() < end[0]:
+            n = await asyncio.to_thread(count)
+            seen.append((round(time.perf_counter() - t0, 1), n))
+            if time.perf_counter() > heavy_until and n == 1 and any(c == 2 for _, c in seen):
+                end[0] = time.perf_counter() + 5  # scaled back down: a little more, then stop
+            await asyncio.sleep(2)
+
+    async def loop(c: httpx.AsyncClient, i: int, heavy: bool) -> None:
+        n = 0
+        while time.perf_counter() < (heavy_until if heavy else end[0]):
+            n += 1
+            body = {"model": "demo", "prompt": f"a {i} {n}", "max_tokens": max_tokens, "ignore_eos": True}
+            status, _f, tokens, _ = await one_stream(c, body)
+            done[0] += 1
+            cut[0] += status != 200 or tokens != max_tokens
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
+            await asyncio.gather(watcher(), *[loop(c, i, i > 0) for i in range(16)])
+
+    asyncio.run(run())
+    return {
+        "max_replicas_seen": max(n for _, n in seen),
+        "scaled_up_at_s": next((t for t, n in seen if n == 2), None),
+        "scaled_down_at_s": next((t for t, n in seen if t > load_s and n == 1), None),
+        "requests": done[0],
+        "cut_or_failed": cut[0],
+        "timeline": seen,
+    }
