@@ -143,8 +143,7 @@ class InProcessQuotaStore:
                 if in_window + tokens > quota.tpm:
                     wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
                     raise _limited(
-                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves "
-                        f"{tokens}: {RULE})",
+                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves {tokens}: {RULE})",
                         wait,
                         headers,
                     )
