@@ -17,7 +17,7 @@ from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.auth.admin import ensure_admin_key
-from loraplex.platform.body_limit import BodySizeLimit
+from loraplex.platform.body_limit import BodySizeLimit, BodyTimeout
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
@@ -25,9 +25,11 @@ from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import readiness
 from loraplex.platform.http_errors import install_error_handlers
+from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
+from loraplex.platform.text_guard import LoneSurrogateGuard
 
 log = logging.getLogger("loraplex.platform")
 
@@ -100,11 +102,25 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
         )
 
     _mount_admin_ui(app)
-    app.add_middleware(
-        UploadSizeLimit, path=f"{ADMIN_PREFIX}/adapters", max_bytes=ctx.settings.uploads.max_upload_bytes
-    )
-    app.add_middleware(BodySizeLimit, prefix="/v1/", max_bytes=ctx.settings.limits.max_body_bytes)
+    _add_request_guards(app, ctx)
     return app
+
+
+TENANT_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
+    """ASGI guards, listed innermost first (each ``add_middleware`` wraps the ones before it):
+    text validity (reads the body) < body timeout < size limits < disconnect watch (outermost, so it
+    sees the client's own receive channel)."""
+    limits = ctx.settings.limits
+    upload = f"{ADMIN_PREFIX}/adapters"
+    app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
+    app.add_middleware(BodyTimeout, timeout_s=limits.body_timeout_s, exclude=upload)
+    app.add_middleware(UploadSizeLimit, path=upload, max_bytes=ctx.settings.uploads.max_upload_bytes)
+    app.add_middleware(BodySizeLimit, prefix=f"{ADMIN_PREFIX}/", exclude=upload, max_bytes=limits.max_admin_body_bytes)
+    app.add_middleware(BodySizeLimit, prefix=TENANT_PREFIXES, max_bytes=limits.max_body_bytes)
+    app.add_middleware(DisconnectWatch, prefixes=("/v1/",))
 
 
 # The admin web page: static files that talk only to /admin/v1. The CSP keeps any injected markup inert.

@@ -80,7 +80,14 @@ def serve(
         configure_json_logs()
         log_config = None  # keep our JSON handler; uvicorn's loggers propagate to it
     kwargs: dict[str, Any] = {} if not settings.observability.json_logs else {"log_config": log_config}
-    uv_config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
+    uv_config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level="info",
+        timeout_keep_alive=max(1, int(settings.limits.idle_timeout_s)),  # an idle socket is closed
+        **kwargs,
+    )
     uv_server = uvicorn.Server(uv_config)  # config.load() (in run) configures logging; the filter goes after
     uv_config.load()
     access_log.install()

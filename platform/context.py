@@ -44,7 +44,10 @@ class PlatformContext:
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         self.quotas = InProcessQuotaStore(self._tokens_since)
         self.ledger = UsageLedger(
-            self.sessions, self.settings.usage_spool_dir, replay_interval_s=self.settings.ledger.replay_interval_s
+            self.sessions,
+            self.settings.usage_spool_dir,
+            replay_interval_s=self.settings.ledger.replay_interval_s,
+            lease_ttl_s=self.settings.ledger.lease_ttl_s,
         )
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
