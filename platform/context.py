@@ -31,6 +31,8 @@ class PlatformContext:
     store: AdapterStore
     gateway: EngineGateway = field(default_factory=EngineGateway.disabled)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
+    # False during a degraded start (database unreachable): routes answer 503 until it is ready.
+    db_ready: bool = True
     # Built from the fields above in __post_init__ (a deployment may swap ``quotas`` afterwards).
     quotas: QuotaStore = field(init=False)
     ledger: UsageLedger = field(init=False)

@@ -64,6 +64,23 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
             ) from None
 
 
+def chat_texts(messages: list[Any]) -> list[str]:
+    """Every text of chat messages that the template will carry: contents, names, and the assistant
+    tool calls' names and arguments (a huge ``tool_calls`` list is bounded like huge content)."""
+    texts: list[str] = []
+    for m in messages:
+        if isinstance(m.content, str):
+            texts.append(m.content)
+        elif m.content:
+            texts.extend(p.text or "" for p in m.content)
+        if m.name:
+            texts.append(m.name)
+        for call in m.tool_calls or ():
+            texts.append(call.function.name or "")
+            texts.append(call.function.arguments or "")
+    return texts
+
+
 def prepare(
     ctx,
     auth: TenantAuth,
