@@ -68,7 +68,7 @@ def serve(
         typer.echo("Engine configuration (resolved):")
         typer.echo(format_config(ctx.gateway.resolved_config()))
     _show_admin_key(admin_key)
-    if settings.environment == "demo":
+    if settings.environment == "demo" and ctx.db_ready:  # a degraded start has no tenants to show yet
         _print_demo_key(ctx, settings)
     from loraplex.platform import access_log
 
