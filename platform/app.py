@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -11,23 +13,27 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy.exc import SQLAlchemyError
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.auth.admin import ensure_admin_key
-from loraplex.platform.body_limit import BodySizeLimit
+from loraplex.platform.body_limit import BodySizeLimit, BodyTimeout
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
-from loraplex.platform.health import readiness
+from loraplex.platform.health import DatabasePending, readiness
 from loraplex.platform.http_errors import install_error_handlers
+from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
+from loraplex.platform.text_guard import LoneSurrogateGuard
+from loraplex.platform.usage.ledger import is_unreachable
 
 log = logging.getLogger("loraplex.platform")
 
@@ -36,23 +42,66 @@ def build_context(
     settings: Settings, gateway: EngineGateway | None = None, *, upgrade_db: bool = True
 ) -> tuple[PlatformContext, str | None]:
     """Migrate, connect, start (or adopt) the engine, create the first admin key, sync the engine.
-    Returns the context and the generated admin key (None if one exists or is configured)."""
-    if upgrade_db:
-        migrate.upgrade(settings.db_url)
+    Returns the context and the generated admin key (None if one exists or is configured).
+
+    A database server that cannot be reached at start (PostgreSQL down) does not stop the server:
+    it starts degraded (``/ready`` 503, other routes 503 + Retry-After) and a background thread
+    finishes the database steps (migrations included) once it answers. A database that answers
+    but is unusable (a file that is not a database) raises: the CLI reports it and exits 2."""
     ctx = PlatformContext.build(settings, gateway or EngineGateway.disabled())
-    with unit_of_work(ctx.sessions) as session:
-        new_admin_key = ensure_admin_key(session, ctx.hasher, settings.admin_key)
-    ctx.ledger.recover()  # spooled records in, records of a dead run closed as interrupted
+    new_admin_key: str | None = None
+    try:
+        new_admin_key = _prepare_database(ctx, upgrade_db)
+    except SQLAlchemyError as exc:
+        if not (is_unreachable(exc) and ctx.db_engine.dialect.name != "sqlite"):
+            ctx.db_engine.dispose()
+            raise
+        log.warning("database unreachable at start; serving degraded until it answers: %s", _first_line(exc))
+        ctx.db_ready = False
     ctx.ledger.start()
+    if gateway is None:
+        ctx.gateway = EngineGateway.start(settings)
+    if ctx.db_ready:
+        with unit_of_work(ctx.sessions) as session:
+            sync_all(session, ctx.gateway, ctx.store.root)
+    else:
+        threading.Thread(target=_await_database, args=(ctx, upgrade_db), name="loraplex-db-wait", daemon=True).start()
+    return ctx, new_admin_key
+
+
+def _prepare_database(ctx: PlatformContext, upgrade_db: bool) -> str | None:
+    if upgrade_db:
+        migrate.upgrade(ctx.settings.db_url)
+    with unit_of_work(ctx.sessions) as session:
+        new_admin_key = ensure_admin_key(session, ctx.hasher, ctx.settings.admin_key)
+    ctx.ledger.recover()  # spooled records in, records of a dead run closed as interrupted
     with unit_of_work(ctx.sessions) as session:
         removed = cleanup_store(session, ctx.store)
     if removed:
         log.warning("removed %d leftover upload/orphaned adapter folder(s): %s", len(removed), ", ".join(removed))
-    if gateway is None:
-        ctx.gateway = EngineGateway.start(settings)
-    with unit_of_work(ctx.sessions) as session:
-        sync_all(session, ctx.gateway, ctx.store.root)
-    return ctx, new_admin_key
+    return new_admin_key
+
+
+def _await_database(ctx: PlatformContext, upgrade_db: bool, interval_s: float = 2.0) -> None:
+    """Degraded start: retry the database steps until they succeed, then serve."""
+    while True:
+        time.sleep(interval_s)
+        try:
+            admin_key = _prepare_database(ctx, upgrade_db)
+            with unit_of_work(ctx.sessions) as session:
+                sync_all(session, ctx.gateway, ctx.store.root)
+        except Exception as exc:  # noqa: BLE001 - still down (or not yet migratable): keep trying
+            log.warning("database still unavailable: %s", _first_line(exc))
+            continue
+        if admin_key:
+            log.warning("generated admin key (shown once, store it now): %s", admin_key)
+        ctx.db_ready = True
+        log.warning("database reachable: serving")
+        return
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
@@ -100,11 +149,26 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
         )
 
     _mount_admin_ui(app)
-    app.add_middleware(
-        UploadSizeLimit, path=f"{ADMIN_PREFIX}/adapters", max_bytes=ctx.settings.uploads.max_upload_bytes
-    )
-    app.add_middleware(BodySizeLimit, prefix="/v1/", max_bytes=ctx.settings.limits.max_body_bytes)
+    _add_request_guards(app, ctx)
     return app
+
+
+TENANT_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
+    """ASGI guards, listed innermost first (each ``add_middleware`` wraps the ones before it):
+    text validity (reads the body) < body timeout < size limits < disconnect watch (outermost, so it
+    sees the client's own receive channel)."""
+    limits = ctx.settings.limits
+    upload = f"{ADMIN_PREFIX}/adapters"
+    app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
+    app.add_middleware(BodyTimeout, timeout_s=limits.body_timeout_s, exclude=upload)
+    app.add_middleware(UploadSizeLimit, path=upload, max_bytes=ctx.settings.uploads.max_upload_bytes)
+    app.add_middleware(BodySizeLimit, prefix=f"{ADMIN_PREFIX}/", exclude=upload, max_bytes=limits.max_admin_body_bytes)
+    app.add_middleware(BodySizeLimit, prefix=TENANT_PREFIXES, max_bytes=limits.max_body_bytes)
+    app.add_middleware(DisconnectWatch, prefixes=("/v1/",))
+    app.add_middleware(DatabasePending, ctx=ctx)  # outermost: nothing else runs before the DB is ready
 
 
 # The admin web page: static files that talk only to /admin/v1. The CSP keeps any injected markup inert.

@@ -1,8 +1,11 @@
 """ASGI guard: a request body over the limit gets 413 before it is read whole (the declared
 Content-Length first; a chunked body is counted as it arrives). One mechanism for the tenant API
-(``/v1/`` prefix) and the adapter upload route (``size_limit.UploadSizeLimit``)."""
+(``/v1/``, ``/tokenize``, ``/detokenize``), the admin API and the adapter upload route
+(``size_limit.UploadSizeLimit``, with its own larger limit)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from loraplex.platform.http_errors import error_response
 
@@ -17,15 +20,16 @@ class BodySizeLimit:
         app,
         max_bytes: int,
         *,
-        prefix: str | None = None,
+        prefix: str | tuple[str, ...] | None = None,
         path: str | None = None,
+        exclude: str | None = None,
         method: str | None = None,
         message: str | None = None,
         param: str | None = None,
     ) -> None:
         self.app = app
         self.limit = max_bytes
-        self.prefix, self.path, self.method = prefix, path, method
+        self.prefix, self.path, self.method, self.exclude = prefix, path, method, exclude
         self.message = message or f"the request body is larger than {max_bytes} bytes"
         self.param = param
 
@@ -34,6 +38,8 @@ class BodySizeLimit:
             return False
         if self.path is not None:
             return scope["path"].rstrip("/") == self.path
+        if self.exclude is not None and scope["path"].rstrip("/") == self.exclude:
+            return False
         return self.prefix is None or scope["path"].startswith(self.prefix)
 
     async def __call__(self, scope, receive, send):
@@ -76,3 +82,47 @@ class BodySizeLimit:
             413, self.message, param=self.param, code="payload_too_large", headers={"connection": "close"}
         )
         await response(scope, receive, send)
+
+
+class BodyTimeout:
+    """ASGI guard: the whole request body must arrive within ``timeout_s`` (a client trickling a
+    body byte by byte holds a worker and its memory otherwise): 408 and the connection is closed.
+    It reads the body before the route runs, so put it inside the size limits."""
+
+    def __init__(self, app, timeout_s: float, *, exclude: str | None = None) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+        self.exclude = exclude
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or (self.exclude is not None and scope["path"].rstrip("/") == self.exclude):
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client left while sending
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            response = error_response(
+                408,
+                f"the request body did not arrive within {self.timeout_s:g} s",
+                code="request_timeout",
+                headers={"connection": "close"},
+            )
+            return await response(scope, receive, send)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -51,7 +51,7 @@ def serve(
     """Migrate the database, start the engine and serve the OpenAI and admin APIs."""
     import uvicorn
 
-    from loraplex.platform.app import build_context, create_app
+    from loraplex.platform.app import create_app
 
     # Flags override the file and the environment, field by field.
     engine = {"model": model} if model is not None else None
@@ -61,14 +61,14 @@ def serve(
     if settings.cluster.replicas > 1:
         _serve_on_ray(settings)
         return
-    ctx, admin_key = build_context(settings)
+    ctx, admin_key = _build_or_exit(settings)
     if ctx.gateway.enabled:
         from loraplex.engine import format_config
 
         typer.echo("Engine configuration (resolved):")
         typer.echo(format_config(ctx.gateway.resolved_config()))
     _show_admin_key(admin_key)
-    if settings.environment == "demo":
+    if settings.environment == "demo" and ctx.db_ready:  # a degraded start has no tenants to show yet
         _print_demo_key(ctx, settings)
     from loraplex.platform import access_log
 
@@ -80,7 +80,14 @@ def serve(
         configure_json_logs()
         log_config = None  # keep our JSON handler; uvicorn's loggers propagate to it
     kwargs: dict[str, Any] = {} if not settings.observability.json_logs else {"log_config": log_config}
-    uv_config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level="info", **kwargs)
+    uv_config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level="info",
+        timeout_keep_alive=max(1, int(settings.limits.idle_timeout_s)),  # an idle socket is closed
+        **kwargs,
+    )
     uv_server = uvicorn.Server(uv_config)  # config.load() (in run) configures logging; the filter goes after
     uv_config.load()
     access_log.install()
@@ -90,6 +97,28 @@ def serve(
     gc.collect()
     gc.freeze()
     uv_server.run()
+
+
+def _build_or_exit(settings: Settings):
+    """build_context, or one line naming the database and exit 2 when it answers but cannot be used
+    (a file that is not a database, a schema newer than this version...); unreachable is degraded."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from loraplex.platform.app import build_context
+
+    try:
+        return build_context(settings)
+    except SQLAlchemyError as exc:
+        reason = (str(getattr(exc, "orig", None) or exc).splitlines() or ["unusable"])[0][:200]
+        where = settings.db_url.split("///", 1)[1] if settings.db_url.startswith("sqlite") else _safe_url(settings)
+        typer.echo(f"error: the database {where} cannot be used: {reason}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _safe_url(settings: Settings) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(settings.db_url).render_as_string(hide_password=True)
 
 
 def _show_admin_key(admin_key: str | None) -> None:

@@ -31,6 +31,8 @@ class PlatformContext:
     store: AdapterStore
     gateway: EngineClient = field(default_factory=LocalEngineClient.disabled)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
+    # False during a degraded start (database unreachable): routes answer 503 until it is ready.
+    db_ready: bool = True
     # Built from the fields above in __post_init__ (a deployment may swap ``quotas`` afterwards).
     quotas: QuotaStore = field(init=False)
     ledger: UsageLedger = field(init=False)
@@ -44,7 +46,10 @@ class PlatformContext:
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         self.quotas = InProcessQuotaStore(self._tokens_since)
         self.ledger = UsageLedger(
-            self.sessions, self.settings.usage_spool_dir, replay_interval_s=self.settings.ledger.replay_interval_s
+            self.sessions,
+            self.settings.usage_spool_dir,
+            replay_interval_s=self.settings.ledger.replay_interval_s,
+            lease_ttl_s=self.settings.ledger.lease_ttl_s,
         )
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:

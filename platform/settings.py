@@ -104,6 +104,12 @@ class LimitsSettings(_Table):
     # A request generating longer than this is ended (finish_reason "length", usage status
     # "timeout"); a tenant's quota may set its own (max_generation_s).
     generation_timeout_s: float = Field(600.0, gt=0)
+    # Admin API JSON bodies (tenants, keys, quotas...; not the adapter upload, see [uploads]).
+    max_admin_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # A request body must arrive whole within this long (a slow writer gets 408 and is dropped).
+    body_timeout_s: float = Field(30.0, gt=0)
+    # An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
+    idle_timeout_s: float = Field(15.0, gt=0)
 
 
 class LedgerSettings(_Table):
@@ -114,6 +120,9 @@ class LedgerSettings(_Table):
     # Wait for the admission and final records to be durable before answering. Off = the old
     # fire-and-forget writer (a crash loses recent records); only for measuring what it costs.
     durable: bool = True
+    # Each server holds a lease (a heartbeat row in server_instances); start-up recovery closes the
+    # running records only of servers whose lease is this old, never those of a live neighbour.
+    lease_ttl_s: float = Field(30.0, gt=0)
 
 
 class ClusterSettings(_Table):

@@ -1,7 +1,7 @@
 """Admission of one tenant request, cheapest refusals first: (key and tenant status were checked by
 the dependency) → model resolution and the tenant's quota (one DB read) → concurrency / rpm
 pre-check → a character-length bound → text validity → tokenize → sampling values → the atomic
-quota reservation of ``prompt + max_tokens``. Nothing before the reservation consumes a quota slot,
+quota reservation of ``prompt + n x max_tokens`` (``quotas.rule``). Nothing before the reservation consumes a quota slot,
 and a request refused after it (by the engine's own checks) gets the whole reservation back."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
+from loraplex.platform.quotas.rule import request_cost
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
 if TYPE_CHECKING:
@@ -66,6 +67,23 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
             ) from None
 
 
+def chat_texts(messages: list[Any]) -> list[str]:
+    """Every text of chat messages that the template will carry: contents, names, and the assistant
+    tool calls' names and arguments (a huge ``tool_calls`` list is bounded like huge content)."""
+    texts: list[str] = []
+    for m in messages:
+        if isinstance(m.content, str):
+            texts.append(m.content)
+        elif m.content:
+            texts.extend(p.text or "" for p in m.content)
+        if m.name:
+            texts.append(m.name)
+        for call in m.tool_calls or ():
+            texts.append(call.function.name or "")
+            texts.append(call.function.arguments or "")
+    return texts
+
+
 def prepare(
     ctx,
     auth: TenantAuth,
@@ -96,7 +114,7 @@ def prepare(
         params = ctx.gateway.sampling_params(**sampling)
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-    reservation = ctx.quotas.reserve(auth.tenant_id, quota, len(prompt_ids) + params.max_tokens)
+    reservation = ctx.quotas.reserve(auth.tenant_id, quota, request_cost(len(prompt_ids), params.n, params.max_tokens))
     return Prepared(
         auth,
         model,

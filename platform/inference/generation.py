@@ -5,7 +5,9 @@ reservation back) and makes the usage record durable before any byte of the resp
 then yields per-choice text deltas (the engine's DELTA outputs: only what is new), checkpoints the
 token count of long streams, enforces the generation timeout, and makes the final record durable
 before the last deltas are handed out. Whatever ends the request (finish, client gone, admin abort,
-timeout, engine death) settles the quota reservation to the tokens actually delivered."""
+timeout, engine death) settles the quota reservation to the tokens actually delivered. A
+non-streaming client that disconnects aborts its sequences (``disconnect``) and is billed for what
+was generated up to the abort."""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from typing import Any
 
 from loraplex.platform.engine_client import EngineStream
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
+from loraplex.platform.inference import disconnect
 from loraplex.platform.inference.admission import Prepared
 from loraplex.platform.observability.metrics import FinishedRequest
 
 log = logging.getLogger("loraplex.platform.inference")
 
-__all__ = ["Delta", "Generation", "Prepared", "RequestCancelled", "start"]
+__all__ = ["ClientGone", "Delta", "Generation", "Prepared", "RequestCancelled", "start"]
 
 
 @dataclass
@@ -34,6 +37,17 @@ class Delta:
     completion_tokens: int  # all choices of the request, delivered so far
     index: int = 0  # the sample (choice) within this prompt
     logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
+
+
+CLIENT_GONE = "the client disconnected"
+
+
+class ClientGone(PlatformError):
+    """A non-streaming client disconnected; nobody reads this answer (nginx's 499)."""
+
+    status_code = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
 
 
 class RequestCancelled(PlatformError):
@@ -62,6 +76,9 @@ async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
         raise ServiceUnavailable(f"the engine cannot take requests: {exc}", headers={"retry-after": "5"}) from None
     gen = Generation(ctx, prep, stream, streaming)
     ctx.inflight.add(prep.request_id, prep.auth.tenant_id, prep.auth.key_id, prep.adapter_id)
+    watch = disconnect.current()
+    if watch is not None and not streaming:  # a stream notices the disconnect itself
+        watch.on_gone(gen.client_left)
     try:
         await gen.durable(gen.record("running"))
     except BaseException:
@@ -78,7 +95,9 @@ class Generation:
         self._stream = stream
         self.delivered = 0  # completion tokens (all choices) handed to the response
         self.first_token_at: float | None = None
+        self.client_gone = False  # a non-streaming client left: bill what was generated
         self._closed = False
+        self._ended = False
 
     @property
     def replica(self) -> str:
@@ -113,7 +132,7 @@ class Generation:
         if self._closed:
             return None
         self._closed = True
-        if not self.streaming and status in ("aborted", "error"):
+        if not self.streaming and status in ("aborted", "error") and not self.client_gone:
             self.delivered = 0  # a refused non-streaming response carried no text
         p = self.prep
         self.ctx.inflight.remove(p.request_id)
@@ -137,66 +156,106 @@ class Generation:
         )
         return self.record(status)
 
+    def client_left(self) -> None:
+        """The client of a non-streaming request disconnected: stop its sequences now."""
+        if self._closed:
+            return
+        self.client_gone = True
+        self.ctx.inflight.mark(self.prep.request_id, CLIENT_GONE)
+        self.ctx.gateway.abort(self.prep.request_id)
+
     async def deltas(self) -> AsyncIterator[Delta]:
         """Per-choice deltas; those with a finish_reason come after the final record is durable."""
-        prep, ctx = self.prep, self.ctx
-        checkpoint_every = ctx.settings.ledger.checkpoint_interval_s
-        last_checkpoint = time.monotonic()
+        prep = self.prep
+        checkpoints = _Checkpoints(self.ctx.settings.ledger.checkpoint_interval_s)
         deadline = prep.started + prep.timeout_s
         done: set[int] = set()
-        ended = False
+        self._ended = False
         try:
             while True:
-                left = deadline - time.monotonic()
-                try:
-                    out = await asyncio.wait_for(self._stream.__anext__(), timeout=max(left, 0.001))
-                except StopAsyncIteration:
-                    raise ServiceUnavailable("the engine ended the request without a result") from None
-                except asyncio.TimeoutError:
-                    ctx.gateway.abort(prep.request_id)
-                    ended = True
-                    await self.durable(self.finish("timeout"))
+                out = await self._next_output(deadline)
+                if out is None:  # the generation timeout: ended and billed
                     for i in range(prep.params.n):  # documented: a timeout reads as "length"
                         if i not in done:
                             yield Delta("", "length", self.delivered, i)
                     return
-                except PlatformError:
-                    raise
-                except Exception as exc:  # the engine died under this request
-                    raise ServiceUnavailable(f"generation failed: {exc}", headers={"retry-after": "5"}) from None
-                if out.error:
-                    raise ServiceUnavailable(f"generation failed: {out.error}", headers={"retry-after": "5"})
                 if out.finished and any(c.finish_reason == "abort" for c in out.outputs):
-                    reason = ctx.inflight.reason(prep.request_id) or "the request was aborted"
-                    ended = True
-                    self.finish("aborted")
-                    raise RequestCancelled(f"the request was stopped: {reason}")
+                    self._aborted()  # raises
                 self.delivered += sum(len(c.token_ids) for c in out.outputs)
                 if self.delivered and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                pending = []
-                for comp in out.outputs:  # n > 1: one delta per choice that moved or ended
-                    if comp.index in done:
-                        continue
-                    finished = comp.finish_reason is not None or out.finished
-                    if finished:
-                        done.add(comp.index)
-                    lps = comp.logprobs or []
-                    if comp.text or finished or lps:
-                        reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
-                        pending.append(Delta(comp.text, reason, self.delivered, comp.index, lps))
+                pending = _choice_deltas(out, done, self.delivered)
                 if out.finished:
-                    ended = True
+                    self._ended = True
                     await self.durable(self.finish("ok"))  # billed before the last bytes leave
                     for d in pending:
                         yield d
                     return
                 for d in pending:
                     yield d
-                if time.monotonic() - last_checkpoint >= checkpoint_every:
-                    last_checkpoint = time.monotonic()
+                if checkpoints.due():
                     self.record("running")  # not awaited: a checkpoint must not slow the stream
         finally:
-            if not ended:  # client gone, engine error, cancellation: stop and bill what was sent
-                ctx.gateway.abort(prep.request_id)
+            if not self._ended:  # client gone, engine error, cancellation: stop and bill what was sent
+                self.ctx.gateway.abort(prep.request_id)
                 self.finish("aborted" if not isinstance(sys.exc_info()[1], PlatformError) else "error")
+
+    async def _next_output(self, deadline: float) -> Any:
+        """The engine's next output, or None once the generation timeout ended (and billed) it."""
+        try:
+            left = deadline - time.monotonic()
+            out = await asyncio.wait_for(self._stream.__anext__(), timeout=max(left, 0.001))
+        except StopAsyncIteration:
+            raise ServiceUnavailable("the engine ended the request without a result") from None
+        except asyncio.TimeoutError:
+            self.ctx.gateway.abort(self.prep.request_id)
+            self._ended = True
+            await self.durable(self.finish("timeout"))
+            return None
+        except PlatformError:
+            raise
+        except Exception as exc:  # the engine died under this request
+            raise ServiceUnavailable(f"generation failed: {exc}", headers={"retry-after": "5"}) from None
+        if out.error:
+            raise ServiceUnavailable(f"generation failed: {out.error}", headers={"retry-after": "5"})
+        return out
+
+    def _aborted(self) -> None:
+        """The engine aborted the request: its client left, or an operator stopped it."""
+        reason = self.ctx.inflight.reason(self.prep.request_id) or "the request was aborted"
+        self._ended = True
+        self.finish("aborted")
+        if reason == CLIENT_GONE:
+            raise ClientGone("the client disconnected")
+        raise RequestCancelled(f"the request was stopped: {reason}")
+
+
+class _Checkpoints:
+    """When a long stream's running record is next written (a crash bills it up to there)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return False
+        self.last = now
+        return True
+
+
+def _choice_deltas(out: Any, done: set[int], delivered: int) -> list[Delta]:
+    """n > 1: one delta per choice that moved or ended in this engine output (``done`` is updated)."""
+    pending = []
+    for comp in out.outputs:
+        if comp.index in done:
+            continue
+        finished = comp.finish_reason is not None or out.finished
+        if finished:
+            done.add(comp.index)
+        lps = comp.logprobs or []
+        if comp.text or finished or lps:
+            reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
+            pending.append(Delta(comp.text, reason, delivered, comp.index, lps))
+    return pending

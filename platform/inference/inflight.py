@@ -34,6 +34,12 @@ class InflightRegistry:
             self._requests.pop(request_id, None)
             self._reasons.pop(request_id, None)
 
+    def mark(self, request_id: str, reason: str) -> None:
+        """Say why a request is about to be aborted (read back by the request when it ends)."""
+        with self._lock:
+            if request_id in self._requests:
+                self._reasons[request_id] = reason
+
     def reason(self, request_id: str) -> str | None:
         with self._lock:
             return self._reasons.get(request_id)

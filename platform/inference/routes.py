@@ -122,11 +122,7 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
         return tok.encode(text, add_special_tokens=False)
 
     sampling = _sampling(body, body.token_limit(), logprobs, spec)
-    texts = [
-        m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
-        for m in body.messages
-        if m.content
-    ]
+    texts = admission.chat_texts(body.messages)  # tool-call arguments count toward the bound too
     preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
     return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 

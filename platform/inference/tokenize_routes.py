@@ -1,5 +1,6 @@
 """/tokenize and /detokenize (vLLM's paths): tenant-authenticated, resolved per model like
-generation, so a tenant learns nothing about models it may not use. Every adapter of the base
+generation, so a tenant learns nothing about models it may not use. The same bounds as generation
+apply (body size, characters, rpm/concurrency pre-check), so tokenizing is no way around them. Every adapter of the base
 model shares its tokenizer, so the adapter is checked for access and the base tokenizer answers."""
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
 from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference.admission import chat_texts, check_text
 from loraplex.platform.inference.openai_schemas import ChatMessage
 from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.quotas import repository as quotas_repo
+from loraplex.platform.quotas.store import QuotaView
 
 router = APIRouter(tags=["openai"])
 
@@ -32,12 +36,23 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Annotated[int, Field(ge=0)]]
 
 
+def _admit(session, ctx, tenant_id: str, model: str) -> None:
+    """Like generation: the model must be usable, and a tenant at its rpm or concurrency limit is
+    refused here too (nothing is consumed: tokenizing costs no tokens)."""
+    resolve_model(session, ctx, tenant_id, model)
+    q = quotas_repo.get(session, tenant_id)
+    ctx.quotas.precheck(tenant_id, QuotaView(q.rpm, None, q.max_concurrent) if q else QuotaView())
+
+
 @router.post("/tokenize")
 def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> dict:
-    resolve_model(session, ctx, tenant.tenant_id, body.model)
-    tok = ctx.gateway.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise BadRequest("give exactly one of prompt or messages", param="prompt")
+    _admit(session, ctx, tenant.tenant_id, body.model)
+    tok = ctx.gateway.tokenizer
+    # The generation routes' character bound (and text validity), before any templating.
+    texts = chat_texts(body.messages) if body.messages is not None else [body.prompt or ""]
+    check_text(texts, "messages" if body.messages is not None else "prompt", ctx.gateway.max_prompt_chars())
     if body.messages is not None:
         from loraplex.platform.inference.openai_schemas import ChatRequest
         from loraplex.platform.inference.tools import template_messages
@@ -56,8 +71,14 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
 
 @router.post("/detokenize")
 def detokenize(body: DetokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> dict:
-    resolve_model(session, ctx, tenant.tenant_id, body.model)
+    _admit(session, ctx, tenant.tenant_id, body.model)
     tok = ctx.gateway.tokenizer
+    if len(body.tokens) > ctx.gateway.max_model_len:
+        raise BadRequest(
+            f"{len(body.tokens)} tokens are more than the model's context ({ctx.gateway.max_model_len})",
+            param="tokens",
+            code="context_length_exceeded",
+        )
     vocab = len(tok)
     bad = [t for t in body.tokens if t >= vocab]
     if bad:

@@ -1,7 +1,7 @@
 """Quota admission by reservation: requests and tokens per minute (sliding windows), concurrency and
 a token budget per day or month.
 
-Admission *reserves* ``prompt + max_tokens`` against tpm and the budget, atomically with the rpm and
+Admission *reserves* ``prompt + n x max_tokens`` (``rule.request_cost``) against tpm and the budget, atomically with the rpm and
 concurrency checks; the finish *settles* the reservation to the tokens actually served and returns
 the rest. So N concurrent requests can never be promised more than the limit, whatever they
 generate. A refusal is a 429 with Retry-After and x-ratelimit-* headers.
@@ -23,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from loraplex.platform.errors import RateLimited
+from loraplex.platform.quotas.rule import RULE
 
 WINDOW_S = 60.0
 
@@ -41,7 +42,7 @@ class Reservation:
     """An admitted request's hold on its tenant's quota; settle or cancel it exactly once."""
 
     tenant_id: str
-    tokens: int  # reserved: prompt + max_tokens
+    tokens: int  # reserved: rule.request_cost (prompt + n x max_tokens)
     headers: dict[str, str]
     admitted_at: float
     budget_period: datetime | None = None
@@ -134,16 +135,15 @@ class InProcessQuotaStore:
             if quota.tpm is not None:
                 if tokens > quota.tpm:
                     raise _limited(
-                        f"this request needs {tokens} tokens (prompt + max_tokens), more than the "
-                        f"limit of {quota.tpm} tokens per minute; lower max_tokens",
+                        f"this request needs {tokens} tokens ({RULE}), more than the "
+                        f"limit of {quota.tpm} tokens per minute; lower max_tokens or n",
                         WINDOW_S,
                         headers,
                     )
                 if in_window + tokens > quota.tpm:
                     wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
                     raise _limited(
-                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves "
-                        f"{tokens}: prompt + max_tokens)",
+                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves {tokens}: {RULE})",
                         wait,
                         headers,
                     )
@@ -152,7 +152,7 @@ class InProcessQuotaStore:
                     left = max(0, quota.token_budget - st.budget_used - st.budget_reserved)
                     raise _limited(
                         f"token budget exhausted: {quota.token_budget} tokens per {quota.budget_period}; "
-                        f"{left} left, this request reserves {tokens} (prompt + max_tokens)",
+                        f"{left} left, this request reserves {tokens} ({RULE})",
                         (next_period(quota.budget_period, start) - wall).total_seconds(),
                         headers,
                         code="insufficient_quota",

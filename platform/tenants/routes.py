@@ -21,7 +21,7 @@ def list_tenants(
     session: SessionDep,
     _actor: AdminDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,  # larger overflows the SQL integer
 ) -> TenantList:
     rows, total = service.list_tenants(session, limit=limit, offset=offset)
     return TenantList(data=[TenantOut.model_validate(t) for t in rows], total=total)

@@ -5,12 +5,15 @@ client received, and nothing a crash or a database outage can lose once a write 
   end) each write the request's whole record, upserted by request id; the caller awaits ``open``
   before the first byte and ``close`` before the final chunk, so what it has sent is on record.
 - One writer thread group-commits whatever is queued in one transaction (concurrent requests share
-  a commit). A batch the database refuses for its data is retried row by row, so one bad row never
-  rejects the others (the bad one goes to ``usage.rejected.jsonl``). A batch it cannot take at all
+  a commit). A batch that fails for any other reason than an unreachable database (the database
+  refuses its data, the driver cannot encode a string, any exception at all) is retried row by row,
+  so one bad row never rejects the others (the bad one goes to ``usage.rejected.jsonl``), and every
+  waiter is answered whatever happened: no request ever hangs on the ledger. A batch it cannot take at all
   (connection down) is appended to an fsync'd local spool, which counts as durable, and is replayed
   in order when the database answers again; while a spool exists, new writes queue behind it.
-- At start, ``recover`` replays the spool, then closes records left ``running`` by a dead server as
-  ``interrupted`` (billed as of their last checkpoint).
+- At start, ``recover`` takes this server's lease (``lease.py``), replays the spool, then closes
+  records left ``running`` by servers whose lease expired as ``interrupted`` (billed as of their
+  last checkpoint); a live server on the same database keeps its running records.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.usage import repository
+from loraplex.platform.usage.lease import InstanceLease, live_instances
 from loraplex.platform.usage.spool import REJECTED, Spool
 
 log = logging.getLogger("loraplex.platform.usage")
@@ -67,11 +71,18 @@ class LedgerStats:
 
 class UsageLedger:
     def __init__(
-        self, sessions: sessionmaker[Session], spool_dir: Path, *, max_batch: int = 512, replay_interval_s: float = 1.0
+        self,
+        sessions: sessionmaker[Session],
+        spool_dir: Path,
+        *,
+        max_batch: int = 512,
+        replay_interval_s: float = 1.0,
+        lease_ttl_s: float = 30.0,
     ) -> None:
         self._sessions = sessions
         self.spool = Spool(spool_dir)
         self.instance_id = uuid.uuid4().hex
+        self.lease = InstanceLease(sessions, self.instance_id, lease_ttl_s, on_beat=self.close_dead_runs)
         self.stats = LedgerStats()
         self._max_batch = max_batch
         self._replay_interval = replay_interval_s
@@ -113,23 +124,33 @@ class UsageLedger:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> UsageLedger:
+        self.lease.start()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="loraplex-ledger", daemon=True)
             self._thread.start()
         return self
 
     def recover(self) -> int:
-        """At start: replay the spool, then close records a dead server left running. Returns how
-        many were closed as interrupted. Without the database it only logs (the writer retries)."""
+        """At start: take this server's lease, replay the spool, then close records left running by
+        servers whose lease expired (dead ones; a live neighbour's are left alone). Returns how many
+        were closed as interrupted. Without the database it only logs (the writer retries)."""
         try:
+            self.lease.beat()
             self._replay()
-            with unit_of_work(self._sessions) as session:
-                closed = repository.close_running(session, except_instance=self.instance_id, now=utcnow())
+            return self.close_dead_runs()
         except SQLAlchemyError as exc:
             log.warning("usage recovery postponed, database unavailable: %s", exc)
             return 0
+
+    def close_dead_runs(self) -> int:
+        """Close as interrupted the running records of servers whose lease expired (at start, and
+        after each lease renewal: a neighbour that died is noticed without a restart)."""
+        with unit_of_work(self._sessions) as session:
+            now = utcnow()
+            live = live_instances(session, ttl_s=self.lease.ttl_s, now=now)
+            closed = repository.close_running(session, live_instances=[*live, self.instance_id], now=now)
         if closed:
-            log.warning("closed %d usage records of an earlier run as interrupted", closed)
+            log.warning("closed %d usage records of a server that stopped as interrupted", closed)
         return closed
 
     def close(self) -> None:
@@ -140,6 +161,7 @@ class UsageLedger:
             self._thread.join(30)
             self._thread = None
         self._drain_once()
+        self.lease.release()
 
     # -- the writer ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -156,7 +178,7 @@ class UsageLedger:
                     last_replay = time.monotonic()
                     try:
                         self._replay()
-                    except SQLAlchemyError as exc:  # still down: the spool waits for the next try
+                    except Exception as exc:  # still down: the spool waits for the next try
                         log.debug("usage replay postponed: %s", exc)
                 self._drain_once()
             except Exception:  # the writer must never die; ops already resolved or spooled
@@ -172,33 +194,47 @@ class UsageLedger:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
         if not batch:
             return
-        rows = [op.row for op in batch]
+        try:
+            self._write_batch([op.row for op in batch])
+            self.stats.batches += 1
+        except BaseException as exc:  # neither the database nor the disk took it: the callers must know
+            for op in batch:
+                if not op.done.done():
+                    op.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for op in batch:  # whatever happened to each row, every waiter is answered
+            if not op.done.done():
+                op.done.set_result(None)
+
+    def _write_batch(self, rows: list[dict]) -> None:
+        """Commit, or spool (database unreachable), or commit row by row (anything else: a row the
+        database or the driver refuses, whatever the exception, must not take the others with it)."""
         was_spooling = self.spool.has_pending()
         try:
-            if self.spool.has_pending():  # keep order: nothing overtakes spooled records
+            if was_spooling:  # keep order: nothing overtakes spooled records
                 raise _SpoolFirst()
             self._commit(rows)
             self.stats.committed += len(rows)
-        except (_SpoolFirst, SQLAlchemyError) as exc:
-            if isinstance(exc, SQLAlchemyError) and not is_unreachable(exc):
-                self._commit_one_by_one(rows)
+        except _SpoolFirst:
+            self._spool(rows, None)
+        except Exception as exc:
+            if is_unreachable(exc):
+                self._spool(rows, exc)
             else:
-                try:
-                    self.spool.append(rows)
-                    self.stats.spooled += len(rows)
-                    if not was_spooling:
-                        log.warning(
-                            "database unreachable; usage records spooled to %s until it is back (%s)",
-                            self.spool.active,
-                            str(exc).splitlines()[0][:200] if str(exc) else "",
-                        )
-                except OSError as disk:  # neither DB nor disk: the callers must know
-                    for op in batch:
-                        op.done.set_exception(disk)
-                    return
-        self.stats.batches += 1
-        for op in batch:
-            op.done.set_result(None)
+                self._commit_one_by_one(rows)
+
+    def _spool(self, rows: list[dict], exc: BaseException | None) -> None:
+        was_spooling = self.spool.has_pending()
+        self.spool.append(rows)  # OSError: neither DB nor disk, raised to the waiters
+        self.stats.spooled += len(rows)
+        if not was_spooling:
+            log.warning(
+                "database unreachable; usage records spooled to %s until it is back (%s)",
+                self.spool.active,
+                str(exc).splitlines()[0][:200] if exc is not None and str(exc) else "",
+            )
 
     def _commit(self, rows: list[dict]) -> None:
         with unit_of_work(self._sessions) as session:
@@ -209,15 +245,19 @@ class UsageLedger:
             try:
                 self._commit([row])
                 self.stats.committed += 1
-            except SQLAlchemyError as exc:
+            except Exception as exc:
                 if is_unreachable(exc):
                     self.spool.append([row])
                     self.stats.spooled += 1
                 else:
                     log.error(
-                        "usage record %s refused by the database (kept in %s): %s", row.get("request_id"), REJECTED, exc
+                        "usage record %s refused (kept in %s): %s: %s",
+                        ascii(row.get("request_id")),
+                        REJECTED,
+                        type(exc).__name__,
+                        ascii(str(exc)[:300]),
                     )
-                    self.spool.append([{**row, "error": str(exc)[:500]}], file=REJECTED)
+                    self.spool.append([{**row, "error": f"{type(exc).__name__}: {exc}"[:500]}], file=REJECTED)
                     self.stats.rejected += 1
 
     def _replay(self) -> None:
@@ -227,7 +267,7 @@ class UsageLedger:
                 chunk = rows[i : i + self._max_batch]
                 try:
                     self._commit(chunk)
-                except SQLAlchemyError as exc:
+                except Exception as exc:
                     if is_unreachable(exc):
                         raise
                     self._commit_one_by_one(chunk)

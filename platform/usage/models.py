@@ -37,3 +37,16 @@ class UsageRecord(Base):
     instance_id: Mapped[str] = mapped_column(String(32), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ServerInstance(Base):
+    """A server's lease on the ledger: while its heartbeat is fresh, no other server's start-up
+    recovery may close its running records (a rolling restart, two servers side by side)."""
+
+    __tablename__ = "server_instances"
+
+    instance_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)

@@ -34,14 +34,15 @@ def upsert(session: Session, rows: list[dict]) -> None:
     session.execute(stmt, list(latest.values()))
 
 
-def close_running(session: Session, *, except_instance: str, now: datetime) -> int:
-    """Records left running by a server that died: they become ``interrupted``, billed as checkpointed."""
+def close_running(session: Session, *, live_instances: list[str], now: datetime) -> int:
+    """Records left running by a server that died (none of ``live_instances``, the servers holding a
+    fresh lease): they become ``interrupted``, billed as checkpointed."""
     # An UPDATE's result is a CursorResult (it carries rowcount); Session.execute is typed as Result.
     result = cast(
         CursorResult[Any],
         session.execute(
             update(UsageRecord)
-            .where(UsageRecord.status == "running", UsageRecord.instance_id != except_instance)
+            .where(UsageRecord.status == "running", UsageRecord.instance_id.not_in(live_instances))
             .values(status="interrupted", updated_at=now)
         ),
     )

@@ -4,11 +4,12 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
-from pydantic import AwareDatetime
+from pydantic import AfterValidator, AwareDatetime
 
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
@@ -17,8 +18,19 @@ from loraplex.platform.usage.schemas import GroupBy, UsageReport
 
 router = APIRouter(tags=["usage"])
 
-Since = Annotated[AwareDatetime | None, Query(description="Inclusive, with a time zone")]
-Until = Annotated[AwareDatetime | None, Query(description="Exclusive, with a time zone")]
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """The database compares in UTC: a time that has no UTC equivalent (year 9999 at -23:00) is a 422."""
+    if value is None:
+        return None
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError("the time is out of range once converted to UTC") from None
+
+
+Since = Annotated[AwareDatetime | None, AfterValidator(_in_utc), Query(description="Inclusive, with a time zone")]
+Until = Annotated[AwareDatetime | None, AfterValidator(_in_utc), Query(description="Exclusive, with a time zone")]
 
 
 @router.get("/usage", response_model=UsageReport)

@@ -5,6 +5,7 @@ that a later ledger replays, and a restart closes a dead run's records as interr
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from sqlalchemy import select
@@ -127,7 +128,11 @@ def test_recover_leaves_its_own_running_records_alone(sessions, tmp_path):
     ledger.flush()
     assert ledger.recover() == 0
     assert _records(sessions)["mine"].status == "running"
-    assert UsageLedger(sessions, tmp_path / "spool").recover() == 1  # another instance: the old one died
+    # another server on the same database while this one's lease is fresh: hands off
+    assert UsageLedger(sessions, tmp_path / "spool2").recover() == 0
+    assert _records(sessions)["mine"].status == "running"
+    time.sleep(0.05)  # this one's lease expires (the other server's ttl is tiny): it is dead
+    assert UsageLedger(sessions, tmp_path / "spool3", lease_ttl_s=0.01).recover() == 1
     assert _records(sessions)["mine"].status == "interrupted"
 
 

@@ -1,4 +1,4 @@
-"""Quotas hold under concurrency: admission reserves prompt + max_tokens atomically and the finish
+"""Quotas hold under concurrency: admission reserves prompt + n x max_tokens atomically and the finish
 settles to what was served, so 30-50 simultaneous requests cannot overshoot tpm, the token budget,
 rpm or max_concurrent (checked against the ledger, an independent record of what was served)."""
 

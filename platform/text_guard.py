@@ -1,0 +1,98 @@
+"""ASGI guard: a JSON request body with a lone UTF-16 surrogate anywhere in it (a string value or a
+key: ``user``, a tool call's arguments, a tenant's name...) is refused with 400 before any route
+runs, so nothing is reserved, tokenized or written. Such a string cannot be encoded as UTF-8, and
+would otherwise fail deep inside the tokenizer or the usage ledger's commit.
+
+A surrogate reaches Python's ``json`` either as a ``\\uD800``-style escape or as its raw CESU-8
+bytes (``json.loads`` decodes bytes with ``surrogatepass``); a body with neither pattern is passed
+on after one regex scan, without parsing it."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from loraplex.platform.http_errors import error_response
+
+_CANDIDATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The JSON path of the first string (value or key) that is not valid Unicode, else None."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            if not _encodable(v):
+                return p or "body"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if not _encodable(k):
+                    return p or "body"
+                stack.append((item, f"{p}.{k}" if p else k))
+        elif isinstance(v, list):
+            stack.extend((item, f"{p}[{i}]") for i, item in enumerate(v))
+    return None
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def body_lone_surrogate(body: bytes) -> str | None:
+    if not _CANDIDATE.search(body):
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:  # not JSON: the route's own validation answers
+        return None
+    return lone_surrogate_at(parsed)
+
+
+class LoneSurrogateGuard:
+    def __init__(self, app, prefixes: tuple[str, ...]) -> None:
+        self.app = app
+        self.prefixes = prefixes
+
+    async def __call__(self, scope, receive, send):
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in _METHODS
+            or not scope["path"].startswith(self.prefixes)
+            or b"json" not in dict(scope["headers"]).get(b"content-type", b"application/json")
+        ):
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        where = body_lone_surrogate(body)
+        if where is not None:
+            response = error_response(
+                400,
+                f"{where} is not valid Unicode text (it holds a lone UTF-16 surrogate)",
+                param=where,
+                code="invalid_text",
+            )
+            return await response(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,65 @@
+"""Degraded, not dead, at start (real `loraplex serve` processes): PostgreSQL unreachable at start
+→ the server starts, /ready is 503 and routes answer 503 + Retry-After, then it migrates and serves
+once the database is back; a file that is not a database → one line naming it, exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from billing_helpers import H
+from procs import PgCluster, ServeProcess
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_postgres_down_at_start_then_back(tmp_path, demo_model_dir):
+    pg = PgCluster()
+    server = None
+    try:
+        pg.stop("fast")
+        server = ServeProcess(tmp_path / "data", demo_model_dir, env={"LORAPLEX_DATABASE_URL": pg.url})
+        ready = httpx.get(server.url + "/ready", timeout=30)
+        assert ready.status_code == 503 and ready.headers["retry-after"]
+        r = httpx.get(server.url + "/admin/v1/tenants", headers=H, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "database_unavailable"
+        pg.start()
+        deadline = time.monotonic() + 90
+        while httpx.get(server.url + "/ready", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.5)
+        r = httpx.post(server.url + "/admin/v1/tenants", json={"name": "after"}, headers=H, timeout=30)
+        assert r.status_code == 201, r.text  # migrated: the schema is there
+        assert "Traceback" not in server.output()
+    finally:
+        if server is not None:
+            server.stop()
+        pg.destroy()
+
+
+@pytest.mark.slow
+def test_a_file_that_is_not_a_database_is_one_line_and_exit_2(tmp_path, demo_model_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    bad = data / "not-a-db.sqlite"
+    bad.write_bytes(b"this is not a database file at all, " * 200)
+    env = {
+        **os.environ,
+        "LORAPLEX_ENGINE__MODEL": str(demo_model_dir),
+        "LORAPLEX_DATABASE_URL": f"sqlite:///{bad}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data), "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(bad) in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
