@@ -309,7 +309,7 @@ class LLMEngine:
         """One batched sampler pass; grammar masks for the constrained rows, logprobs kept per
         sequence for the rows that ask."""
         bitmask = self.structured.bitmask_for(seqs) if self.structured.active else None
-        out = sample_batch(logits, seqs, self._generator, bitmask)
+        out = sample_batch(logits, seqs, self._generator, bitmask, self.eos_token_ids)
         for seq, lp in zip(seqs, out.logprobs):
             if lp is not None:
                 seq.logprobs.append(lp)

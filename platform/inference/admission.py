@@ -19,7 +19,8 @@ from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
+MAX_SEED = 2**63 - 1
+DEFAULT_MAX_TOKENS = 256  # chat without max_tokens when the engine's context length is unknown  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 
 
 @dataclass
@@ -89,6 +90,9 @@ def prepare(
     prompt_ids = tokenize(ctx.gateway.tokenizer)
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
+    if sampling.get("max_tokens") is None:  # chat's default (OpenAI, vLLM): what is left of the context
+        context = getattr(ctx.gateway, "max_model_len", None)
+        sampling = {**sampling, "max_tokens": max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS}
     try:
         params = ctx.gateway.sampling_params(**sampling)
     except ValueError as exc:

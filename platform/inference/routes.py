@@ -13,13 +13,13 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
-from loraplex.platform.errors import BadRequest
-from loraplex.platform.inference import admission, service
+from loraplex.platform.errors import BadRequest, NotFound
+from loraplex.platform.inference import admission, chat_prompt, service
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
 from loraplex.platform.inference.responses import Shape, respond
-from loraplex.platform.inference.schemas import ModelList
+from loraplex.platform.inference.schemas import ModelCard, ModelList
 from loraplex.platform.inference.structured import Spec, response_spec
-from loraplex.platform.inference.tools import plan_tools, template_messages
+from loraplex.platform.inference.tools import plan_tools
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -30,7 +30,46 @@ def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> Mode
     return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
 
 
-def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec | None) -> dict:
+@router.get("/models/{model_id:path}", response_model=ModelCard)
+def get_model(model_id: str, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelCard:
+    """One model this tenant may use (404, like an unknown one, otherwise)."""
+    for card in service.list_models(session, ctx, tenant.tenant_id):
+        if card.id == model_id:
+            return card
+    raise NotFound(
+        f"the model {model_id!r} does not exist or you do not have access to it", param="model", code="model_not_found"
+    )
+
+
+def _extensions(body: _Common, tok: Any) -> dict:
+    """vLLM's sampling extensions, checked against the tokenizer."""
+    if body.priority != 0:
+        raise BadRequest(
+            "per-request priority is not supported (a tenant's priority is set by the operator)",
+            param="priority",
+            code="unsupported_parameter",
+        )
+    vocab = len(tok)
+    for name in ("allowed_token_ids", "stop_token_ids"):
+        ids = getattr(body, name) or []
+        if any(t >= vocab for t in ids):
+            raise BadRequest(f"{name} holds a token id outside the vocabulary [0, {vocab})", param=name)
+    words: list[list[int]] = []
+    for w in body.bad_words or []:  # as vLLM: the word alone and after a space
+        for form in (w, " " + w.lstrip()):
+            ids = tok.encode(form, add_special_tokens=False)
+            if ids and ids not in words:
+                words.append(ids)
+    return dict(
+        min_tokens=body.min_tokens,
+        stop_token_ids=body.stop_token_ids or [],
+        bad_words_token_ids=words,
+        allowed_token_ids=body.allowed_token_ids,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+    )
+
+
+def _sampling(body: _Common, max_tokens: int | None, logprobs: int | None, spec: Spec | None, tok: Any) -> dict:
     return dict(
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -47,6 +86,7 @@ def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec |
         logprobs=logprobs,
         ignore_eos=body.ignore_eos,
         structured_output=spec,
+        **_extensions(body, tok),
     )
 
 
@@ -88,10 +128,16 @@ async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDe
         )
     prompts = body.prompts()
 
-    def tokenizer_for(p: str | list[int]) -> Callable[[Any], list[int]]:
-        return (lambda tok: list(p)) if isinstance(p, list) else (lambda tok: tok.encode(p))
+    keep = body.truncate_prompt_tokens
 
-    sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body))
+    def tokenizer_for(p: str | list[int]) -> Callable[[Any], list[int]]:
+        def tokenize(tok: Any) -> list[int]:
+            ids = list(p) if isinstance(p, list) else tok.encode(p)
+            return ids[-keep:] if keep is not None and len(ids) > keep else ids
+
+        return tokenize
+
+    sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body), ctx.gateway.tokenizer)
     preps = await _prepare_all(
         ctx,
         tenant,
@@ -111,17 +157,19 @@ async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep
     check_extra_fields(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-    plan = plan_tools(body)
+    settings = ctx.settings.openai
+    chat_prompt.check_request(body, settings.trust_request_chat_template)
+    plan = plan_tools(body, settings.tool_call_parser)
     spec = plan.spec or response_spec(body)
+    if plan.spec is not None and response_spec(body) is not None:
+        raise BadRequest("a required or named tool_choice cannot be combined with another output constraint")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    template = chat_prompt.server_template(settings.chat_template)
 
     def tokenize(tok) -> list[int]:
-        messages = template_messages(body, tok.chat_template or "")
-        kwargs = {"tools": plan.template_tools} if plan.template_tools else {}
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        return tok.encode(text, add_special_tokens=False)
+        return chat_prompt.render(body, tok, plan, template)
 
-    sampling = _sampling(body, body.token_limit(), logprobs, spec)
+    sampling = _sampling(body, body.token_limit(), logprobs, spec, ctx.gateway.tokenizer)
     texts = [
         m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content)
         for m in body.messages
