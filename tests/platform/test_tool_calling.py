@@ -77,7 +77,9 @@ def test_required_writes_the_name_first_and_allows_several_calls(tenant_setup):
     calls = r.choices[0].message.tool_calls
     assert calls, r.choices[0]
     for call in calls:
-        jsonschema.validate(json.loads(call.function.arguments), {"get_weather": WEATHER, "get_time": TIME}[call.function.name])
+        jsonschema.validate(
+            json.loads(call.function.arguments), {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+        )
     # The raw output (streamed as text by a request without tools and the same grammar) names the
     # tool before its arguments.
     grammar = client.chat.completions.create(
@@ -87,7 +89,13 @@ def test_required_writes_the_name_first_and_allows_several_calls(tenant_setup):
     assert [c["name"] for c in streamed.values()] == [c.function.name for c in calls]
     assert [c["arguments"] for c in streamed.values()] == [c.function.arguments for c in calls]
     one = client.chat.completions.create(
-        model="bot", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=60, seed=5, parallel_tool_calls=False
+        model="bot",
+        messages=USER,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=60,
+        seed=5,
+        parallel_tool_calls=False,
     )
     assert len(one.choices[0].message.tool_calls) == 1 and one.choices[0].finish_reason == "tool_calls"
 
