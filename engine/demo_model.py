@@ -23,8 +23,16 @@ PRESETS = {
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# Tool-aware in the Hermes format (what the default ``hermes`` tool-call parser reads back); without
+# tools and tool calls it renders exactly the plain template.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
+    "{% if tools %}<|system|>\nYou may call these tools. To call one, answer "
+    '<tool_call>{"name": <tool name>, "arguments": <arguments object>}</tool_call>\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|end|>\n{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] or '' }}"
+    "{% for call in message.tool_calls or [] %}"
+    '<tool_call>{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 

@@ -72,7 +72,10 @@ class LLMEngine:
             else None
         )
         self.runner = ModelRunner(
-            config, mc, self.max_model_len, num_blocks, kv=self.kv, structured=self.structured, spec=self.spec
+            config, mc, self.max_model_len, num_blocks, kv=self.kv,
+            structured=self.structured,
+            spec=self.spec,
+            eos_token_ids=self.eos_token_ids,
         )
         sched_config = config.scheduler_config
         self.policy = make_policy(sched_config)

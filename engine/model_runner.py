@@ -72,6 +72,7 @@ class ModelRunner:
         kv: KVCacheManager | None = None,
         structured: StructuredOutputManager | None = None,
         spec: SpeculativeDecoder | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
     ):
         """``kv``, ``structured`` and ``spec`` are what ``execute`` needs (the engine's runner);
         a runner used through ``forward`` alone (the draft model's) goes without them."""
@@ -79,6 +80,7 @@ class ModelRunner:
         self.kv = kv
         self.structured = structured
         self.spec = spec
+        self.eos_token_ids = eos_token_ids  # min_tokens masks them
         self.model_config = model_config
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
@@ -141,7 +143,7 @@ class ModelRunner:
             x = logits if len(rows) == len(seqs) else logits.index_select(0, torch.tensor(rows, device=logits.device))
             structured = self.structured if self.structured is not None and self.structured.active else None
             bitmask = structured.bitmask_for(targets) if structured is not None else None
-            out = sample_batch(x, targets, self.generator, bitmask)
+            out = sample_batch(x, targets, self.generator, bitmask, self.eos_token_ids)
             for seq, token, lp in zip(targets, out.tokens, out.logprobs):
                 tokens[seq.seq_id] = [token]
                 if lp is not None:

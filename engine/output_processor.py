@@ -57,6 +57,8 @@ class OutputProcessor:
             if state is None or not self._streams_text(req):
                 continue
             delta = append_text(self.tokenizer, seq, state.samples[seq.seq_id].detok)
+            if seq.num_output_tokens < req.params.min_tokens:
+                continue  # vLLM: stop strings count only once min_tokens were generated
             hit = find_stop_string(seq.text, req.params.stop, len(delta))
             if hit is not None:
                 idx, stop = hit

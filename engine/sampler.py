@@ -53,8 +53,9 @@ def sample(
     seqs: Seq[Sequence],
     default_generator: torch.Generator,
     token_bitmask: TokenBitmask | None = None,
+    eos_token_ids: frozenset[int] = frozenset(),
 ) -> list[int]:
-    return sample_batch(logits, seqs, default_generator, token_bitmask).tokens
+    return sample_batch(logits, seqs, default_generator, token_bitmask, eos_token_ids).tokens
 
 
 def sample_batch(
@@ -62,13 +63,15 @@ def sample_batch(
     seqs: Seq[Sequence],
     default_generator: torch.Generator,
     token_bitmask: TokenBitmask | None = None,
+    eos_token_ids: frozenset[int] = frozenset(),
 ) -> SamplerOutput:
-    """logits: [len(seqs), vocab]. Never modifies ``logits`` (forks re-sample from the same rows)."""
+    """logits: [len(seqs), vocab]. Never modifies ``logits`` (forks re-sample from the same rows).
+    ``eos_token_ids``: what ``min_tokens`` holds back (with each request's stop_token_ids)."""
     if not seqs:
         return SamplerOutput([], [])
     params = [s.request.params for s in seqs]
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    x = process_logits(logits, seqs, token_bitmask)
+    x = process_logits(logits, seqs, token_bitmask, eos_token_ids)
     draw_rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(draw_rows) < len(seqs):
         tokens = x.argmax(dim=-1)
@@ -96,14 +99,21 @@ def sample_batch(
 
 
 def process_logits(
-    logits: torch.Tensor, seqs: Seq[Sequence], token_bitmask: TokenBitmask | None = None
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    token_bitmask: TokenBitmask | None = None,
+    eos_token_ids: frozenset[int] = frozenset(),
 ) -> torch.Tensor:
-    """A float32 copy of ``logits`` with grammar masks, logit_bias and penalties applied."""
+    """A float32 copy of ``logits`` with grammar masks, vLLM's token masks (allowed_token_ids,
+    bad_words, min_tokens), logit_bias and penalties applied."""
     x = logits.float().clone()
     vocab = x.shape[-1]
     if token_bitmask is not None and token_bitmask.rows:
         _apply_bitmask(x, token_bitmask)
     params = [s.request.params for s in seqs]
+    mask_rows = [i for i, p in enumerate(params) if p.has_masks]
+    if mask_rows:
+        _apply_token_masks(x, mask_rows, seqs, eos_token_ids)
     bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items() if t < vocab]
     if bias:
         r, t, b = zip(*bias)
@@ -212,6 +222,32 @@ def _apply_bitmask(x: torch.Tensor, tb: TokenBitmask) -> None:
         allowed = torch.cat([allowed, pad], dim=-1)
     rows = torch.tensor(tb.rows, device=x.device)
     x[rows] = x[rows].masked_fill(~allowed, float("-inf"))
+
+
+def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eos: frozenset[int]) -> None:
+    """In place: -inf for what a row may not sample now. Only rows that ask pay anything."""
+    vocab = x.shape[-1]
+    for r in rows:
+        seq = seqs[r]
+        p = seq.request.params
+        if p.allowed_token_ids is not None:
+            keep = torch.tensor([t for t in p.allowed_token_ids if t < vocab], dtype=torch.long, device=x.device)
+            row = torch.full((vocab,), float("-inf"), device=x.device)
+            row[keep] = x[r, keep]
+            x[r] = row
+        banned: set[int] = set()
+        if p.bad_words_token_ids:
+            out = seq.token_ids[seq.num_prompt_tokens :]
+            for word in p.bad_words_token_ids:
+                n = len(word) - 1
+                if n == 0 or (len(out) >= n and out[len(out) - n :] == word[:-1]):
+                    banned.add(word[-1])
+        if seq.num_output_tokens < p.min_tokens:
+            banned.update(eos)
+            banned.update(p.stop_token_ids)
+        ids = [t for t in banned if t < vocab]
+        if ids:
+            x[r, torch.tensor(ids, dtype=torch.long, device=x.device)] = float("-inf")
 
 
 def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> None:

@@ -14,15 +14,47 @@ STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
 @dataclass(frozen=True)
 class StructuredOutputSpec:
     """What the output must match. ``value``: the JSON schema text (json_schema), a regex, an EBNF
-    grammar; empty for json_object (any JSON object). Frozen and hashable: it keys the grammar cache."""
+    grammar; empty for json_object (any JSON object). Frozen and hashable: it keys the grammar cache.
+
+    A JSON schema is compiled in the key order it was given (xgrammar writes properties in schema
+    order: ``{reasoning, answer}`` reasons first). Equality and hashing use a canonical form that
+    sorts every key except the property names, so reordering keywords reuses a compiled grammar
+    while reordering properties, which changes the output, does not."""
 
     kind: str
-    value: str = ""
+    value: str = field(default="", compare=False)
+    key: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", _canonical(self.kind, self.value))
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> StructuredOutputSpec:
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        text = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         return cls("json_schema", text)
+
+
+_ORDERED = ("properties",)  # maps whose key order is part of the output
+
+
+def _canonical(kind: str, value: str) -> str:
+    if kind != "json_schema":
+        return value
+
+    def walk(node: object, keep_order: bool = False) -> object:
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        items = [(k, walk(v, k in _ORDERED and not keep_order)) for k, v in node.items()]
+        if keep_order:  # a properties map: its names in order, each value canonical
+            return [[k, walk(v)] for k, v in node.items()]
+        return dict(sorted(items))
+
+    try:
+        return json.dumps(walk(json.loads(value)), separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return value  # refused at compile time; the raw text keys the refusal
 
 
 @dataclass
@@ -48,6 +80,12 @@ class SamplingParams:
     logprobs: int | None = None
     structured_output: StructuredOutputSpec | None = None
     speculative: bool = True  # False: this request opts out of the engine's speculative decoding
+    # vLLM extensions, applied by the sampler as masks:
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
+    # Token sequences never to generate: the last token of one is masked whenever the output
+    # already ends with the rest of it (a one-token word is always masked).
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,7 +93,12 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias or {})
+        self.bad_words_token_ids = [list(w) for w in self.bad_words_token_ids or []]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self.validate()
+        if self.has_masks:  # drafts are checked against the model's distribution, not these masks
+            self.speculative = False
 
     def validate(self) -> None:
         def bad(msg: str, param: str) -> InvalidRequestError:
@@ -97,6 +140,18 @@ class SamplingParams:
             or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}", "min_tokens")
+        if self.min_tokens > self.max_tokens:
+            raise bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", "min_tokens")
+        for word in self.bad_words_token_ids:
+            if not word or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in word):
+                raise bad("bad_words must be non-empty token sequences", "bad_words")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.allowed_token_ids
+            ):
+                raise bad("allowed_token_ids must be a non-empty list of token ids", "allowed_token_ids")
         so = self.structured_output
         if so is not None and (not isinstance(so, StructuredOutputSpec) or so.kind not in STRUCTURED_KINDS):
             raise bad(
@@ -106,6 +161,10 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def has_masks(self) -> bool:
+        return self.min_tokens > 0 or bool(self.bad_words_token_ids) or self.allowed_token_ids is not None
 
     @property
     def greedy(self) -> bool:

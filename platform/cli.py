@@ -47,6 +47,12 @@ def serve(
     ray_address: Annotated[
         str | None, typer.Option(help="Join this Ray cluster instead of starting a local one")
     ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="Chat template (file or Jinja text) instead of the tokenizer's")
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="How tool calls are read back: hermes, llama3_json, mistral, pythonic")
+    ] = None,
 ) -> None:
     """Migrate the database, start the engine and serve the OpenAI and admin APIs."""
     import uvicorn
@@ -57,7 +63,10 @@ def serve(
     engine = {"model": model} if model is not None else None
     server = {k: v for k, v in (("host", host), ("port", port)) if v is not None} or None
     cluster = {k: v for k, v in (("replicas", replicas), ("ray_address", ray_address)) if v is not None} or None
-    settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster)
+    openai = {
+        k: v for k, v in (("chat_template", chat_template), ("tool_call_parser", tool_call_parser)) if v is not None
+    } or None
+    settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster, openai=openai)
     if settings.cluster.replicas > 1:
         _serve_on_ray(settings)
         return

@@ -50,6 +50,9 @@ async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
 
 
 async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    # The tenant API follows OpenAI's contract (a bad value is a 400, which the SDKs raise as
+    # BadRequestError); the admin API keeps FastAPI's 422 for a well-formed body with bad values.
+    status = 422 if _req.url.path.startswith("/admin") else 400
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {"msg": "invalid request", "loc": ()}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
@@ -66,7 +69,7 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
         message = f"{param}: {message}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem(s))"
-    return error_response(422, message, param=param, code="invalid_value")
+    return error_response(status, message, param=param, code="invalid_value")
 
 
 async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

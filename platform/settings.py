@@ -112,6 +112,18 @@ class LimitsSettings(_Table):
     idle_timeout_s: float = Field(15.0, gt=0)
 
 
+class OpenAISettings(_Table):
+    # A Jinja chat template (a file path, or the template text) used instead of the tokenizer's
+    # (vLLM's --chat-template); empty = the tokenizer's own.
+    chat_template: str = ""
+    # How calls are read back from the model's text with tool_choice "auto" (vLLM's
+    # --tool-call-parser): hermes, llama3_json, mistral or pythonic. It must match the template.
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] = "hermes"
+    # Per-request chat_template runs tenant-supplied Jinja (sandboxed, but it can burn CPU): off
+    # unless the operator trusts its tenants (vLLM's --trust-request-chat-template).
+    trust_request_chat_template: bool = False
+
+
 class LedgerSettings(_Table):
     # A long stream writes its token count this often, so a crash bills it up to here.
     checkpoint_interval_s: float = Field(2.0, gt=0)
@@ -181,6 +193,7 @@ class Settings(BaseSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
 
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
+DEFAULT_MAX_TOKENS = 256  # chat without max_tokens when the engine's context length is unknown
 
 
 @dataclass
@@ -110,6 +111,9 @@ def prepare(
     prompt_ids = tokenize(ctx.gateway.tokenizer)
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
+    if sampling.get("max_tokens") is None:  # chat's default (OpenAI, vLLM): what is left of the context
+        context = getattr(ctx.gateway, "max_model_len", None)
+        sampling = {**sampling, "max_tokens": max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS}
     try:
         params = ctx.gateway.sampling_params(**sampling)
     except ValueError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loraplex.platform.errors import BadRequest
 
@@ -33,16 +33,28 @@ UNSUPPORTED = {
     "functions": "the deprecated `functions` parameter is not supported; use `tools`",
     "function_call": "the deprecated `function_call` parameter is not supported; use `tool_choice`",
     "reasoning_effort": "reasoning effort is not supported by this model",
-    "guided_choice": "guided_choice is not supported; use response_format with an enum schema",
     "prompt_logprobs": "prompt logprobs are not computed",
+    "use_beam_search": "beam search is not supported",
+    "length_penalty": "length_penalty only applies to beam search, which is not supported",
+    "logits_processors": "custom logits processors are not supported",
+    "mm_processor_kwargs": "multimodal inputs are not supported",
+    "guided_decoding_backend": "the structured-output backend is always xgrammar",
+    "guided_whitespace_pattern": "a whitespace pattern is not supported (JSON is generated compact)",
+    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
+    "kv_transfer_params": "KV transfer is not supported",
+    "vllm_xargs": "vllm_xargs is not supported",
 }
 # Known and harmless: accepted without a log line.
 HARMLESS = {
     "store",
     "metadata",
     "service_tier",
-    "parallel_tool_calls",
     "stream_options",
+    "request_id",
+    "documents",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "echo_prompt",
     "safety_identifier",
     "prompt_cache_key",
     "verbosity",
@@ -56,31 +68,63 @@ def check_extra_fields(body: BaseModel) -> None:
         if name in UNSUPPORTED:
             if name == "modalities" and value in (["text"], None):
                 continue
-            if name in ("reasoning_effort", "prompt_logprobs") and value is None:
-                continue
+            if value is None or (name in ("use_beam_search",) and value is False):
+                continue  # an explicit null (or off) asks for nothing
             raise BadRequest(f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
         if name not in HARMLESS and name not in _logged_unknown:
             _logged_unknown.add(name)
             log.warning("ignoring unknown request field %r (logged once)", name)
 
 
-class StreamOptions(BaseModel):
+class NullIsDefault(BaseModel):
+    """An explicit ``null`` means "the default" (OpenAI and vLLM accept ``"temperature": null``):
+    nulls of fields that have a non-null default are dropped before validation."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, f in cls.model_fields.items():
+            key = f.alias or name
+            if out.get(key, 0) is None and not f.is_required() and f.default is not None:
+                del out[key]
+        return out
+
+
+class StreamOptions(NullIsDefault):
     include_usage: bool = False
 
 
-class JSONSchemaFormat(BaseModel):
+class JSONSchemaFormat(NullIsDefault):
     model_config = ConfigDict(extra="allow")
     name: str = "response"
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(NullIsDefault):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
 
-class _Common(BaseModel):
+class StructuredOutputs(NullIsDefault):
+    """vLLM's ``structured_outputs`` (exactly one of its constraints)."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1, max_length=1024)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
+
+
+class _Common(NullIsDefault):
     model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
@@ -104,6 +148,15 @@ class _Common(BaseModel):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1, max_length=1024)] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    bad_words: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=256)] | None = None
+    allowed_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+    priority: int = 0
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -145,25 +198,25 @@ class CompletionRequest(_Common):
         return items
 
 
-class TextPart(BaseModel):
+class TextPart(NullIsDefault):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(NullIsDefault):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(BaseModel):
+class ToolCall(NullIsDefault):
     model_config = ConfigDict(extra="allow")
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(NullIsDefault):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -173,7 +226,7 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-class FunctionDef(BaseModel):
+class FunctionDef(NullIsDefault):
     model_config = ConfigDict(extra="allow")
     name: Annotated[str, Field(min_length=1, max_length=64)]
     description: str | None = None
@@ -206,6 +259,13 @@ class ChatRequest(_Common):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # vLLM's chat-template controls
+    chat_template: Annotated[str, Field(max_length=256 * 1024)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
-    def token_limit(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 256
+    def token_limit(self) -> int | None:
+        """None: what is left of the context once the prompt is known (OpenAI's chat default)."""
+        return self.max_completion_tokens or self.max_tokens

@@ -84,7 +84,7 @@ async def _collect(gens, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSO
                 {
                     "index": idx,
                     "message": message,
-                    "finish_reason": finish_reason(reason, calls),
+                    "finish_reason": finish_reason(plan, reason, calls),
                     "logprobs": fmt.chat(lps[idx]) if shape.logprobs is not None else None,
                 }
             )

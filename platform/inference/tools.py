@@ -3,18 +3,20 @@ the output becomes ``message.tool_calls``.
 
 ``tool_choice``:
 - ``none``: plain text; tools are still shown to the template (the model knows they exist).
-- ``auto`` (the default with tools): the template's own tool format; calls are read back from the
-  Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks the output holds.
-- ``required``: the output is constrained to ``{"name": <one of the tools>, "arguments": <its
-  parameters schema>}`` (one call).
+- ``auto`` (the default with tools): the template's own tool format; calls are read back by the
+  served model's tool-call parser (``[openai] tool_call_parser``: hermes, llama3_json, mistral,
+  pythonic), streaming as they are written.
+- ``required``: the output is constrained to a JSON array of one or more ``{"name": <one of the
+  tools>, "arguments": <its parameters schema>}`` objects (one object when
+  ``parallel_tool_calls`` is false). ``name`` comes first, so the model picks the tool before it
+  writes the arguments.
 - a named function: the output is constrained to that function's parameters schema; it IS the
-  arguments, so they stream as they are generated.
+  arguments, so they stream as they are generated (finish_reason ``stop``, as OpenAI answers).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +24,14 @@ from typing import Any
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.openai_schemas import ChatRequest, NamedToolChoice
 from loraplex.platform.inference.structured import Spec, schema_text
+from loraplex.platform.inference.tool_parsers import (
+    JsonCallsParser,
+    NamedArgumentsParser,
+    PartialCall,
+    ToolParser,
+    get_parser,
+)
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
@@ -33,6 +41,8 @@ class ToolPlan:
     name: str | None = None  # the named function
     spec: Spec | None = None
     template_tools: list[dict[str, Any]] | None = None
+    parser: ToolParser | None = None  # reads the calls back (None: plain text)
+    parallel: bool = True  # more than one call per answer allowed
 
 
 @dataclass
@@ -45,7 +55,7 @@ class ToolCallOut:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def plan_tools(body: ChatRequest) -> ToolPlan:
+def plan_tools(body: ChatRequest, parser: str = "hermes") -> ToolPlan:
     tools = body.tools or []
     choice = body.tool_choice
     if choice is not None and choice != "none" and not tools:
@@ -55,6 +65,7 @@ def plan_tools(body: ChatRequest) -> ToolPlan:
     funcs = {t.function.name: t.function for t in tools}
     template_tools = [t.model_dump(exclude_none=True) for t in tools]
     mode = "auto" if choice is None else ("named" if isinstance(choice, NamedToolChoice) else choice)
+    parallel = body.parallel_tool_calls
     if mode in ("required", "named") and body.response_format is not None and body.response_format.type != "text":
         raise BadRequest(
             "response_format cannot be combined with a required or named tool_choice", param="response_format"
@@ -64,27 +75,35 @@ def plan_tools(body: ChatRequest) -> ToolPlan:
         name = choice.function["name"]
         if name not in funcs:
             raise BadRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return ToolPlan(
-            "named", name, ("json_schema", schema_text(funcs[name].parameters or ANY_OBJECT)), template_tools
-        )
+        spec = ("json_schema", schema_text(funcs[name].parameters or ANY_OBJECT, "tools"))
+        return ToolPlan("named", name, spec, template_tools, NamedArgumentsParser(name), False)
     if mode == "required":
         options = [
             {
                 "type": "object",
-                "additionalProperties": False,
-                "required": ["name", "arguments"],
                 "properties": {"name": {"const": n}, "arguments": f.parameters or ANY_OBJECT},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
             }
             for n, f in funcs.items()
         ]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        return ToolPlan("required", None, ("json_schema", schema_text(schema)), template_tools)
-    return ToolPlan(mode, None, None, template_tools)
+        one = options[0] if len(options) == 1 else {"anyOf": options}
+        schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+        spec = ("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+        return ToolPlan("required", None, spec, template_tools, JsonCallsParser(), parallel)
+    if mode == "none":
+        return ToolPlan("none", None, None, template_tools)
+    try:
+        reader = get_parser(parser)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="tools") from None
+    return ToolPlan("auto", None, None, template_tools, reader, parallel)
 
 
 def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
     """Messages as the chat template expects them; refuses content parts that are not text."""
     knows_tool_calls = "tool_calls" in (template or "")
+    knows_developer = "developer" in (template or "")  # else it is a system message (OpenAI's meaning)
     out = []
     for i, m in enumerate(body.messages):
         if isinstance(m.content, list):
@@ -100,7 +119,8 @@ def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
             content = "".join(texts)
         else:
             content = m.content or ""
-        msg: dict[str, Any] = {"role": m.role, "content": content}
+        role = "system" if m.role == "developer" and not knows_developer else m.role
+        msg: dict[str, Any] = {"role": role, "content": content}
         if m.name:
             msg["name"] = m.name
         if m.role == "tool":
@@ -124,67 +144,76 @@ def _loads_or_text(s: str) -> Any:
         return s
 
 
+def _usable(plan: ToolPlan, calls: list[PartialCall]) -> list[PartialCall]:
+    return calls if plan.parallel else calls[:1]
+
+
 def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCallOut]]:
     """(content, tool calls) of a finished choice."""
-    if plan.mode == "named":
-        return None, [ToolCallOut(plan.name or "", text)]
-    if plan.mode == "required":
-        try:
-            obj = json.loads(text)
-            return None, [ToolCallOut(obj["name"], json.dumps(obj["arguments"]))]
-        except (ValueError, KeyError, TypeError):  # cut off by max_tokens: give the text back
-            return text, []
-    if plan.mode == "auto":
-        calls = []
-        for m in _TOOL_CALL.finditer(text):
-            try:
-                obj = json.loads(m.group(1))
-                calls.append(ToolCallOut(str(obj["name"]), json.dumps(obj.get("arguments", {}))))
-            except (ValueError, KeyError, TypeError):
-                continue
-        if calls:
-            rest = _TOOL_CALL.sub("", text).strip()
-            return rest or None, calls
-    return text, []
+    if plan.parser is None:
+        return text, []
+    scan = plan.parser.scan(text, final=True)
+    calls = [ToolCallOut(c.name or "", c.args) for c in _usable(plan, scan.calls) if plan.mode == "named" or c.valid()]
+    if not calls:
+        return text, []
+    return (scan.content.strip() or None), calls
 
 
-def finish_reason(reason: str | None, calls: list[ToolCallOut]) -> str | None:
-    return "tool_calls" if calls and reason == "stop" else reason
+def finish_reason(plan: ToolPlan, reason: str | None, calls: list[Any]) -> str | None:
+    """OpenAI: ``tool_calls`` when the model chose to call (auto / required); a named tool_choice
+    answers ``stop``; a cut-off answer stays ``length``."""
+    if calls and reason == "stop" and plan.mode in ("auto", "required"):
+        return "tool_calls"
+    return reason
+
+
+@dataclass
+class _SentCall:
+    id: str
+    args_sent: int = 0
 
 
 class ToolStream:
-    """One choice's streaming deltas: named calls stream their arguments; required/auto buffer
-    the text until the choice finishes (a call is only known once it parses); none passes text."""
+    """One choice's streaming deltas: text streams as it comes while it cannot be a call (the
+    parser holds back only what might open one); calls stream their name once it is complete and
+    then their arguments as they are written."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        self._buf: list[str] = []
-        self._call = ToolCallOut(plan.name or "", "") if plan.mode == "named" else None
-        self._started = False
+        self._text: list[str] = []
+        self._content_sent = 0
+        self._calls: list[_SentCall] = []
 
     def delta(self, text: str, reason: str | None) -> tuple[dict[str, Any] | None, str | None]:
         """(delta or None, finish_reason) for new ``text`` (``reason`` set on the last one)."""
-        mode = self.plan.mode
-        if mode == "none":
+        if self.plan.parser is None:
             return ({"content": text} if text else None), reason
-        if mode == "named":
-            assert self._call is not None
-            fn: dict[str, Any] = {"arguments": text}
-            call: dict[str, Any] = {"index": 0, "function": fn}
-            if not self._started:
-                self._started = True
-                call.update(id=self._call.id, type="function")
-                fn["name"] = self._call.name
-            elif not text:
-                return None, ("tool_calls" if reason == "stop" else reason)
-            return {"tool_calls": [call]}, ("tool_calls" if reason == "stop" else reason)
-        self._buf.append(text)
-        if reason is None:
+        self._text.append(text)
+        final = reason is not None
+        if not text and not final:
             return None, None
-        content, calls = parse_output(self.plan, "".join(self._buf))
+        scan = self.plan.parser.scan("".join(self._text), final)
         d: dict[str, Any] = {}
-        if content:
-            d["content"] = content
-        if calls:
-            d["tool_calls"] = [{"index": k, **c.as_dict()} for k, c in enumerate(calls)]
-        return (d or None), finish_reason(reason, calls)
+        if len(scan.content) > self._content_sent:
+            d["content"] = scan.content[self._content_sent :]
+            self._content_sent = len(scan.content)
+        out: list[dict[str, Any]] = []
+        for k, call in enumerate(_usable(self.plan, scan.calls)):
+            if k == len(self._calls):
+                if call.name is None or not (call.streamable or call.done):
+                    break  # not known yet: later calls wait for this one
+                self._calls.append(_SentCall("call_" + uuid.uuid4().hex[:24]))
+                sent = self._calls[k]
+                first: dict[str, Any] = {"name": call.name, "arguments": ""}
+                out.append({"index": k, "id": sent.id, "type": "function", "function": first})
+            sent = self._calls[k]
+            if len(call.args) > sent.args_sent:
+                piece = call.args[sent.args_sent :]
+                sent.args_sent = len(call.args)
+                if out and out[-1]["index"] == k:
+                    out[-1]["function"]["arguments"] = piece
+                else:
+                    out.append({"index": k, "function": {"arguments": piece}})
+        if out:
+            d["tool_calls"] = out
+        return (d or None), finish_reason(self.plan, reason, self._calls)

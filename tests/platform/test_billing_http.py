@@ -36,7 +36,7 @@ def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
     seed = stream(live.url, key, base, max_tokens=4, seed=2**64)
     assert seed.status == 400 and seed.error["param"] == "seed"
     temp = stream(live.url, key, base, max_tokens=4, temperature=7)
-    assert temp.status == 422 and temp.error["param"] == "temperature"
+    assert temp.status == 400 and temp.error["param"] == "temperature"
     missing = stream(live.url, key, "no-such-model", max_tokens=4)
     assert missing.status == 404
     # none of the refusals above used one of the two requests per minute

@@ -1,0 +1,42 @@
+"""Llama 3.x JSON format: the whole output is one or more ``{"name": ..., "parameters": {...}}``
+objects separated by ``;`` (optionally after ``<|python_tag|>``); an output that starts otherwise
+is text. The first non-blank character decides."""
+
+from __future__ import annotations
+
+from loraplex.platform.inference.tool_parsers.base import ARG_KEYS, PartialCall, Scan, held_back
+from loraplex.platform.inference.tool_parsers.json_scan import read_call_object, skip_ws
+
+TAG = "<|python_tag|>"
+
+
+class Llama3JsonParser:
+    name = "llama3_json"
+
+    def scan(self, text: str, final: bool) -> Scan:
+        i = skip_ws(text, 0)
+        if text.startswith(TAG, i):
+            i = skip_ws(text, i + len(TAG))
+        elif not final and held_back(text[i:], TAG) == len(text) - i and i < len(text):
+            return Scan("")  # maybe the tag: wait
+        if i >= len(text):
+            return Scan(text if final else "")
+        if text[i] != "{":
+            return Scan(text)
+        calls: list[PartialCall] = []
+        while i < len(text):
+            obj = read_call_object(text, i, ARG_KEYS)
+            if obj is None:
+                return Scan(text) if final or not calls else Scan("", calls)
+            call = PartialCall.of(obj)
+            if final and not call.valid():
+                return Scan(text)
+            calls.append(call)
+            if obj.end is None:
+                break
+            i = skip_ws(text, obj.end)
+            if i < len(text) and text[i] == ";":
+                i = skip_ws(text, i + 1)
+            elif i < len(text):
+                return Scan(text) if final else Scan("", calls)
+        return Scan("", calls)

@@ -1,0 +1,47 @@
+"""Pythonic format (Llama 3.2 / 4 style): the output is a Python list of calls,
+``[get_weather(city="Paris"), get_time()]``; arguments are literals. The first non-blank character
+decides text or calls; calls are reported once the list is complete (a partial Python expression
+cannot be turned into JSON arguments safely)."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+from loraplex.platform.inference.tool_parsers.base import PartialCall, Scan
+from loraplex.platform.inference.tool_parsers.json_scan import skip_ws
+
+
+def _calls(text: str) -> list[PartialCall] | None:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if not isinstance(tree.body, ast.List):
+        return None
+    out = []
+    for node in tree.body.elts:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            return None
+        try:
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+            text_args = json.dumps(args, ensure_ascii=False)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return None
+        out.append(PartialCall(node.func.id, text_args, True))
+    return out
+
+
+class PythonicParser:
+    name = "pythonic"
+
+    def scan(self, text: str, final: bool) -> Scan:
+        i = skip_ws(text, 0)
+        if i >= len(text):
+            return Scan(text if final else "")
+        if text[i] != "[":
+            return Scan(text)
+        calls = _calls(text)
+        if calls is None:
+            return Scan(text) if final else Scan("")
+        return Scan("", calls)

@@ -1,0 +1,276 @@
+"""Five client libraries nobody here wrote, against a real uvicorn on the random demo model: the
+`openai` SDK, langchain-openai, instructor, pydantic-ai and openai-agents (its default Responses
+model). Each runs a structured output, a tool round trip and a stream.
+
+What each test proves, honestly: a random model cannot choose a tool or write meaningful JSON by
+itself, so the calls are forced where the framework lets us (a named or required ``tool_choice``)
+and JSON is the grammar's doing. The tests prove that each framework's requests are accepted, that
+what it parses out of our answers (tool calls, JSON, stream deltas) is what it needs, and that the
+tool result goes back to the server in the framework's own message format — not the model's
+judgement. Oracles: the frameworks' own validation (pydantic models), jsonschema, and the
+non-streamed answer of the same greedy request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import httpx
+import openai
+import pytest
+from platform_helpers import admin_headers
+from pydantic import BaseModel, Field
+
+pytestmark = pytest.mark.slow
+
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "Oslo"]
+    days: int = Field(ge=1, le=7)
+
+
+# A random model's free text is random bytes that the detokenizer may hold back until a character is
+# complete; streams are checked on grammar-constrained JSON, whose tokens are ASCII (so every token
+# is a chunk the client can see).
+ASCII = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "n",
+        "schema": {
+            "type": "object",
+            "properties": {"n": {"type": "array", "items": {"enum": [1, 22, 333]}, "minItems": 4, "maxItems": 4}},
+            "required": ["n"],
+        },
+    },
+}
+
+CALLS: list[tuple[str, int]] = []
+
+
+def get_weather(city: Literal["Paris", "Oslo"], days: int) -> str:
+    """Weather forecast for a city."""
+    CALLS.append((city, days))
+    return f"sunny in {city} for {days} days"
+
+
+@pytest.fixture
+def live(live_factory):
+    srv = live_factory()
+    with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as c:
+        tid = c.post("/admin/v1/tenants", json={"name": "fw"}).json()["id"]
+        key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
+    CALLS.clear()
+    return srv.url + "/v1", key, srv.ctx.gateway.model_name
+
+
+# ---------------------------------------------------------------------------------------- openai SDK
+def test_openai_sdk(live):
+    base_url, key, model = live
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+    parsed = client.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": "Weather?"}], response_format=Weather, max_tokens=60
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Weather)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
+    msgs: list = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.chat.completions.create(
+        model=model, messages=msgs, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=60
+    )
+    call = first.choices[0].message.tool_calls[0]
+    result = get_weather(**json.loads(call.function.arguments))
+    msgs += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+    second = client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=8)
+    assert second.choices[0].message.role == "assistant" and second.usage.prompt_tokens > first.usage.prompt_tokens
+    body = dict(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=40, temperature=0, response_format=ASCII
+    )
+    chunks = [
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True) if c.choices
+    ]
+    assert len([c for c in chunks if c]) >= 4
+    assert "".join(chunks) == client.chat.completions.create(**body).choices[0].message.content
+    resp = client.responses.create(model=model, input="Hi", max_output_tokens=5)
+    assert resp.output_text is not None
+
+
+# ---------------------------------------------------------------------------------------- langchain
+def test_langchain_openai(live):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    base_url, key, model = live
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=60, max_retries=0, timeout=120)
+    out = llm.with_structured_output(Weather, method="json_schema").invoke("Weather in Paris?")
+    assert isinstance(out, Weather)
+    with_tools = llm.bind_tools([Weather], tool_choice="Weather")  # the tool's schema bounds its arguments
+    msgs: list = [HumanMessage("Weather in Paris?")]
+    ai = with_tools.invoke(msgs)
+    assert ai.tool_calls and ai.tool_calls[0]["name"] == "Weather", ai
+    call = ai.tool_calls[0]
+    msgs += [ai, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])]
+    final = llm.bind_tools([Weather]).invoke(msgs)
+    assert final.type == "ai" and CALLS
+    greedy = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=40, temperature=0, max_retries=0)
+    pieces = [c.content for c in greedy.stream("Hi", response_format=ASCII)]
+    assert len([p for p in pieces if p]) >= 4
+    assert "".join(pieces) == greedy.invoke("Hi", response_format=ASCII).content  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------------------- instructor
+def test_instructor(live):
+    import instructor
+
+    base_url, key, model = live
+    raw = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+    client = instructor.from_openai(raw, mode=instructor.Mode.TOOLS)  # a named tool_choice per model
+    w = client.chat.completions.create(
+        model=model,
+        response_model=Weather,
+        messages=[{"role": "user", "content": "Weather?"}],
+        max_tokens=60,
+        max_retries=0,
+    )
+    assert isinstance(w, Weather)
+    # the tool round trip: instructor's call, run here, the result sent back as a tool message
+    first = raw.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[{"type": "function", "function": instructor.openai_schema(Weather).openai_schema}],
+        tool_choice={"type": "function", "function": {"name": "Weather"}},
+        max_tokens=60,
+    )
+    call = first.choices[0].message.tool_calls[0]
+    parsed = Weather.model_validate_json(call.function.arguments)
+    assistant = {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]}
+    follow = client.chat.completions.create(
+        model=model,
+        response_model=Weather,
+        max_tokens=60,
+        max_retries=0,
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            assistant,
+            {"role": "tool", "tool_call_id": call.id, "content": get_weather(parsed.city, parsed.days)},
+        ],
+    )
+    assert isinstance(follow, Weather)
+    partials = list(
+        client.chat.completions.create_partial(
+            model=model,
+            response_model=Weather,
+            messages=[{"role": "user", "content": "Weather?"}],
+            max_tokens=60,
+            max_retries=0,
+        )
+    )
+    assert len(partials) >= 2 and Weather.model_validate(partials[-1].model_dump())
+
+
+# ---------------------------------------------------------------------------------------- pydantic-ai
+def test_pydantic_ai(live):
+    from pydantic_ai import Agent, ModelRequest, ToolReturnPart
+    from pydantic_ai.direct import model_request_sync
+    from pydantic_ai.models import ModelRequestParameters
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.tools import ToolDefinition
+
+    base_url, key, model_name = live
+    provider = OpenAIProvider(base_url=base_url, api_key=key)
+    chat_model = OpenAIChatModel(model_name, provider=provider)
+    settings = {"max_tokens": 80, "parallel_tool_calls": False}
+    out = Agent(chat_model, output_type=Weather, model_settings=settings).run_sync("Weather?").output  # type: ignore[arg-type]
+    assert isinstance(out, Weather)
+    responses_out = Agent(
+        OpenAIResponsesModel(model_name, provider=provider),
+        output_type=Weather,
+        model_settings=settings,  # type: ignore[arg-type]
+    ).run_sync("Weather?")
+    assert isinstance(responses_out.output, Weather)
+    # tool round trip through pydantic-ai's own message mapping: a forced call, run here, returned
+    tool = ToolDefinition(name="get_weather", parameters_json_schema=WEATHER_SCHEMA, description="weather")
+    params = ModelRequestParameters(function_tools=[tool], allow_text_output=False)
+    history: list = [ModelRequest.user_text_prompt("Weather in Paris?")]
+    first = model_request_sync(
+        chat_model,
+        history,
+        model_settings={**settings, "tool_choice": ["get_weather"]},
+        model_request_parameters=params,  # type: ignore[typeddict-item]
+    )
+    call = first.tool_calls[0]
+    result = get_weather(**call.args_as_dict())
+    history += [first, ModelRequest(parts=[ToolReturnPart("get_weather", result, tool_call_id=call.tool_call_id)])]
+    second = model_request_sync(
+        chat_model,
+        history,
+        model_settings={"max_tokens": 8},
+        model_request_parameters=ModelRequestParameters(function_tools=[tool]),
+    )
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+    async def stream() -> list[str]:
+        agent = Agent(
+            OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=key)),
+            model_settings={"max_tokens": 40, "temperature": 0, "extra_body": {"response_format": ASCII}},
+        )
+        async with agent.run_stream("Hi") as r:
+            return [t async for t in r.stream_text(delta=True)]
+
+    pieces = asyncio.run(stream())
+    assert len([p for p in pieces if p]) >= 4 and json.loads("".join(pieces))
+
+
+# ---------------------------------------------------------------------------------------- openai-agents
+def test_openai_agents_default_responses_model(live):
+    from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+
+    base_url, key, model_name = live
+    set_tracing_disabled(True)  # nothing leaves the machine
+    fmt = {"format": {"type": "json_schema", "name": "n", "schema": ASCII["json_schema"]["schema"]}}  # type: ignore[index]
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+        set_default_openai_client(client, use_for_tracing=False)
+        structured = await Runner.run(
+            Agent(name="s", model=model_name, output_type=Weather, model_settings=ModelSettings(max_tokens=80)),
+            "Weather?",
+        )
+        assert isinstance(structured.final_output, Weather)
+        agent = Agent(
+            name="t",
+            model=model_name,
+            tools=[function_tool(get_weather)],
+            # forced on the first turn; the SDK resets tool_choice once a tool ran (reset_tool_choice)
+            model_settings=ModelSettings(tool_choice="get_weather", max_tokens=80),
+        )
+        result = await Runner.run(agent, "Weather in Paris?", max_turns=3)
+        assert CALLS and isinstance(result.final_output, str)
+        kinds = [i.type for i in result.new_items]
+        assert "tool_call_item" in kinds and "tool_call_output_item" in kinds
+        streamed = Runner.run_streamed(
+            Agent(
+                name="x",
+                model=model_name,
+                model_settings=ModelSettings(max_tokens=40, temperature=0, extra_body={"text": fmt}),
+            ),
+            "Hi",
+        )
+        deltas = [
+            ev.data.delta
+            async for ev in streamed.stream_events()
+            if ev.type == "raw_response_event" and ev.data.type == "response.output_text.delta"
+        ]
+        assert len(deltas) >= 4 and "".join(deltas) == streamed.final_output
+
+    asyncio.run(main())  # the default model class is OpenAIResponsesModel: /v1/responses
