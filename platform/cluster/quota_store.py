@@ -49,11 +49,15 @@ class ActorQuotaStore:
         if not reservation.done:
             reservation.done = True
             self._actor.settle.remote(_key(reservation), used_tokens)
+        if reservation.linked is not None:  # an API key's own hold (platform/auth/key_scopes.py)
+            self.settle(reservation.linked, used_tokens)
 
     def cancel(self, reservation: Reservation) -> None:
         if not reservation.done:
             reservation.done = True
             self._actor.cancel.remote(_key(reservation))
+        if reservation.linked is not None:
+            self.cancel(reservation.linked)
 
     def running(self, tenant_id: str) -> int:
         return int(self._get(self._actor.running.remote(tenant_id)))

@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 @router.get("/models", response_model=ModelList)
 def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelList:
     """The base model and every adapter this tenant may use."""
-    return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
+    return ModelList(data=service.list_models(session, ctx, tenant))
 
 
 def _sampling(body: _Common, max_tokens: int, logprobs: int | None, spec: Spec | None) -> dict:
