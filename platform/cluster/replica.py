@@ -17,9 +17,9 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
+from loraplex.platform.adapters.sources.resolver import AdapterResolver
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.errors import PlatformError
@@ -38,6 +38,8 @@ class EngineReplica:
         self.name = f"engine-{ctx.replica_id.unique_id}"
         self.control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         self.gateway = EngineGateway.start(self.settings)
+        # Adapters by reference (s3://, hf://, file://): fetched by this replica into its own disk cache.
+        self.resolver = AdapterResolver.from_settings(self.settings)
         self._applied = -1
         self._adapters: dict[str, str] = {}
         self._sync_lock = threading.Lock()
@@ -72,7 +74,7 @@ class EngineReplica:
             for key, path in wanted.items():
                 if key not in self._adapters:
                     try:
-                        self.gateway.add_adapter(key, Path(path))
+                        self.gateway.add_adapter(key, self.resolver.local_dir(path))
                         self._adapters[key] = path
                     except PlatformError as exc:  # reported to the request that asks for it
                         log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)

@@ -264,3 +264,53 @@ def test_disk_cache_is_lru_within_its_byte_budget(tmp_path):
     assert len(again) == 1 and again.used_bytes == 100
     with pytest.raises(Exception, match="larger than the whole disk cache"):
         put(0, size=300)
+
+
+def _fake_hub_cache(root, repo: str, files: dict[str, bytes]) -> str:
+    """huggingface_hub's cache layout (refs, snapshots linking into blobs), as a download leaves it."""
+    import hashlib
+
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    base = root / ("models--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(commit)
+    (base / "blobs").mkdir()
+    snap = base / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for name, data in files.items():
+        blob = hashlib.sha256(data).hexdigest()
+        (base / "blobs" / blob).write_bytes(data)
+        os.symlink(f"../../blobs/{blob}", snap / name)
+    return commit
+
+
+def test_hf_reference_through_the_hub_cache(live_factory, good_files, tmp_path):
+    hub = tmp_path / "hub"
+    _fake_hub_cache(hub, "acme/sql-lora", good_files)
+    srv = live_factory(adapters={"hf_cache_dir": str(hub), "hf_offline": True})
+    c, tid, key = _setup(srv.url)
+    r = _register(c, "hub-bot", "hf://acme/sql-lora", tid)
+    assert r.status_code == 201, r.text
+    up = c.post(
+        "/admin/v1/adapters", data={"name": "up", "tenant_id": tid}, files={"file": ("a.zip", zip_bytes(good_files))}
+    ).json()
+    assert r.json()["sha256"] == up["sha256"]
+    assert _complete(srv.url, key, "hub-bot") == _complete(srv.url, key, "up")
+    # not cached, hub unreachable (offline): a clear 503, not a hang or a 500
+    r = _register(c, "missing", "hf://acme/not-cached@main", tid)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "source_unavailable", r.text
+    assert "offline" in r.json()["error"]["message"]
+    # a snapshot link pointing outside the hub cache is refused
+    evil = tmp_path / "hub2"
+    commit = _fake_hub_cache(evil, "acme/evil", good_files)
+    link = evil / "models--acme--evil" / "snapshots" / commit / "README.md"
+    link.unlink()
+    os.symlink("/etc/passwd", link)
+    srv2 = live_factory(adapters={"hf_cache_dir": str(evil), "hf_offline": True})
+    r = httpx.post(
+        srv2.url + "/admin/v1/adapters",
+        json={"name": "evil", "source": "hf://acme/evil", "visibility": "shared"},
+        headers=H,
+        timeout=60,
+    )
+    assert r.status_code == 400 and "outside" in r.json()["error"]["message"], r.text
