@@ -138,8 +138,10 @@ class LoRAManager:
     def register(self, name: str, path: str | Path, loaded: LoadedAdapter) -> AdapterInfo:
         old = self._entries.get(name)
         if old is not None:
-            if not old.removed and old.info.sha256 == loaded.info.sha256:
-                old.path = str(path)  # same content: nothing to reload
+            if old.info.sha256 == loaded.info.sha256:
+                # Same content: nothing to reload. Re-added while draining (e.g. its cached files
+                # were evicted and fetched again): it simply stays registered.
+                old.path, old.removed = str(path), False
                 return old.info
             if old.num_requests:
                 raise InvalidRequestError(
