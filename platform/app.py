@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
+from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.auth.admin import ensure_admin_key
@@ -125,6 +126,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     app.include_router(admin_router)
     app.include_router(tenant_router)
     app.include_router(tokenize_router)
+    app.include_router(vllm_lora_router)
 
     if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics

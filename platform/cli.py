@@ -300,6 +300,32 @@ def upload_adapter(
         _print(AdapterOut.model_validate(adapter).model_dump(mode="json"))
 
 
+@admin_app.command("register-adapter")
+def register_adapter(
+    name: str,
+    source: Annotated[str, typer.Argument(help="s3://bucket/prefix/, file:///abs/path or hf://org/repo[@rev]")],
+    tenant: Annotated[str | None, typer.Option(help="Owning tenant id or name (private)")] = None,
+    shared: Annotated[bool, typer.Option(help="Usable by every tenant")] = False,
+    new_version: bool = False,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Register an adapter by reference: its files are fetched and validated now, and every engine
+    fetches them on first use (a running server serves it at the first request naming it)."""
+    from loraplex.platform.adapters import references, service
+    from loraplex.platform.adapters.schemas import AdapterOut
+    from loraplex.platform.auth.admin import CLI_ACTOR
+    from loraplex.platform.db.session import unit_of_work
+
+    ctx = _admin_ctx(config, data_dir, with_engine=True)
+    with _cli_errors(), unit_of_work(ctx.sessions) as session:
+        tenant_id = _tenant_id(session, tenant) if tenant else None
+        req = service.UploadRequest(name, "shared" if shared else "private", tenant_id, new_version)
+        adapter = references.register_reference(session, ctx, CLI_ACTOR, req, source)
+        _print(AdapterOut.model_validate(adapter).model_dump(mode="json"))
+    ctx.close()
+
+
 @admin_app.command("rotate-admin-key")
 def rotate_admin_key(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Replace the generated admin key (e.g. the printed one was lost); prints the new key once."""

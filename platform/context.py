@@ -8,6 +8,8 @@ from datetime import datetime
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraplex.platform.adapters.sources.resolver import AdapterResolver
+from loraplex.platform.adapters.sources.serving import ServedReferences
 from loraplex.platform.adapters.store import AdapterStore
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
@@ -37,6 +39,7 @@ class PlatformContext:
     quotas: QuotaStore = field(init=False)
     ledger: UsageLedger = field(init=False)
     observer: RequestObserver = field(init=False)
+    sources: ServedReferences = field(init=False)  # adapters by reference: disk cache + engine registration
 
     def __post_init__(self) -> None:
         obs = self.settings.observability
@@ -45,6 +48,7 @@ class PlatformContext:
         )
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
         self.quotas = InProcessQuotaStore(self._tokens_since)
+        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), lambda: self.gateway)
         self.ledger = UsageLedger(
             self.sessions,
             self.settings.usage_spool_dir,
@@ -73,5 +77,6 @@ class PlatformContext:
         )
 
     def close(self) -> None:
+        self.sources.close()
         self.ledger.close()
         self.db_engine.dispose()

@@ -35,6 +35,8 @@ def sync_all(session: Session, gateway: EngineClient, store_root: Path) -> None:
         quota = quotas.get(tenant.id)
         gateway.set_tenant(tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
     for adapter in adapters_repo.served_adapters(session):
+        if adapter.source_uri:
+            continue  # by reference: fetched and registered on first use (platform/adapters/sources)
         path = store_root / adapter.storage_path
         try:
             if not (path / "adapter_config.json").is_file():

@@ -85,6 +85,26 @@ class UploadSettings(_Table):
     sweep_interval_s: float = Field(3600.0, gt=0)
 
 
+class AdapterSourceSettings(_Table):
+    """Adapters registered by reference (s3://, file://, hf://): where fetched copies are cached
+    and how the stores are reached. S3 credentials come from the standard AWS variables
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION) unless set here."""
+
+    cache_dir: str = ""  # empty = <data_dir>/adapter-cache
+    cache_max_bytes: int = Field(10 * 1024**3, ge=1)  # LRU beyond this
+    # A request for an uncached adapter waits at most this long for its download (then 503).
+    fetch_timeout_s: float = Field(20.0, gt=0)
+    s3_endpoint_url: str = ""  # empty = AWS_ENDPOINT_URL, or AWS itself
+    s3_region: str = ""  # empty = AWS_DEFAULT_REGION
+    s3_max_attempts: int = Field(2, ge=1)
+    connect_timeout_s: float = Field(3.0, gt=0)
+    read_timeout_s: float = Field(10.0, gt=0)
+    # file:// sources must lie under one of these folders; empty = any absolute path.
+    file_roots: list[str] = Field(default_factory=list)
+    hf_cache_dir: str = ""  # empty = huggingface_hub's default (HF_HOME)
+    hf_offline: bool = False  # only what the hub cache holds (HF_HUB_OFFLINE=1 does the same)
+
+
 class AuthSettings(_Table):
     # Tenant key lookups are cached this long; revocation evicts the entry at once.
     key_cache_ttl_s: float = Field(10.0, ge=0)
@@ -189,6 +209,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     uploads: UploadSettings = Field(default_factory=UploadSettings)
+    adapters: AdapterSourceSettings = Field(default_factory=AdapterSourceSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)

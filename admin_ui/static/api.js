@@ -117,6 +117,7 @@ export const api = {
 
   listAdapters: (query) => request("GET", "/adapters", { query }),
   uploadAdapter: (formData) => request("POST", "/adapters", { body: formData }),
+  registerAdapter: (body) => request("POST", "/adapters", { body }),
   deleteAdapter: (id) => request("DELETE", `/adapters/${enc(id)}`),
   addGrant: (adapterId, tenantId) => request("POST", `/adapters/${enc(adapterId)}/grants`, { body: { tenant_id: tenantId } }),
   removeGrant: (adapterId, tenantId) => request("DELETE", `/adapters/${enc(adapterId)}/grants`, { query: { tenant_id: tenantId } }),

@@ -10,6 +10,11 @@ Tiers:
     projections no adapter targets, pay nothing (their forward skips SGMV). ``prepare`` makes the step's adapters
     resident, reusing free slots first, then the least recently used slot NOT needed this step.
 
+Prefetch: when a request is queued for an adapter that is not in the host cache, its files are read
+and converted on a background thread (``load_adapter`` touches no manager state) while the engine
+runs its current steps; the step that first needs it takes the finished copy, and waits only if the
+load is still running. ``host_ready(name)`` tells a scheduler whether that wait would happen.
+
 Removal: ``remove_adapter`` unregisters the name at once (new requests naming it are refused with
 ``UnknownAdapterError``), while requests already queued or running with it FINISH normally on the
 weights they started with; its host and device copies are dropped when the last of them finishes.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +84,13 @@ class LoRAManager:
         self._slot_used: list[int] = [0] * self.max_loras  # step of last use, for LRU
         self._step = 0
         self.slots_allocated = False
+        self._loading: dict[_Key, Future[LoadedAdapter]] = {}  # host-cache misses being prefetched
+        self._prefetcher: ThreadPoolExecutor | None = None
         self.counters = {
             "disk_loads": 0,
+            "prefetches": 0,
+            "prefetch_ready": 0,  # the step found the prefetched copy finished
+            "prefetch_waits": 0,  # the step had to wait for it
             "cpu_hits": 0,
             "cpu_evictions": 0,
             "slot_loads": 0,
@@ -127,8 +138,10 @@ class LoRAManager:
     def register(self, name: str, path: str | Path, loaded: LoadedAdapter) -> AdapterInfo:
         old = self._entries.get(name)
         if old is not None:
-            if not old.removed and old.info.sha256 == loaded.info.sha256:
-                old.path = str(path)  # same content: nothing to reload
+            if old.info.sha256 == loaded.info.sha256:
+                # Same content: nothing to reload. Re-added while draining (e.g. its cached files
+                # were evicted and fetched again): it simply stays registered.
+                old.path, old.removed = str(path), False
                 return old.info
             if old.num_requests:
                 raise InvalidRequestError(
@@ -162,6 +175,7 @@ class LoRAManager:
     def _drop(self, e: _Entry) -> None:
         self._entries.pop(e.name, None)
         self._cpu.pop(e.key, None)
+        self._loading.pop(e.key, None)
         slot = self._slot_of.pop(e.key, None)
         if slot is not None:
             self._slots[slot] = None
@@ -169,7 +183,31 @@ class LoRAManager:
 
     # ------------------------------------------------------------------ request hooks (engine)
     def on_request_added(self, name: str) -> None:
-        self._entries[name].num_requests += 1
+        e = self._entries[name]
+        e.num_requests += 1
+        self.prefetch(name)
+
+    def prefetch(self, name: str) -> None:
+        """Start loading ``name`` into the host cache in the background, unless it is there or
+        on its way (called for every queued request)."""
+        e = self._entries.get(name)
+        if e is None or e.key in self._cpu or e.key in self._loading:
+            return
+        if self._prefetcher is None:
+            self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-prefetch")
+        self._loading[e.key] = self._prefetcher.submit(
+            load_adapter, e.path, self.model_config, self.max_lora_rank, self.dtype, e.info.sha256
+        )
+        self.counters["prefetches"] += 1
+
+    def host_ready(self, name: str) -> bool:
+        """True when a step using ``name`` would not wait for a disk read (host copy present, or
+        its prefetch finished). A scheduler may prefer such requests; unknown names are ready."""
+        e = self._entries.get(name)
+        if e is None or e.key in self._cpu:
+            return True
+        fut = self._loading.get(e.key)
+        return fut is not None and fut.done()
 
     def on_request_finished(self, name: str) -> None:
         e = self._entries.get(name)
@@ -232,8 +270,18 @@ class LoRAManager:
             self._cpu.move_to_end(e.key)
             self.counters["cpu_hits"] += 1
             return loaded
-        # Re-read from disk; the content must still be the version that was registered.
-        loaded = load_adapter(e.path, self.model_config, self.max_lora_rank, self.dtype, expected_sha256=e.info.sha256)
+        fut = self._loading.pop(e.key, None)
+        if fut is not None:
+            self.counters["prefetch_ready" if fut.done() else "prefetch_waits"] += 1
+            try:
+                loaded = fut.result()
+            except Exception:  # noqa: BLE001 - read again below, where the error surfaces
+                loaded = None
+        if loaded is None:
+            # Re-read from disk; the content must still be the version that was registered.
+            loaded = load_adapter(
+                e.path, self.model_config, self.max_lora_rank, self.dtype, expected_sha256=e.info.sha256
+            )
         self._cpu_put(e.key, self._host_copy(loaded))
         return loaded
 
@@ -290,6 +338,8 @@ class LoRAManager:
             "registered": self.list_adapters(),
             "draining": sorted(n for n, e in self._entries.items() if e.removed),
             "cpu_cached": [name for name, _ in self._cpu],
+            "cpu_cached_bytes": sum(loaded.nbytes for loaded in self._cpu.values()),
+            "prefetching": len(self._loading),
             "resident": {slot: key[0] for slot, key in enumerate(self._slots) if key is not None},
             "active_requests": {n: e.num_requests for n, e in self._entries.items() if e.num_requests},
             "max_loras": self.max_loras,

@@ -30,7 +30,11 @@ class Adapter(Base):
     use_rslora: Mapped[bool] = mapped_column(Boolean, default=False)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(Integer, default=0)
-    storage_path: Mapped[str] = mapped_column(String(512))
+    storage_path: Mapped[str] = mapped_column(String(512))  # "" for an adapter registered by reference
+    # Registered by reference (s3://, file://, hf://): fetched on first use into each engine's disk
+    # cache; sha256 pins the content of this version and source_etag the store's change tags.
+    source_uri: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    source_etag: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # "active": served under its name; "superseded": an older version, kept for the record only;
     # "unavailable": active but its files are missing or unreadable (status_reason says why);
     # "deleted": soft-deleted, hidden from the APIs, kept so usage history still names it.

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 
-from loraplex.platform.adapters import service
+from loraplex.platform.adapters import references, service
 from loraplex.platform.adapters.models import Adapter
-from loraplex.platform.adapters.schemas import AdapterList, AdapterOut, GrantIn, GrantOut
+from loraplex.platform.adapters.schemas import AdapterList, AdapterOut, GrantIn, GrantOut, RegisterByReference
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.tenants.schemas import Deleted
 
@@ -15,6 +17,43 @@ router = APIRouter(prefix="/adapters", tags=["adapters"])
 
 def _out(adapter: Adapter, grants: list[str]) -> AdapterOut:
     return AdapterOut.model_validate(adapter).model_copy(update={"granted_tenant_ids": grants})
+
+
+class JsonBodyRoute(APIRoute):
+    """Matches only requests with a JSON body, so ``POST /adapters`` takes a JSON reference and
+    the multipart upload (the next route on the same path) stays exactly as it was."""
+
+    def matches(self, scope):
+        match, child = super().matches(scope)
+        if match is Match.FULL:
+            ctype = dict(scope.get("headers") or []).get(b"content-type", b"")
+            if not ctype.split(b";")[0].strip().lower().endswith(b"json"):
+                return Match.NONE, {}
+        return match, child
+
+
+def register_by_reference(
+    body: RegisterByReference, session: SessionDep, ctx: ContextDep, actor: AdminDep
+) -> AdapterOut:
+    """Register an adapter where it lives: ``source`` is ``s3://bucket/prefix/``, ``file:///abs/path``
+    or ``hf://org/repo[@revision]``. The files are fetched and validated now (the upload's checks);
+    each engine fetches them again on first use into its disk cache."""
+    req = service.UploadRequest(
+        name=body.name, visibility=body.visibility, tenant_id=body.tenant_id or None, new_version=body.new_version
+    )
+    adapter = references.register_reference(session, ctx, actor, req, body.source)
+    return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
+
+
+router.add_api_route(
+    "",
+    register_by_reference,
+    methods=["POST"],
+    status_code=status.HTTP_201_CREATED,
+    response_model=AdapterOut,
+    route_class_override=JsonBodyRoute,
+    summary="Register an adapter by reference (JSON body)",
+)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=AdapterOut)
@@ -29,7 +68,9 @@ def upload_adapter(
     new_version: Annotated[bool, Form(description="Replace the served version of `name`")] = False,
 ) -> AdapterOut:
     """Upload a PEFT adapter (adapter_config.json + adapter_model.safetensors). It is validated
-    against the base model, stored by content hash and served at once, without a restart."""
+    against the base model, stored by content hash and served at once, without a restart.
+    With a JSON body ``{"name", "source", "tenant_id", "visibility"}`` instead, the adapter is
+    registered by reference (s3://, file://, hf://) and fetched on first use."""
     req = service.UploadRequest(name=name, visibility=visibility, tenant_id=tenant_id or None, new_version=new_version)
     adapter = service.upload_adapter(session, ctx, actor, req, file.file)
     return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
@@ -51,6 +92,19 @@ def list_adapters(
 def get_adapter(adapter_id: str, session: SessionDep, _actor: AdminDep) -> AdapterOut:
     adapter = service.get_adapter(session, adapter_id)
     return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
+
+
+@router.post("/{adapter_id}/refresh", response_model=AdapterOut)
+def refresh_adapter(adapter_id: str, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> AdapterOut:
+    """By-reference adapters: fetch the source again; new content is registered as a new version
+    (returned), the same content returns this version unchanged."""
+    adapter = service.get_adapter(session, adapter_id)
+    if not adapter.source_uri:
+        from loraplex.platform.errors import BadRequest
+
+        raise BadRequest("only adapters registered by reference can be refreshed", param="adapter_id")
+    current = references.refresh(session, ctx, actor, adapter)
+    return _out(current, service.granted_tenant_ids(session, [current])[current.id])
 
 
 @router.delete("/{adapter_id}", response_model=Deleted)

@@ -104,9 +104,10 @@ def delete_adapter(session: Session, ctx, actor: Actor, adapter_id: str) -> None
     def stop_and_unload() -> None:
         ctx.inflight.abort(ctx.gateway, f"adapter {adapter_id} was deleted", adapter_id=adapter_id)
         ctx.gateway.remove_adapter(adapter_id)
+        ctx.sources.forget(adapter_id)
 
     on_commit(session, stop_and_unload)
-    if not still_referenced:
+    if not still_referenced and relative:  # by reference: no store folder (its cache copy ages out)
         on_commit(session, lambda: ctx.store.remove(relative))
     audit.record(session, actor.name, "adapter.delete", "adapter", adapter_id, before, snapshot(adapter))
 
@@ -203,7 +204,12 @@ def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> No
 
 def _unload_later(ctx, adapter_id: str) -> Callable[[], None]:
     """A callback that takes ``adapter_id`` out of the engine (bound now, run after commit)."""
-    return lambda: ctx.gateway.remove_adapter(adapter_id)
+
+    def unload() -> None:
+        ctx.gateway.remove_adapter(adapter_id)
+        ctx.sources.forget(adapter_id)
+
+    return unload
 
 
 def _copy_limited(src: IO[bytes], dest, limit: int) -> None:

@@ -16,6 +16,11 @@ class TenantAuth:
     tenant_status: str
     priority: int
     weight: float
+    # The key's scope (platform/auth/key_scopes.py): None = everything its tenant may use / no own limit.
+    allowed_models: tuple[str, ...] | None = None
+    key_rpm: int | None = None
+    key_tpm: int | None = None
+    key_max_concurrent: int | None = None
 
 
 class KeyCache:

@@ -24,7 +24,18 @@ def lookup_tenant_key(session: Session, ctx, key_hash: str) -> TenantAuth | None
     if tenant is None:
         return None
     key.last_used_at = now
-    auth = TenantAuth(tenant.id, tenant.name, key.id, tenant.status, tenant.priority, tenant.weight)
+    auth = TenantAuth(
+        tenant.id,
+        tenant.name,
+        key.id,
+        tenant.status,
+        tenant.priority,
+        tenant.weight,
+        allowed_models=tuple(key.allowed_models) if key.allowed_models is not None else None,
+        key_rpm=key.rpm,
+        key_tpm=key.tpm,
+        key_max_concurrent=key.max_concurrent,
+    )
     ttl = (key.expires_at - now).total_seconds() if key.expires_at else None
     ctx.key_cache.put(key_hash, auth, ttl)
     return auth

@@ -74,10 +74,14 @@ class ActorQuotaStore:
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         if self._forget(reservation):
             self._actor.settle.remote(_key(reservation), used_tokens)
+        if reservation.linked is not None:  # an API key's own hold (platform/auth/key_scopes.py)
+            self.settle(reservation.linked, used_tokens)
 
     def cancel(self, reservation: Reservation) -> None:
         if self._forget(reservation):
             self._actor.cancel.remote(_key(reservation))
+        if reservation.linked is not None:
+            self.cancel(reservation.linked)
 
     def running(self, tenant_id: str) -> int:
         return int(call_actor(lambda: self._actor.running.remote(tenant_id)))  # type: ignore[call-overload]

@@ -17,9 +17,9 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
+from loraplex.platform.adapters.sources.resolver import AdapterResolver
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
 from loraplex.platform.cluster.routing import PrefixSummary, prefix_keys
 from loraplex.platform.engine_client import LocalEngineClient
@@ -39,6 +39,8 @@ class EngineReplica:
         self.name = f"engine-{ctx.replica_id.unique_id}"
         self.control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         self.gateway = LocalEngineClient.start(self.settings)
+        # Adapters by reference (s3://, hf://, file://): fetched by this replica into its own disk cache.
+        self.resolver = AdapterResolver.from_settings(self.settings)
         self._applied = -1
         self._adapters: dict[str, str] = {}
         self._sync_lock = threading.Lock()
@@ -95,7 +97,7 @@ class EngineReplica:
         """The one place a replica gets an adapter's weights into its engine (an adapter store
         that resolves keys to files elsewhere swaps this function only)."""
         try:
-            self.gateway.add_adapter(key, Path(path))
+            self.gateway.add_adapter(key, self.resolver.local_dir(path))
             self._adapters[key] = path
         except PlatformError as exc:  # reported to the request that asks for it
             log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
@@ -97,13 +98,14 @@ def prepare(
     """Blocking part (DB, tokenizer): run it in a worker thread."""
     t0 = time.monotonic()
     with unit_of_work(ctx.sessions) as session:
-        adapter = resolve_model(session, ctx, auth.tenant_id, model)
+        adapter = resolve_model(session, ctx, auth, model)
         q = quotas_repo.get(session, auth.tenant_id)
         quota = QuotaView(q.rpm, q.tpm, q.max_concurrent, q.token_budget, q.budget_period) if q else QuotaView()
         timeout_s = (
             q.max_generation_s if q and q.max_generation_s else None
         ) or ctx.settings.limits.generation_timeout_s
     ctx.quotas.precheck(auth.tenant_id, quota)
+    key_scopes.precheck(ctx.quotas, auth)
     check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
     seed = sampling.get("seed")
     if seed is not None and not 0 <= seed <= MAX_SEED:
@@ -118,7 +120,9 @@ def prepare(
         params = ctx.gateway.sampling_params(**sampling)
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-    reservation = ctx.quotas.reserve(auth.tenant_id, quota, request_cost(len(prompt_ids), params.n, params.max_tokens))
+    cost = request_cost(len(prompt_ids), params.n, params.max_tokens)
+    reservation = ctx.quotas.reserve(auth.tenant_id, quota, cost)
+    key_scopes.reserve(ctx.quotas, auth, reservation, cost)
     return Prepared(
         auth,
         model,

@@ -23,7 +23,7 @@ router.include_router(responses_router)
 @router.get("/models", response_model=ModelList)
 def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelList:
     """The base model and every adapter this tenant may use."""
-    return ModelList(data=service.list_models(session, ctx, tenant.tenant_id))
+    return ModelList(data=service.list_models(session, ctx, tenant))
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from loraplex.platform.db.base import Base, UTCDateTime, new_id, utcnow
@@ -22,6 +22,12 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Scopes: the models (base model or adapter names) this key may use (None = all its tenant may
+    # use), and limits of its own on top of its tenant's (None = only the tenant's apply).
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Soft delete (with its tenant): the row stays so usage records still name the key.
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 

@@ -13,11 +13,18 @@ from loraplex.platform.db.snapshot import snapshot
 from loraplex.platform.errors import BadRequest, Conflict, NotFound
 from loraplex.platform.keys import repository
 from loraplex.platform.keys.models import ApiKey
+from loraplex.platform.keys.schemas import KeyScope
 from loraplex.platform.tenants.service import get_tenant
 
 
 def create_key(
-    session: Session, ctx, actor: Actor, tenant_id: str, name: str, expires_at: datetime | None
+    session: Session,
+    ctx,
+    actor: Actor,
+    tenant_id: str,
+    name: str,
+    expires_at: datetime | None,
+    scope: KeyScope | None = None,
 ) -> tuple[ApiKey, str]:
     get_tenant(session, tenant_id)
     if expires_at is not None and expires_at <= utcnow():
@@ -30,6 +37,7 @@ def create_key(
         key_hash=ctx.hasher.hash(secret),
         expires_at=expires_at,
     )
+    _apply_scope(key, scope or KeyScope())
     repository.add(session, key)
     audit.record(session, actor.name, "key.create", "api_key", key.id, None, _audit_view(key))
     return key, secret
@@ -66,6 +74,26 @@ def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
     key_id = key.id
     on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, f"API key {key_id} was revoked", key_id=key_id))
     return key
+
+
+def set_scope(session: Session, ctx, actor: Actor, key_id: str, scope: KeyScope) -> ApiKey:
+    """Replace the key's scope (models and own limits); it applies from the next request."""
+    key = repository.get(session, key_id)
+    if key is None or key.deleted_at is not None:
+        raise NotFound(f"no API key with id {key_id!r}", param="key_id")
+    before = _audit_view(key)
+    _apply_scope(key, scope)
+    session.flush()
+    ctx.key_cache.evict_hash(key.key_hash)
+    key_hash = key.key_hash
+    on_commit(session, lambda: ctx.key_cache.evict_hash(key_hash))
+    audit.record(session, actor.name, "key.scope", "api_key", key.id, before, _audit_view(key))
+    return key
+
+
+def _apply_scope(key: ApiKey, scope: KeyScope) -> None:
+    models = None if scope.allowed_models is None else sorted(set(scope.allowed_models))
+    key.allowed_models, key.rpm, key.tpm, key.max_concurrent = models, scope.rpm, scope.tpm, scope.max_concurrent
 
 
 def _audit_view(key: ApiKey) -> dict:

@@ -48,6 +48,8 @@ class Reservation:
     budget_period: datetime | None = None
     _window_entry: list | None = None  # [time, tokens] in the tpm window
     done: bool = False
+    # A second hold released with this one (an API key's own limits: platform/auth/key_scopes.py).
+    linked: Reservation | None = None
 
 
 class QuotaStore(Protocol):
@@ -178,9 +180,13 @@ class InProcessQuotaStore:
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         self._release(reservation, used_tokens, refund_request=False)
+        if reservation.linked is not None:
+            self.settle(reservation.linked, used_tokens)
 
     def cancel(self, reservation: Reservation) -> None:
         self._release(reservation, 0, refund_request=True)
+        if reservation.linked is not None:
+            self.cancel(reservation.linked)
 
     def running(self, tenant_id: str) -> int:
         with self._lock:

@@ -1,4 +1,5 @@
-// Adapters: upload (.zip/.tar.gz), list with their facts, grants add/remove, delete.
+// Adapters: upload (.zip/.tar.gz) or register by reference (s3://, file://, hf://), list with their
+// facts, grants add/remove, delete.
 import { allTenants, api } from "../api.js";
 import { act, confirmDialog, field, fmtBytes, fmtTime, h, section, select, showError, showStatus, table } from "../dom.js";
 
@@ -37,6 +38,35 @@ export function render(main) {
       showStatus(`Adapter ${a.name} v${a.version} uploaded (rank ${a.rank}).`);
       form.reset();
       syncOwner();
+      await load();
+    });
+  });
+
+  // ---- register by reference: the files stay in their store and are fetched on first use
+  const refName = h("input", { name: "name", required: true, maxlength: 64, autocomplete: "off" });
+  const refSource = h("input", { name: "source", required: true, maxlength: 1024, autocomplete: "off", placeholder: "s3://bucket/prefix/" });
+  const refVisibility = select("visibility", [["private", "private (one tenant, plus grants)"], ["shared", "shared (every tenant)"]], "private");
+  const refOwner = h("select", { name: "tenant_id" });
+  const refNewVersion = h("input", { name: "new_version", type: "checkbox" });
+  const refBtn = h("button", { type: "submit" }, "Register adapter");
+  const refForm = h("form", { class: "grid-form", "aria-label": "Register adapter by reference" },
+    field("Adapter name", refName, "Tenants put it in the request's model field."),
+    field("Source URI", refSource, "s3://bucket/prefix/, file:///abs/path or hf://org/repo[@revision]: a folder with adapter_config.json + adapter_model.safetensors."),
+    field("Visibility", refVisibility),
+    field("Owner tenant", refOwner, "Required for private adapters."),
+    h("div", { class: "field checkbox" }, refNewVersion, h("label", { for: (refNewVersion.id = "ref-new-version") }, "Register as a new version of an existing name")),
+    h("div", { class: "actions" }, refBtn));
+  const syncRefOwner = () => { refOwner.disabled = refVisibility.value === "shared"; };
+  refVisibility.addEventListener("change", syncRefOwner);
+  refForm.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(refBtn, async () => {
+      const body = { name: refName.value.trim(), source: refSource.value.trim(), visibility: refVisibility.value, new_version: refNewVersion.checked };
+      if (refVisibility.value === "private" && refOwner.value) body.tenant_id = refOwner.value;
+      const a = await api.registerAdapter(body);
+      showStatus(`Adapter ${a.name} v${a.version} registered from ${a.source_uri} (rank ${a.rank}).`);
+      refForm.reset();
+      syncRefOwner();
       await load();
     });
   });
@@ -83,6 +113,7 @@ export function render(main) {
       tenants = ts;
       const current = owner.value;
       owner.replaceChildren(h("option", { value: "" }, "(none)"), ...tenants.map((t) => h("option", { value: t.id }, t.name)));
+      refOwner.replaceChildren(h("option", { value: "" }, "(none)"), ...tenants.map((t) => h("option", { value: t.id }, t.name)));
       owner.value = tenants.some((t) => t.id === current) ? current : "";
       listBox.replaceChildren(table(`Adapters (${list.data.length})`, [
         { label: "Name", cell: (a) => h("strong", {}, a.name) },
@@ -98,6 +129,7 @@ export function render(main) {
           h("span", { class: `badge ${a.status}`, title: a.status_reason || "" }, a.status),
           a.status_reason ? h("small", { class: "reason" }, ` ${a.status_reason}`) : "") },
         { label: "Uploaded", cell: (a) => fmtTime(a.created_at) },
+        { label: "Source", cell: (a) => (a.source_uri ? h("code", {}, a.source_uri) : h("span", { class: "muted" }, "upload")) },
         { label: "Grants", cell: grantsCell },
         { label: "Actions", cell: (a) => h("button", { type: "button", class: "danger", "aria-label": `Delete adapter ${a.name} v${a.version}`, onclick: () => remove(a) }, "Delete") },
       ], list.data, "No adapters yet."));
@@ -109,8 +141,10 @@ export function render(main) {
   main.append(
     h("h1", {}, "Adapters"),
     section("Upload a PEFT adapter", form),
+    section("Register an adapter by reference", refForm),
     section("All adapters", h("div", { class: "field checkbox" }, showOld, h("label", { for: "show-superseded" }, "Show superseded versions")), listBox),
   );
   syncOwner();
+  syncRefOwner();
   load();
 }

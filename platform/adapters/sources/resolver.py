@@ -1,0 +1,194 @@
+"""``AdapterResolver``: an adapter reference → a validated local folder, through the disk cache.
+
+Every engine (the single process, each Ray replica) resolves adapters itself, so no shared
+filesystem is needed. A reference names the source and the content hash it was registered with:
+a cached copy of that content is used without asking the store (a store that is down does not stop
+cached adapters); otherwise the files are listed, checked with the upload's rules, downloaded once
+(concurrent callers share one download), hashed, and cached. A caller waits at most
+``fetch_timeout_s``; the download itself goes on and the next request finds it cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from loraplex.platform.adapters.sources.cache import DiskCache
+from loraplex.platform.adapters.sources.fetchers import (
+    Fetcher,
+    FileFetcher,
+    HubFetcher,
+    S3Fetcher,
+    StoreUnavailable,
+)
+from loraplex.platform.adapters.sources.uri import RemoteFile, SourceURI, check_files, parse_source
+from loraplex.platform.adapters.store import AdapterStore
+
+log = logging.getLogger("loraplex.platform.adapters")
+
+REF_SEPARATOR = "#sha256="
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path  # the cached folder (adapter_config.json + adapter_model.safetensors)
+    sha256: str  # content hash (the same as an upload of the same files)
+    fingerprint: str  # the store's change tags of the listed files
+    size_bytes: int
+    downloaded: bool  # False: served from the disk cache
+
+
+def make_ref(source: str, sha256: str) -> str:
+    """What the control plane hands a replica for a by-reference adapter: source + content hash."""
+    return f"{source}{REF_SEPARATOR}{sha256}"
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    source, sep, sha = ref.partition(REF_SEPARATOR)
+    return (source, sha) if sep else (ref, None)
+
+
+def fingerprint_of(files: list[RemoteFile]) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.name):
+        digest.update(f"{f.name}\0{f.size}\0{f.etag}\n".encode())
+    return digest.hexdigest()
+
+
+class AdapterResolver:
+    def __init__(
+        self,
+        cache: DiskCache,
+        fetchers: dict[str, Fetcher],
+        *,
+        max_members: int,
+        max_bytes: int,
+        fetch_timeout_s: float,
+        workers: int = 4,
+    ) -> None:
+        self.cache = cache
+        self.fetchers = fetchers
+        self.max_members = max_members
+        self.max_bytes = max_bytes
+        self.fetch_timeout_s = fetch_timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adapter-fetch")
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, str | None], Future[Fetched]] = {}
+        self.counters = {"downloads": 0, "download_bytes": 0, "cache_hits": 0, "joined": 0, "failures": 0}
+
+    @classmethod
+    def from_settings(cls, settings, on_evict: Callable[[str], None] | None = None) -> AdapterResolver:
+        a = settings.adapters
+        cache = DiskCache(Path(a.cache_dir) if a.cache_dir else settings.data_dir / "adapter-cache", a.cache_max_bytes)
+        cache.on_evict = on_evict
+        fetchers: dict[str, Fetcher] = {
+            "s3": S3Fetcher(a.s3_endpoint_url, a.s3_region, a.connect_timeout_s, a.read_timeout_s, a.s3_max_attempts),
+            "file": FileFetcher(a.file_roots),
+            "hf": HubFetcher(a.hf_cache_dir, a.hf_offline),
+        }
+        u = settings.uploads
+        return cls(
+            cache,
+            fetchers,
+            max_members=u.max_members,
+            max_bytes=u.max_unpacked_bytes,
+            fetch_timeout_s=a.fetch_timeout_s,
+        )
+
+    # -- the one call replicas and the serving path make ----------------------------------------
+    def local_dir(self, ref: str | Path) -> Path:
+        """A local folder for ``ref``: a plain path is returned as is; ``source#sha256=...`` is
+        served from the disk cache or fetched (and must still have that content)."""
+        source, sha = split_ref(str(ref))
+        if "://" not in source:
+            return Path(source)
+        fetched = self.fetch(source, expected_sha256=sha)
+        if sha is not None and fetched.sha256 != sha:
+            raise ContentChanged(source, sha, fetched)
+        return fetched.path
+
+    def fetch(self, source: str, *, expected_sha256: str | None = None) -> Fetched:
+        """Resolve ``source``; with ``expected_sha256`` a cached copy of that content is used without
+        asking the store. Waits at most ``fetch_timeout_s`` (then ``StoreUnavailable``)."""
+        src = parse_source(source)
+        if expected_sha256:
+            cached = self.cache.get(expected_sha256)
+            if cached is not None:
+                self.counters["cache_hits"] += 1
+                return Fetched(cached, expected_sha256, "", _size(cached), downloaded=False)
+        key = (str(src), expected_sha256)
+        with self._lock:
+            fut = self._inflight.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._fetch_now, src)
+                self._inflight[key] = fut
+                fut.add_done_callback(partial(self._forget, key))
+            else:
+                self.counters["joined"] += 1
+        try:
+            return fut.result(timeout=self.fetch_timeout_s)
+        except FutureTimeout:
+            raise StoreUnavailable(
+                f"fetching {src} took longer than {self.fetch_timeout_s:g}s (the store is slow or down); "
+                "the download goes on, try again shortly",
+                headers={"retry-after": "10"},
+            ) from None
+
+    def _forget(self, key: tuple[str, str | None], _done: object = None) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+
+    def _fetch_now(self, src: SourceURI) -> Fetched:
+        try:
+            fetcher = self.fetchers[src.scheme]
+            listed = check_files(
+                fetcher.list(src), max_members=self.max_members, max_bytes=self.max_bytes, where=str(src)
+            )
+            with self.cache.staging() as scratch:
+                files = scratch / "files"
+                files.mkdir()
+                for f in listed:
+                    fetcher.download(src, f, files / f.name)
+                sha = AdapterStore.content_hash(files)
+                size = _size(files)
+                if sha in self.cache:  # the same content cached under another source: keep one copy
+                    path = self.cache.get(sha) or self.cache.put(files, sha)
+                else:
+                    path = self.cache.put(files, sha)
+        except Exception:
+            self.counters["failures"] += 1
+            raise
+        self.counters["downloads"] += 1
+        self.counters["download_bytes"] += size
+        log.info("fetched adapter %s (%d bytes, sha256 %s)", src, size, sha[:12])
+        return Fetched(path, sha, fingerprint_of(listed), size, downloaded=True)
+
+    def stats(self) -> dict:
+        return {**self.counters, "disk_cache": self.cache.stats()}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ContentChanged(StoreUnavailable):
+    """The store now holds different content than the version that was registered."""
+
+    code = "model_unavailable"
+
+    def __init__(self, source: str, expected: str, fetched: Fetched) -> None:
+        super().__init__(
+            f"{source} changed since it was registered (sha256 {expected[:12]} -> {fetched.sha256[:12]}); "
+            "it is registered as a new version"
+        )
+        self.fetched = fetched
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())

@@ -1,0 +1,60 @@
+"""vLLM's dynamic LoRA API, so tooling written for vLLM (KServe, llm-d, Dynamo) drives loraplex
+unchanged: ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` and
+``POST /v1/unload_lora_adapter {"lora_name"}``. Admin key only. A loaded adapter is shared (every
+tenant may use it, as on vLLM); ``lora_path`` is a local folder or an s3://, file://, hf:// URI."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.platform.adapters import references, repository, service
+from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
+from loraplex.platform.errors import BadRequest, NotFound
+
+router = APIRouter(prefix="/v1", tags=["vllm"])
+
+
+class LoadLoRAAdapter(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # vLLM clients may send fields of newer versions
+
+    lora_name: Annotated[str, Field(max_length=64)]
+    lora_path: Annotated[str, Field(max_length=1024)]
+    load_inplace: bool = False  # vLLM: replace an adapter already loaded under this name
+
+
+class UnloadLoRAAdapter(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: Annotated[str, Field(max_length=64)]
+    lora_int_id: int | None = None  # accepted for compatibility; names identify adapters here
+
+
+@router.post("/load_lora_adapter", response_class=PlainTextResponse)
+def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
+    existing = repository.active_by_name(session, body.lora_name)
+    if existing is not None and not body.load_inplace:
+        raise BadRequest(f"The lora adapter '{body.lora_name}' has already been loaded.", param="lora_name")
+    if existing is not None and (existing.visibility, existing.owner_tenant_id) != ("shared", None):
+        raise BadRequest(
+            f"'{body.lora_name}' is a private adapter; replace it through the admin API", param="lora_name"
+        )
+    req = service.UploadRequest(
+        name=body.lora_name, visibility="shared", tenant_id=None, new_version=existing is not None
+    )
+    adapter = references.register_reference(session, ctx, actor, req, body.lora_path)
+    if ctx.gateway.enabled:  # vLLM loads at once: the first request finds it ready
+        ctx.sources.ensure_served(adapter, lambda a, fetched: None)
+    return f"Success: LoRA adapter '{body.lora_name}' added successfully."
+
+
+@router.post("/unload_lora_adapter", response_class=PlainTextResponse)
+def unload_lora_adapter(body: UnloadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
+    adapter = repository.active_by_name(session, body.lora_name)
+    if adapter is None:
+        raise NotFound(f"The lora adapter '{body.lora_name}' cannot be found.", param="lora_name")
+    service.delete_adapter(session, ctx, actor, adapter.id)
+    return f"Success: LoRA adapter '{body.lora_name}' removed successfully."

@@ -1,0 +1,59 @@
+"""vLLM's dynamic LoRA API (/v1/load_lora_adapter, /v1/unload_lora_adapter) on a real server:
+admin key only, then the adapter serves every tenant through the official openai client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+from platform_helpers import admin_headers, zip_bytes
+
+H = admin_headers()
+
+
+def _complete(url: str, key: str, model: str) -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+    return client.completions.create(model=model, prompt="Once upon", max_tokens=6, temperature=0).choices[0].text
+
+
+def test_load_serve_replace_unload(live_factory, adapter_dirs, good_files):
+    srv = live_factory()
+    c = httpx.Client(base_url=srv.url, timeout=60)
+    tid = c.post("/admin/v1/tenants", json={"name": "acme"}, headers=H).json()["id"]
+    key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"]
+    good, good2 = str(adapter_dirs["good"]), str(adapter_dirs["good2"])
+    # a tenant key cannot load adapters; neither can nobody
+    r = c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": good}, headers=admin_headers(key))
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": good}).status_code == 401
+    # vLLM's request and answer, byte for byte what its clients parse
+    r = c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": good}, headers=H)
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' added successfully.", r.text
+    loaded = next(a for a in c.get("/admin/v1/adapters", headers=H).json()["data"] if a["name"] == "sql")
+    assert loaded["visibility"] == "shared" and loaded["source_uri"] == f"file://{good}"
+    assert loaded["id"] in srv.ctx.gateway.registered_adapters()  # loaded now, as vLLM does
+    up = c.post(
+        "/admin/v1/adapters",
+        data={"name": "up", "visibility": "shared"},
+        files={"file": ("a.zip", zip_bytes(good_files))},
+        headers=H,
+    )
+    assert up.status_code == 201
+    assert _complete(srv.url, key, "sql") == _complete(srv.url, key, "up")
+    assert "sql" in {m["id"] for m in c.get("/v1/models", headers=admin_headers(key)).json()["data"]}
+    # loading the same name again is refused; load_inplace replaces it (a new version)
+    r = c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": good2}, headers=H)
+    assert r.status_code == 400 and "already been loaded" in r.json()["error"]["message"]
+    before = _complete(srv.url, key, "sql")
+    r = c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": good2, "load_inplace": True}, headers=H)
+    assert r.status_code == 200, r.text
+    assert _complete(srv.url, key, "sql") != before
+    # bad paths: clear 4xx, never 500
+    for bad in ("relative/dir", "/no/such/dir", "ftp://x/y", ""):
+        r = c.post("/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": bad}, headers=H)
+        assert 400 <= r.status_code < 500 and "error" in r.json(), (bad, r.text)
+    # unload: gone for tenants; unloading again is a 404
+    r = c.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=H)
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' removed successfully."
+    r = c.post("/v1/completions", json={"model": "sql", "prompt": "x", "max_tokens": 1}, headers=admin_headers(key))
+    assert r.status_code == 404
+    assert c.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=H).status_code == 404
