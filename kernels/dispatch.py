@@ -1,8 +1,8 @@
 """Choose the implementation of every op once, from the backend name and the device.
 
 ``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
-``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place) + the torch
-reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
+``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place) and grouped
+SGMV (each adapter's weights read once per step) + the torch reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
 
@@ -112,8 +112,8 @@ def _cpu_ops() -> KernelOps | None:
         write_kv=reference.write_kv,
         paged_decode_attention=cpu_native.paged_decode_attention,
         paged_prefill_attention=cpu_native.paged_prefill_attention,
-        sgmv_shrink=reference.sgmv_shrink,
-        sgmv_expand=reference.sgmv_expand,
+        sgmv_shrink=cpu_native.sgmv_shrink,
+        sgmv_expand=cpu_native.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
     )
 
