@@ -72,7 +72,11 @@ class LLMEngine:
             else None
         )
         self.runner = ModelRunner(
-            config, mc, self.max_model_len, num_blocks, kv=self.kv,
+            config,
+            mc,
+            self.max_model_len,
+            num_blocks,
+            kv=self.kv,
             structured=self.structured,
             spec=self.spec,
             eos_token_ids=self.eos_token_ids,
