@@ -1,7 +1,7 @@
 """stored_responses: the Responses API's stored responses (per tenant; no foreign keys).
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-12-01
 """
 

@@ -2,7 +2,7 @@
 rpm, tpm, max_concurrent).
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0005
 Create Date: 2026-12-01
 """
 
