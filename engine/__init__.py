@@ -26,6 +26,9 @@ _EXPORTS = {
     "UnknownAdapterError": ".errors",
     "LLM": ".llm",
     "LLMEngine": ".llm_engine",
+    "auto_max_num_seqs": ".memory",
+    "ModelConfig": ".models",
+    "StructuredOutputManager": ".structured_output",
     "AdapterValidationError": ".lora",
     "validate_adapter_dir": ".lora",
     "CompletionOutput": ".outputs",
@@ -50,10 +53,13 @@ if TYPE_CHECKING:
     from .llm import LLM
     from .llm_engine import LLMEngine
     from .lora import AdapterValidationError, validate_adapter_dir
+    from .memory import auto_max_num_seqs
+    from .models import ModelConfig
     from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
     from .real_model import DEMO_MODEL_NAME, DemoModelUnavailable, ensure_demo_checkpoint
     from .request import EngineRequest
     from .sampling_params import SamplingParams, StructuredOutputSpec
+    from .structured_output import StructuredOutputManager
     from .tokenizer import load_tokenizer
 
 
@@ -84,12 +90,15 @@ __all__ = [
     "FinishReason",
     "InvalidRequestError",
     "LLMEngine",
+    "ModelConfig",
     "OutputKind",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputManager",
     "StructuredOutputSpec",
     "UnknownAdapterError",
+    "auto_max_num_seqs",
     "ensure_demo_checkpoint",
     "ensure_demo_model",
     "format_config",

@@ -50,7 +50,7 @@ class ClusterView:
 
 class RemoteEngineClient:
     def __init__(self, settings: Settings, engine_handle: Any, control: Any, model_dir: Path) -> None:
-        from loraplex.engine.tokenizer import load_tokenizer  # the engine's own loader: same ids
+        from loraplex.engine import load_tokenizer  # the engine's own loader: same ids
 
         self._settings = settings
         self._handle = engine_handle

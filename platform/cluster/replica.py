@@ -242,6 +242,6 @@ def _batch_size(settings: Settings) -> int:
         return int(settings.engine.max_num_seqs)
     import torch
 
-    from loraplex.engine.memory import auto_max_num_seqs
+    from loraplex.engine import auto_max_num_seqs
 
     return auto_max_num_seqs(torch.device("cuda" if settings.cluster.replica_num_gpus else "cpu"), None)

@@ -124,7 +124,7 @@ class LocalEngineClient:
 
     def resolved_config(self) -> dict[str, object]:
         """The engine configuration with every ``auto`` resolved (printed by ``serve``)."""
-        from loraplex.engine.describe import resolved_config
+        from loraplex.engine import resolved_config
 
         return dict(resolved_config(self.engine.engine))
 

@@ -14,9 +14,7 @@ from loraplex.platform.settings import Settings
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import SamplingParams
-    from loraplex.engine.sampling_params import StructuredOutputSpec
-    from loraplex.engine.structured_output import StructuredOutputManager
+    from loraplex.engine import SamplingParams, StructuredOutputManager, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -25,7 +23,7 @@ TINY_RANDOM_MODEL = "tiny-random"
 
 def demo_model_dir(settings: Settings) -> Path:
     """Where the embedded SmolLM2 checkpoint lives once converted (inside the data directory)."""
-    from loraplex.engine.real_model import DEMO_MODEL_NAME
+    from loraplex.engine import DEMO_MODEL_NAME
 
     return settings.data_dir / "models" / DEMO_MODEL_NAME
 
@@ -34,7 +32,7 @@ def resolve_model_dir(settings: Settings) -> Path:
     """The configured base model; empty = SmolLM2-135M-Instruct converted once into the data
     directory; ``tiny-random`` = the random-weight demo model (tiny shapes, no package needed)."""
     if settings.engine.model == TINY_RANDOM_MODEL:
-        from loraplex.engine.demo_model import ensure_demo_model
+        from loraplex.engine import ensure_demo_model
 
         return Path(ensure_demo_model(settings.data_dir / "demo-model"))
     if settings.engine.model:
@@ -42,7 +40,7 @@ def resolve_model_dir(settings: Settings) -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"engine.model {path} is not a directory")
         return path
-    from loraplex.engine.real_model import ensure_demo_checkpoint
+    from loraplex.engine import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(demo_model_dir(settings))
 
@@ -50,7 +48,7 @@ def resolve_model_dir(settings: Settings) -> Path:
 def validate_adapter(path: Path, model_dir: Path | None, max_lora_rank: int) -> AdapterFacts:
     if model_dir is None:
         raise ServiceUnavailable("adapters cannot be validated: the inference engine is disabled on this server")
-    from loraplex.engine.lora import AdapterValidationError, validate_adapter_dir
+    from loraplex.engine import AdapterValidationError, validate_adapter_dir
 
     try:
         info = validate_adapter_dir(str(path), str(model_dir), max_lora_rank)
@@ -77,8 +75,7 @@ def sampling_params(kwargs: dict[str, object], structured: StructuredOutputManag
     """``SamplingParams(**kwargs)``; ``structured_output=(kind, value)`` becomes a spec and is
     compiled by ``structured`` (the engine's own code and cache), so an unsupported schema is
     refused here, before the request reserves quota or reaches an engine."""
-    from loraplex.engine import InvalidRequestError, SamplingParams
-    from loraplex.engine.sampling_params import StructuredOutputSpec
+    from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
 
     spec = kwargs.pop("structured_output", None)
     if isinstance(spec, tuple):
@@ -96,8 +93,7 @@ def sampling_params(kwargs: dict[str, object], structured: StructuredOutputManag
 def structured_compiler(tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> StructuredOutputManager:
     """The engine's grammar compiler for this base model, built where no engine runs (the ingress):
     same tokenizer, vocabulary size and stop tokens as the replicas' engines."""
-    from loraplex.engine.models import ModelConfig
-    from loraplex.engine.structured_output import StructuredOutputManager
+    from loraplex.engine import ModelConfig, StructuredOutputManager
 
     mc = ModelConfig.from_dir(str(model_dir))
     eos = set(mc.eos_token_ids)
