@@ -20,7 +20,6 @@ import torch
 from billing_helpers import H
 from cluster_helpers import Cluster
 from platform_helpers import zip_bytes
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 PERSON = {
     "type": "object",
