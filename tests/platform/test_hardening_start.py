@@ -12,33 +12,26 @@ import time
 import httpx
 import pytest
 from billing_helpers import H
-from procs import PgCluster, ServeProcess
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_postgres_down_at_start_then_back(tmp_path, demo_model_dir):
-    pg = PgCluster()
-    server = None
-    try:
-        pg.stop("fast")
-        server = ServeProcess(tmp_path / "data", demo_model_dir, env={"LORAPLEX_DATABASE_URL": pg.url})
-        ready = httpx.get(server.url + "/ready", timeout=30)
-        assert ready.status_code == 503 and ready.headers["retry-after"]
-        r = httpx.get(server.url + "/admin/v1/tenants", headers=H, timeout=30)
-        assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "database_unavailable"
-        pg.start()
-        deadline = time.monotonic() + 90
-        while httpx.get(server.url + "/ready", timeout=30).status_code != 200:
-            assert time.monotonic() < deadline, server.output()[-3000:]
-            time.sleep(0.5)
-        r = httpx.post(server.url + "/admin/v1/tenants", json={"name": "after"}, headers=H, timeout=30)
-        assert r.status_code == 201, r.text  # migrated: the schema is there
-        assert "Traceback" not in server.output()
-    finally:
-        if server is not None:
-            server.stop()
-        pg.destroy()
+def test_postgres_down_at_start_then_back(tmp_path, demo_model_dir, private_postgres, serve_process):
+    pg = private_postgres
+    pg.stop("fast")
+    server = serve_process(tmp_path / "data", demo_model_dir, env={"LORAPLEX_DATABASE_URL": pg.url})
+    ready = httpx.get(server.url + "/ready", timeout=30)
+    assert ready.status_code == 503 and ready.headers["retry-after"]
+    r = httpx.get(server.url + "/admin/v1/tenants", headers=H, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "database_unavailable"
+    pg.start()
+    deadline = time.monotonic() + 90
+    while httpx.get(server.url + "/ready", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, server.output()[-3000:]
+        time.sleep(0.5)
+    r = httpx.post(server.url + "/admin/v1/tenants", json={"name": "after"}, headers=H, timeout=30)
+    assert r.status_code == 201, r.text  # migrated: the schema is there
+    assert "Traceback" not in server.output()
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ import jsonschema
 import openai
 import pytest
 from platform_helpers import admin_headers
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 WEATHER = {
     "type": "object",

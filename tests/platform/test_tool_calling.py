@@ -17,7 +17,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 WEATHER = {
     "type": "object",

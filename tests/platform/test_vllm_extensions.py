@@ -9,7 +9,6 @@ import re
 
 import httpx
 import pytest
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 USER = [{"role": "user", "content": "Capital of France?"}]
 
