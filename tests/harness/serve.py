@@ -39,13 +39,19 @@ class ServeProcess:
         start_timeout: float = 180,  # a loaded 2-core machine can take a while to import torch
         new_session: bool = False,
         python: str = sys.executable,  # a benchmark may serve another checkout's venv
+        clean_env: bool = False,  # drop inherited LORAPLEX_* settings (LORAPLEX_TEST_* stay): defaults only
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log = self.data_dir.parent / f"serve-{self.port}-{time.time_ns()}.log"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        inherited = {
+            k: v
+            for k, v in os.environ.items()
+            if not clean_env or not k.startswith("LORAPLEX_") or k.startswith("LORAPLEX_TEST")
+        }
+        full_env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
         if model_dir is not None:
             full_env["LORAPLEX_ENGINE__MODEL"] = str(model_dir)
         if admin_key is not None:
