@@ -58,7 +58,7 @@ def serve(
     server = {k: v for k, v in (("host", host), ("port", port)) if v is not None} or None
     cluster = {k: v for k, v in (("replicas", replicas), ("ray_address", ray_address)) if v is not None} or None
     settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster)
-    if settings.cluster.replicas > 1:
+    if settings.cluster.replicas > 1 or settings.cluster.max_replicas > 1:  # scale-out or autoscaling
         _serve_on_ray(settings)
         return
     ctx, admin_key = build_context(settings)

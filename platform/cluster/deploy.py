@@ -83,7 +83,7 @@ def start(settings: Settings) -> Any:
     if cl.ray_address:
         init["address"] = cl.ray_address
     else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
-        need = cl.replicas * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
+        need = max(cl.replicas, cl.max_replicas) * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
             init["num_gpus"] = None  # let Ray detect them
