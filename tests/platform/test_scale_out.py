@@ -471,7 +471,7 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
     for r in results:
         assert r.finish_reason == "length" and not r.error, r
         assert rows[r.request_id]["status"] == "ok"
-        assert rows[r.request_id]["completion_tokens"] == r.usage["completion_tokens"] == 300
+        assert rows[r.request_id]["completion_tokens"] == r.usage["completion_tokens"] == 1500
     deadline = time.time() + 60  # the slots came back (settled in the new instance)
     while _post(cluster.url, key, {"model": "demo", "prompt": "again", "max_tokens": 2}).status_code != 200:
         assert time.time() < deadline, "concurrency slots were not returned after the restart"
@@ -484,7 +484,9 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
     import sqlite3
 
     tid, key = new_tenant(cluster.url, "drain")
-    results, threads = _hold_streams(cluster.url, key, 6, 300, "Drain")
+    # long streams: a new request must reach an ingress while they still run (on a quiet box 300
+    # tokens took 5 s, shorter than one request's trip through a loaded proxy)
+    results, threads = _hold_streams(cluster.url, key, 6, 1500, "Drain")
     cluster.proc.send_signal(signal.SIGTERM)
     refused = None
     while refused is None and any(t.is_alive() for t in threads):
@@ -511,4 +513,4 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
     )
     for r in results:
         assert r.finish_reason == "length" and not r.error and r.done, r
-        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 300
+        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 1500
