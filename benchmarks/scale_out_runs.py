@@ -64,17 +64,20 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             try:
                 _t, fkey, _ = _tenant(srv, "flooder")
                 _t, lkey, lnames = _tenant(srv, "light", archives[:1])
-                rows.append({"global_fairness": gf, **flood(srv, fkey, lkey, lnames[0], args.flood_seconds, 24)})
+                for streams in (8, 2):
+                    res = flood(srv, fkey, lkey, lnames[0], args.flood_seconds, 24, streams)
+                    rows.append({"global_fairness": gf, "light_streams": streams, **res})
             finally:
                 srv.stop()
-        print(f"\ntwo-tenant flood, {args.flood_seconds:.0f} s: F = 24 streams on the base model, L = 8 on one adapter")
+        print(f"\ntwo-tenant flood, {args.flood_seconds:.0f} s: F = 24 streams on the base model, L on one adapter")
         print(
-            f"{'global VTC':<10} {'F tok/s':>8} {'L tok/s':>8} {'Jain':>6} {'L TTFT p50':>11} {'F TTFT p50':>11} {'L/F':>6}"
+            f"{'global VTC':<10} {'L streams':>9} {'F tok/s':>8} {'L tok/s':>8} {'Jain':>6} "
+            f"{'L TTFT p50':>11} {'F TTFT p50':>11} {'L/F':>6}"
         )
         for r in rows:
             print(
-                f"{r['global_fairness']:<10} {r['flooder_tok_s']:8.1f} {r['light_tok_s']:8.1f} {r['jain']:6.3f} "
-                f"{r['light_ttft_p50_ms']:9.0f}ms {r['flooder_ttft_p50_ms']:9.0f}ms {r['ttft_ratio']:6.2f}"
+                f"{r['global_fairness']:<10} {r['light_streams']:9d} {r['flooder_tok_s']:8.1f} {r['light_tok_s']:8.1f} "
+                f"{r['jain']:6.3f} {r['light_ttft_p50_ms']:9.0f}ms {r['flooder_ttft_p50_ms']:9.0f}ms {r['ttft_ratio']:6.2f}"
             )
         out["flood"] = rows
     if "faults" in picked:
@@ -99,18 +102,19 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
         out["faults"] = {"kill_control": kill, "sigterm_drain": drain}
     if "autoscale" in picked:
         extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"
-        srv = _server(Server, model, 1, "affinity", args, extra)
+        srv = _server(Server, model, 2, "affinity", args, extra)
         try:
             _t, key, _ = _tenant(srv, "scale")
             auto = autoscale(srv, key, 32, args.flood_seconds)
         finally:
             srv.stop()
         print(
-            f"\nautoscaling min 1 / max 2: up at {auto['scaled_up_at_s']} s, down at {auto['scaled_down_at_s']} s, "
+            f"\nautoscaling min 1 / max 2 (from 2): idle down at {auto['scaled_down_idle_at_s']} s, up under load "
+            f"at {auto['scaled_up_at_s']} s, down again at {auto['scaled_down_at_s']} s, "
             f"max seen {auto['max_replicas_seen']}, {auto['cut_or_failed']} of {auto['requests']} requests cut"
         )
         out["autoscale"] = auto
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "scale_out_scenarios.json"
+    path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
     path.write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {path}")

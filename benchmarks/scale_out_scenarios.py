@@ -98,10 +98,13 @@ def sessions(server, key: str, models: list[str], n_sessions: int, turns: int, m
 
 
 # ------------------------------------------------------------------------------------- flood
-def flood(server, flooder: str, light: str, light_model: str, seconds: float, max_tokens: int) -> dict:
-    """Tenant F floods both replicas (base model, 24 closed-loop streams); tenant L runs 8 streams
-    of one adapter (so adapter affinity keeps L on one replica). Both stay backlogged; fair means
-    equal tokens/s. Reports Jain over the two tenants' tokens/s and L's TTFT ÷ F's TTFT."""
+def flood(
+    server, flooder: str, light: str, light_model: str, seconds: float, max_tokens: int, light_streams: int = 8
+) -> dict:
+    """Tenant F floods both replicas (base model, 24 closed-loop streams); tenant L runs
+    ``light_streams`` streams of one adapter (adapter affinity keeps L on one replica). With 8 both
+    stay backlogged and fair means equal tokens/s (Jain); with 2, L is a light tenant and its TTFT
+    ÷ F's TTFT shows whether it jumps the flood."""
     stop = time.perf_counter() + seconds
     served = {"F": 0, "L": 0}
     ttft: dict[str, list[float]] = {"F": [], "L": []}
@@ -128,7 +131,8 @@ def flood(server, flooder: str, light: str, light_model: str, seconds: float, ma
         cl = httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {light}"}, timeout=300)
         async with cf, cl:
             await asyncio.gather(
-                *[loop(cf, "F", "demo", i) for i in range(24)], *[loop(cl, "L", light_model, i) for i in range(8)]
+                *[loop(cf, "F", "demo", i) for i in range(24)],
+                *[loop(cl, "L", light_model, i) for i in range(light_streams)],
             )
 
     t0 = time.perf_counter()
@@ -226,34 +230,48 @@ def sigterm_drain(server, key: str, tenant_id: str, db_path: Path, max_tokens: i
 
 # --------------------------------------------------------------------------------- autoscale
 def autoscale(server, key: str, max_tokens: int, load_s: float) -> dict:
-    """min 1 / max 2: 16 closed-loop streams for ``load_s``, then 1 stream while Serve scales down.
-    Reports the replica count seen over time and whether any stream was cut."""
+    """min 1 / max 2, starting at 2: one stream at a time (idle) until Serve scales down to 1,
+    then 16 closed-loop streams until it scales up to 2 (at least ``load_s``), then one stream
+    again until it is back at 1. Reports when each change was seen and whether any stream was cut
+    (a scale-down drains the replica it stops)."""
     seen: list[tuple[float, int]] = []
     cut = [0]
     done = [0]
     t0 = time.perf_counter()
-    heavy_until = t0 + load_s
-    end = [heavy_until + 120]
+    phase = ["idle"]
+    marks: dict[str, float] = {}
 
     def count() -> int:
         try:
-            return int(
-                httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=10).json()["replica_count"]
-            )
+            eng = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=30).json()
+            return int(eng["replica_count"])
         except (httpx.HTTPError, ValueError, KeyError):
             return -1
 
     async def watcher() -> None:
-        while time.perf_counter() < end[0]:
+        deadline = time.perf_counter() + 900
+        while time.perf_counter() < deadline and phase[0] != "end":
             n = await asyncio.to_thread(count)
-            seen.append((round(time.perf_counter() - t0, 1), n))
-            if time.perf_counter() > heavy_until and n == 1 and any(c == 2 for _, c in seen):
-                end[0] = time.perf_counter() + 5  # scaled back down: a little more, then stop
+            now = round(time.perf_counter() - t0, 1)
+            seen.append((now, n))
+            if phase[0] == "idle" and n == 1:
+                marks["down_idle"] = now
+                phase[0], marks["load_from"] = "load", now
+            elif phase[0] == "load" and n == 2 and now - marks["load_from"] >= load_s:
+                marks["up"] = next((t for t, c in seen if t >= marks["load_from"] and c == 2), now)
+                phase[0] = "cool"
+            elif phase[0] == "cool" and n == 1:
+                marks["down"] = now
+                phase[0] = "end"
             await asyncio.sleep(2)
+        phase[0] = "end"
 
-    async def loop(c: httpx.AsyncClient, i: int, heavy: bool) -> None:
+    async def loop(c: httpx.AsyncClient, i: int) -> None:
         n = 0
-        while time.perf_counter() < (heavy_until if heavy else end[0]):
+        while phase[0] != "end":
+            if i > 0 and phase[0] != "load":
+                await asyncio.sleep(0.5)
+                continue
             n += 1
             body = {"model": "demo", "prompt": f"a {i} {n}", "max_tokens": max_tokens, "ignore_eos": True}
             status, _f, tokens, _ = await one_stream(c, body)
@@ -262,13 +280,14 @@ def autoscale(server, key: str, max_tokens: int, load_s: float) -> dict:
 
     async def run() -> None:
         async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
-            await asyncio.gather(watcher(), *[loop(c, i, i > 0) for i in range(16)])
+            await asyncio.gather(watcher(), *[loop(c, i) for i in range(16)])
 
     asyncio.run(run())
     return {
         "max_replicas_seen": max(n for _, n in seen),
-        "scaled_up_at_s": next((t for t, n in seen if n == 2), None),
-        "scaled_down_at_s": next((t for t, n in seen if t > load_s and n == 1), None),
+        "scaled_down_idle_at_s": marks.get("down_idle"),
+        "scaled_up_at_s": marks.get("up"),
+        "scaled_down_at_s": marks.get("down"),
         "requests": done[0],
         "cut_or_failed": cut[0],
         "timeline": seen,

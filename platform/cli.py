@@ -67,7 +67,7 @@ def serve(
         k: v for k, v in (("chat_template", chat_template), ("tool_call_parser", tool_call_parser)) if v is not None
     } or None
     settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster, openai=openai)
-    if settings.cluster.replicas > 1:
+    if settings.cluster.replicas > 1 or settings.cluster.max_replicas > 1:  # scale-out or autoscaling
         _serve_on_ray(settings)
         return
     ctx, admin_key = _build_or_exit(settings)

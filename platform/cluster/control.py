@@ -205,7 +205,9 @@ class ControlPlane:
     def snapshot(self, ingress: str, in_flight: int, abort_seq: int) -> dict[str, Any]:
         """One call per ingress tick: it reports its in-flight count and gets the replicas, the
         instance epoch, whether the deployment is draining, and the admin aborts after ``abort_seq``."""
-        self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time()}
+        # draining_seen: this ingress has been told (the driver waits for every one before it
+        # takes the app down, so a new request meets a 503, never a vanished route).
+        self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time(), "draining_seen": self._draining}
         return {
             "epoch": self.epoch,
             "control": {"pid": self.pid, "epoch": self.epoch, "live_reservations": len(self._reservations)},
@@ -224,6 +226,12 @@ class ControlPlane:
 
     def set_draining(self, draining: bool = True) -> None:
         self._draining = draining
+
+    def drain_acknowledged(self) -> bool:
+        """Every ingress that polled recently has been told the deployment drains."""
+        now = time.time()
+        live = [i for i in self._ingresses.values() if now - i["seen"] < self._replica_ttl_s]
+        return all(i["draining_seen"] for i in live)
 
     def live_reservations(self) -> int:
         """Admitted requests not settled yet, over every ingress (what a drain waits for)."""

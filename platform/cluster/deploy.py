@@ -83,7 +83,7 @@ def start(settings: Settings) -> Any:
     if cl.ray_address:
         init["address"] = cl.ray_address
     else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
-        need = cl.replicas * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
+        need = max(cl.replicas, cl.max_replicas) * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
             init["num_gpus"] = None  # let Ray detect them
@@ -187,7 +187,13 @@ def drain(control: Any, timeout_s: float, tick_s: float) -> int:
     print("loraplex: draining (new requests get 503; in-flight requests finish)", flush=True)
     ray.get(control.set_draining.remote(True), timeout=30)
     deadline = time.monotonic() + timeout_s
-    time.sleep(2 * tick_s)  # every ingress has seen the flag: nothing new is admitted past this
+    while time.monotonic() < deadline:  # every ingress refuses new requests from here on
+        try:
+            if ray.get(control.drain_acknowledged.remote(), timeout=10):
+                break
+        except Exception as exc:  # noqa: BLE001 - the control plane restarting: ask again
+            log.warning("drain: %s", exc)
+        time.sleep(tick_s)
     left = -1
     while time.monotonic() < deadline:
         try:
@@ -198,5 +204,6 @@ def drain(control: Any, timeout_s: float, tick_s: float) -> int:
         if left == 0:
             break
         time.sleep(0.2)
+    time.sleep(1.0)  # settled just before the last bytes: let them leave the ingress
     print(f"loraplex: drained ({max(left, 0)} request(s) still running at the end)", flush=True)
     return max(left, 0)

@@ -156,6 +156,9 @@ class EngineReplica:
         self._ongoing += 1
         self._prefixes.add(prefix_keys(req["prompt_ids"], req.get("adapter"), req["cache_salt"]))
         try:
+            params = req["params"]
+            if params.structured_output is not None:  # compiled off this replica's event loop (cached)
+                await asyncio.to_thread(self.gateway.compile_structured, params.structured_output)
             stream = self.gateway.submit(
                 req["prompt_ids"],
                 req["params"],

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams
+    from loraplex.engine.sampling_params import StructuredOutputSpec
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -137,6 +138,13 @@ class LocalEngineClient:
     def sampling_params(self, **kwargs: object) -> SamplingParams:
         """Compiled in the caller's worker thread: the request waits for its grammar, the loop does not."""
         return shared.sampling_params(kwargs, self.engine.engine.structured)
+
+    def compile_structured(self, spec: StructuredOutputSpec) -> None:
+        """A grammar built elsewhere (an ingress) compiled into this engine's cache, off the loop."""
+        try:
+            self.engine.compile_structured(spec)
+        except Exception as exc:
+            raise shared.platform_error(exc) from None
 
     def submit(
         self,

@@ -484,7 +484,9 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
     import sqlite3
 
     tid, key = new_tenant(cluster.url, "drain")
-    results, threads = _hold_streams(cluster.url, key, 6, 120, "Drain")
+    # long streams: a new request must reach an ingress while they still run (on a quiet box 300
+    # tokens took 5 s, shorter than one request's trip through a loaded proxy)
+    results, threads = _hold_streams(cluster.url, key, 6, 1500, "Drain")
     cluster.proc.send_signal(signal.SIGTERM)
     refused = None
     while refused is None and any(t.is_alive() for t in threads):
@@ -511,4 +513,4 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(cluster):
     )
     for r in results:
         assert r.finish_reason == "length" and not r.error and r.done, r
-        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 120
+        assert rows[r.request_id] == ("ok", r.usage["completion_tokens"]) and r.usage["completion_tokens"] == 1500
