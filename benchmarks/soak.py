@@ -7,6 +7,10 @@ received against what the usage ledger billed.
     .venv/bin/python benchmarks/soak.py --db-outage 3            # + PostgreSQL stopped 3 s (root)
     .venv/bin/python benchmarks/soak.py --quick
 
+``benchmarks/soak_chaos.py`` is the chaos companion: mixed request kinds (n > 1, prompt lists,
+tools, json_schema, disconnecting clients, hostile strings) with kill -9, a second server on the
+same PostgreSQL, a database outage and SIGTERM, reconciled per request.
+
 Configurations (one process runs them in turn, each on a fresh data dir):
   writer    ledger.durable=false: records written in the background, like the old writer
   ledger    ledger.durable=true: the admission and final records are durable before bytes leave
@@ -56,7 +60,7 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, data: Path, model: Path, env: dict[str, str], port: int) -> None:
+    def __init__(self, data: Path, model: Path, env: dict[str, str], port: int, start_timeout: float = 120) -> None:
         self.url = f"http://127.0.0.1:{port}"
         cfg = data.parent / "soak.toml"
         cfg.write_text("[engine]\nkv_cache_memory_gb = 0.2\n")
@@ -77,7 +81,7 @@ class Server:
             stderr=subprocess.STDOUT,
             env={**os.environ, "LORAPLEX_ENGINE__MODEL": str(model), "LORAPLEX_ADMIN_KEY": ADMIN_KEY, **env},
         )
-        deadline = time.time() + 120
+        deadline = time.time() + start_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("serve exited at start")

@@ -66,11 +66,19 @@ class StructuredOutputManager:
         stop_token_ids: Iterable[int],
         cache_size: int = 256,
         compile_threads: int = 2,
+        cache_max_bytes: int = 512 * 1024 * 1024,
+        max_spec_bytes: int = 256 * 1024,
     ):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._stop_token_ids = sorted(stop_token_ids)
         self._cache_size = cache_size
+        # Bounded by bytes too: one big enum schema compiles to hundreds of MB (xgrammar's own
+        # memory_size_bytes), so a count alone lets a few dozen such requests fill the machine.
+        self._cache_max_bytes = cache_max_bytes
+        self._cache_bytes = 0
+        self._sizes: dict[StructuredOutputSpec, int] = {}
+        self._max_spec_bytes = max_spec_bytes
         self._compile_threads = compile_threads
         self._compiler: Any = None  # built on first use: engines that never constrain pay nothing
         self._lock = threading.Lock()
@@ -83,27 +91,52 @@ class StructuredOutputManager:
     def compile(self, spec: StructuredOutputSpec) -> Any:
         """The compiled grammar of ``spec`` (cached). Raises InvalidRequestError naming what
         xgrammar cannot handle."""
+        if len(spec.value) > self._max_spec_bytes:
+            raise InvalidRequestError(
+                f"the {spec.kind.replace('_', ' ')} is {len(spec.value)} characters, more than the limit of "
+                f"{self._max_spec_bytes}",
+                param="response_format",
+            )
         with self._lock:
             cached = self._cache.get(spec)
             owner = cached is None
             fut: Future = Future() if cached is None else cached
             if owner:
                 self._cache[spec] = fut
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+                self._evict(keep=spec)
             else:
                 self._cache.move_to_end(spec)
                 self.stats["cache_hits"] += 1
         if owner:
             try:
-                fut.set_result(self._compile_now(spec))
+                grammar = self._compile_now(spec)
+                with self._lock:
+                    if spec in self._cache:
+                        self._sizes[spec] = int(getattr(grammar, "memory_size_bytes", 0) or 0)
+                        self._cache_bytes += self._sizes[spec]
+                        self._evict(keep=spec)
+                fut.set_result(grammar)
                 self.stats["compiled"] += 1
             except BaseException as exc:
                 self.stats["errors"] += 1
                 with self._lock:
                     self._cache.pop(spec, None)  # an error is not cached: the next try says it again
+                    self._cache_bytes -= self._sizes.pop(spec, 0)
                 fut.set_exception(exc)
         return fut.result()
+
+    def _evict(self, keep: StructuredOutputSpec) -> None:
+        """Drop least recently used grammars over the count or byte bound (under the lock); the
+        newest stays even alone over the bound (its requests hold it anyway)."""
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self._cache_bytes > self._cache_max_bytes
+        ):
+            old = next(iter(self._cache))
+            if old == keep:
+                self._cache.move_to_end(old)
+                old = next(iter(self._cache))
+            self._cache.pop(old)
+            self._cache_bytes -= self._sizes.pop(old, 0)
 
     def is_compiled(self, spec: StructuredOutputSpec) -> bool:
         with self._lock:

@@ -20,6 +20,7 @@ from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
+from loraplex.platform.api_errors import ADMIN_ERRORS, TENANT_ERRORS
 from loraplex.platform.auth.admin import ensure_admin_key
 from loraplex.platform.body_limit import BodySizeLimit, BodyTimeout
 from loraplex.platform.context import PlatformContext
@@ -123,10 +124,10 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     )
     app.state.ctx = ctx
     install_error_handlers(app)
-    app.include_router(admin_router)
-    app.include_router(tenant_router)
-    app.include_router(tokenize_router)
-    app.include_router(vllm_lora_router)
+    app.include_router(admin_router, responses=ADMIN_ERRORS)
+    app.include_router(tenant_router, responses=TENANT_ERRORS)
+    app.include_router(tokenize_router, responses=TENANT_ERRORS)
+    app.include_router(vllm_lora_router, responses=ADMIN_ERRORS)
 
     if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics

@@ -98,16 +98,20 @@ class BodyTimeout:
         if scope["type"] != "http" or (self.exclude is not None and scope["path"].rstrip("/") == self.exclude):
             return await self.app(scope, receive, send)
         chunks: list[bytes] = []
+
+        async def read_all() -> bool:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client left while sending
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+
         try:
-            async with asyncio.timeout(self.timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return  # the client left while sending
-                    chunks.append(message.get("body", b""))
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
+            if not await asyncio.wait_for(read_all(), self.timeout_s):
+                return
+        except asyncio.TimeoutError:
             response = error_response(
                 408,
                 f"the request body did not arrive within {self.timeout_s:g} s",

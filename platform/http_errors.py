@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.platform.errors import PlatformError
@@ -84,6 +84,13 @@ async def _integrity_error(_req: Request, exc: IntegrityError) -> JSONResponse:
     return error_response(409, "the change conflicts with existing data", code="conflict")
 
 
+async def _data_error(_req: Request, exc: DataError) -> JSONResponse:
+    # The database refused a value it cannot hold (a NUL in PostgreSQL text, a number out of range):
+    # the client's input, never a server fault.
+    log.info("database refused a value: %s", str(exc.orig).splitlines()[0][:200] if exc.orig else exc)
+    return error_response(400, "a value in the request cannot be stored or searched for", code="invalid_value")
+
+
 DB_RETRY_AFTER_S = 5
 
 
@@ -121,5 +128,6 @@ def install_error_handlers(app: FastAPI) -> None:
     _on(app, RequestValidationError, _validation_error)
     _on(app, StarletteHTTPException, _http_error)
     _on(app, IntegrityError, _integrity_error)
+    _on(app, DataError, _data_error)
     _on(app, SQLAlchemyError, _database_error)
     _on(app, Exception, _unexpected)

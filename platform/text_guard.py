@@ -1,6 +1,7 @@
 """ASGI guard: a JSON request body with a lone UTF-16 surrogate anywhere in it (a string value or a
-key: ``user``, a tool call's arguments, a tenant's name...) is refused with 400 before any route
-runs, so nothing is reserved, tokenized or written. Such a string cannot be encoded as UTF-8, and
+key: ``user``, a tool call's arguments, a tenant's name...), or a NUL character in a top-level
+``user``/``model``/``name`` (stored or looked up in SQL as is), is refused with 400 before any
+route runs, so nothing is reserved, tokenized or written. Such a string cannot be encoded as UTF-8, and
 would otherwise fail deep inside the tokenizer or the usage ledger's commit.
 
 A surrogate reaches Python's ``json`` either as a ``\\uD800``-style escape or as its raw CESU-8
@@ -15,8 +16,21 @@ from typing import Any
 
 from loraplex.platform.http_errors import error_response
 
-_CANDIDATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+_CANDIDATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]|\\u0000")
+# Top-level fields that are stored or looked up in SQL as they are: PostgreSQL text cannot hold NUL.
+_NO_NUL = ("user", "model", "name")
 _METHODS = {"POST", "PUT", "PATCH"}
+
+
+def bad_text_at(value: Any) -> str | None:
+    """Where the parsed body holds text that cannot be stored: a lone surrogate anywhere, or a NUL
+    in a top-level field that reaches the database."""
+    if isinstance(value, dict):
+        for field in _NO_NUL:
+            v = value.get(field)
+            if isinstance(v, str) and "\x00" in v:
+                return field
+    return lone_surrogate_at(value)
 
 
 def lone_surrogate_at(value: Any, path: str = "") -> str | None:
@@ -52,7 +66,7 @@ def body_lone_surrogate(body: bytes) -> str | None:
         parsed = json.loads(body)
     except ValueError:  # not JSON: the route's own validation answers
         return None
-    return lone_surrogate_at(parsed)
+    return bad_text_at(parsed)
 
 
 class LoneSurrogateGuard:
@@ -81,7 +95,7 @@ class LoneSurrogateGuard:
         if where is not None:
             response = error_response(
                 400,
-                f"{where} is not valid Unicode text (it holds a lone UTF-16 surrogate)",
+                f"{where} is not text that can be stored (a lone UTF-16 surrogate, or a NUL character)",
                 param=where,
                 code="invalid_text",
             )

@@ -47,7 +47,19 @@ def usage(
     return service.report(session, group_by=group_by, tenant_id=tenant_id, since=since, until=until)
 
 
-@router.get("/usage/export")
+@router.get(
+    "/usage/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Every record in the window, as CSV or JSON lines",
+            "content": {
+                "text/csv": {"schema": {"type": "string"}},
+                "application/x-ndjson": {"schema": {"type": "string"}},
+            },
+        }
+    },
+)
 def export_usage(
     ctx: ContextDep,
     session: SessionDep,
