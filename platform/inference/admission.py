@@ -64,6 +64,13 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
             ) from None
 
 
+def _context_len(gateway: Any) -> int | None:
+    try:
+        return int(gateway.max_model_len)
+    except Exception:  # noqa: BLE001 - a remote gateway has no one engine to ask: the fixed default
+        return None
+
+
 def prepare(
     ctx,
     auth: TenantAuth,
@@ -91,7 +98,7 @@ def prepare(
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
     if sampling.get("max_tokens") is None:  # chat's default (OpenAI, vLLM): what is left of the context
-        context = getattr(ctx.gateway, "max_model_len", None)
+        context = _context_len(ctx.gateway)
         sampling = {**sampling, "max_tokens": max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS}
     try:
         params = ctx.gateway.sampling_params(**sampling)
