@@ -231,10 +231,7 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
         seq = seqs[r]
         p = seq.request.params
         if p.allowed_token_ids is not None:
-            keep = torch.tensor([t for t in p.allowed_token_ids if t < vocab], dtype=torch.long, device=x.device)
-            row = torch.full((vocab,), float("-inf"), device=x.device)
-            row[keep] = x[r, keep]
-            x[r] = row
+            x[r] = x[r].masked_fill(~_allowed_mask(p, vocab, x.device), float("-inf"))
         banned: set[int] = set()
         if p.bad_words_token_ids:
             out = seq.token_ids[seq.num_prompt_tokens :]
@@ -248,6 +245,23 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
         ids = [t for t in banned if t < vocab]
         if ids:
             x[r, torch.tensor(ids, dtype=torch.long, device=x.device)] = float("-inf")
+
+
+_ALLOWED_CACHE_ATTR = "_allowed_mask_cache"
+
+
+def _allowed_mask(p: SamplingParams, vocab: int, device: torch.device) -> torch.Tensor:
+    """The boolean mask of ``p.allowed_token_ids``, built once per request (a long list would
+    otherwise be turned into a tensor at every step of every sequence that carries it)."""
+    cached: torch.Tensor | None = getattr(p, _ALLOWED_CACHE_ATTR, None)
+    if cached is not None and cached.shape[0] == vocab and cached.device == device:
+        return cached
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    ids = [t for t in p.allowed_token_ids or () if t < vocab]
+    if ids:
+        mask[torch.tensor(ids, dtype=torch.long, device=device)] = True
+    object.__setattr__(p, _ALLOWED_CACHE_ATTR, mask)
+    return mask
 
 
 def _apply_penalties(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence]) -> None:

@@ -3,5 +3,5 @@
 # Extra arguments go to `loraplex serve` (e.g. --port 8000 --model /path/to/checkpoint).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-venv.sh
+scripts/setup-venv.sh client   # + the openai SDK: the snippet serve prints runs as pasted
 exec .venv/bin/loraplex serve "$@"

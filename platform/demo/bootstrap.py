@@ -3,6 +3,8 @@ work as pasted. Later starts find the tenant and print nothing new (only the key
 
 from __future__ import annotations
 
+import sys
+
 from loraplex.platform.auth.admin import Actor
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.keys import service as keys
@@ -30,7 +32,7 @@ curl {base_url}/v1/chat/completions \\
   -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
   -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "max_tokens": 32, "temperature": 0}}'
 
-python - <<'PY'
+{sys.executable} - <<'PY'
 from openai import OpenAI
 client = OpenAI(base_url="{base_url}/v1", api_key="{api_key}")
 reply = client.chat.completions.create(

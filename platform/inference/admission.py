@@ -86,6 +86,13 @@ def chat_texts(messages: list[Any]) -> list[str]:
     return texts
 
 
+def _context_len(gateway: Any) -> int | None:
+    try:
+        return int(gateway.max_model_len)
+    except Exception:  # noqa: BLE001 - a remote gateway has no one engine to ask: the fixed default
+        return None
+
+
 def prepare(
     ctx,
     auth: TenantAuth,
@@ -114,7 +121,7 @@ def prepare(
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
     if sampling.get("max_tokens") is None:  # chat's default (OpenAI, vLLM): what is left of the context
-        context = getattr(ctx.gateway, "max_model_len", None)
+        context = _context_len(ctx.gateway)
         sampling = {**sampling, "max_tokens": max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS}
     try:
         params = ctx.gateway.sampling_params(**sampling)

@@ -22,6 +22,7 @@ MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 MAX_N = 16
 MAX_PROMPTS = 64
+MAX_TOOLS = 128  # OpenAI's limit; each tool is part of the grammar of a required tool_choice
 
 # Output-changing parameters loraplex does not implement: refused, never silently ignored.
 UNSUPPORTED = {
@@ -43,6 +44,7 @@ UNSUPPORTED = {
     "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
     "kv_transfer_params": "KV transfer is not supported",
     "vllm_xargs": "vllm_xargs is not supported",
+    "skip_special_tokens": "special tokens are always skipped in the output text",
 }
 # Known and harmless: accepted without a log line.
 HARMLESS = {
@@ -52,7 +54,6 @@ HARMLESS = {
     "stream_options",
     "request_id",
     "documents",
-    "skip_special_tokens",
     "spaces_between_special_tokens",
     "echo_prompt",
     "safety_identifier",
@@ -68,7 +69,11 @@ def check_extra_fields(body: BaseModel) -> None:
         if name in UNSUPPORTED:
             if name == "modalities" and value in (["text"], None):
                 continue
-            if value is None or (name in ("use_beam_search",) and value is False):
+            if (
+                value is None
+                or (name == "use_beam_search" and value is False)
+                or (name == "skip_special_tokens" and value is True)
+            ):
                 continue  # an explicit null (or off) asks for nothing
             raise BadRequest(f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
         if name not in HARMLESS and name not in _logged_unknown:
@@ -153,7 +158,9 @@ class _Common(NullIsDefault):
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     bad_words: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=256)] | None = None
-    allowed_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    allowed_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=262_144)] | None = (
+        None
+    )
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
     priority: int = 0
@@ -257,7 +264,7 @@ class ChatRequest(_Common):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     # vLLM's chat-template controls

@@ -183,6 +183,7 @@ class ToolStream:
         self._text: list[str] = []
         self._content_sent = 0
         self._calls: list[_SentCall] = []
+        self._memo: dict[int, tuple[int, int]] = {}  # the JSON scan's progress (the text only grows)
 
     def delta(self, text: str, reason: str | None) -> tuple[dict[str, Any] | None, str | None]:
         """(delta or None, finish_reason) for new ``text`` (``reason`` set on the last one)."""
@@ -192,7 +193,7 @@ class ToolStream:
         final = reason is not None
         if not text and not final:
             return None, None
-        scan = self.plan.parser.scan("".join(self._text), final)
+        scan = self.plan.parser.scan("".join(self._text), final, self._memo)
         d: dict[str, Any] = {}
         if len(scan.content) > self._content_sent:
             d["content"] = scan.content[self._content_sent :]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from typing import Literal
 
 import httpx
@@ -102,6 +103,16 @@ def test_openai_sdk(live):
     assert "".join(chunks) == client.chat.completions.create(**body).choices[0].message.content
     resp = client.responses.create(model=model, input="Hi", max_output_tokens=5)
     assert resp.output_text is not None
+
+
+def test_the_printed_sdk_snippet_runs_as_pasted(live):
+    from loraplex.platform.demo.bootstrap import demo_snippets
+
+    base_url, key, model = live
+    snippet = demo_snippets(base_url.removesuffix("/v1"), key, model)
+    python_part = snippet[snippet.index("\n\n") + 2 :]  # the curl command, then the SDK script
+    done = subprocess.run(["bash", "-c", python_part], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 # ---------------------------------------------------------------------------------------- langchain

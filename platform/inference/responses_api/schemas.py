@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from loraplex.platform.errors import BadRequest
-from loraplex.platform.inference.openai_schemas import MaxTokens, NullIsDefault, Temperature, TopP
+from loraplex.platform.inference.openai_schemas import MAX_TOOLS, MaxTokens, NullIsDefault, Temperature, TopP
 
 # Output-changing features this server does not have: refused, never silently ignored.
 UNSUPPORTED = {
@@ -39,7 +39,7 @@ class ResponsesRequest(NullIsDefault):
     model: Annotated[str, Field(min_length=1)]
     input: str | list[dict[str, Any]] = ""
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None

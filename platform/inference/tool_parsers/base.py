@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loraplex.platform.inference.tool_parsers.json_scan import ObjectCall
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, ObjectCall
 
 ARG_KEYS = ("arguments", "parameters")
 
@@ -46,7 +46,7 @@ class Scan:
 class ToolParser(Protocol):
     name: str
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         """``text``: the output so far; ``final``: it is complete. While not final, text that might
         still turn out to open a call is held back from ``content``. When final, a call that is
         incomplete or malformed is content again (cut off by max_tokens: the client gets the text)."""

@@ -4,7 +4,7 @@ blocks (any number, anywhere)."""
 from __future__ import annotations
 
 from loraplex.platform.inference.tool_parsers.base import ARG_KEYS, PartialCall, Scan, held_back
-from loraplex.platform.inference.tool_parsers.json_scan import read_call_object, skip_ws
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, read_call_object, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -12,7 +12,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesParser:
     name = "hermes"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         content: list[str] = []
         calls: list[PartialCall] = []
         i = 0
@@ -28,7 +28,7 @@ class HermesParser:
                 if final:
                     content.append(text[start:])
                 return Scan("".join(content), calls)
-            obj = read_call_object(text, j, ARG_KEYS) if text[j] == "{" else None
+            obj = read_call_object(text, j, ARG_KEYS, memo) if text[j] == "{" else None
             call = PartialCall.of(obj) if obj is not None else None
             if call is None or (final and not call.valid()):
                 content.append(text[start:])  # not a call after all: it is text

@@ -5,7 +5,13 @@ tool_choice (the output IS the arguments of the named function)."""
 from __future__ import annotations
 
 from loraplex.platform.inference.tool_parsers.base import PartialCall, Scan
-from loraplex.platform.inference.tool_parsers.json_scan import read_call_list, read_call_object, skip_ws, value_end
+from loraplex.platform.inference.tool_parsers.json_scan import (
+    Memo,
+    read_call_list,
+    read_call_object,
+    skip_ws,
+    value_end,
+)
 
 ARGS = ("arguments",)
 
@@ -13,15 +19,15 @@ ARGS = ("arguments",)
 class JsonCallsParser:
     name = "json_calls"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         i = skip_ws(text, 0)
         if i >= len(text):
             return Scan(text if final else "")
         if text[i] == "{":
-            obj = read_call_object(text, i, ARGS)
+            obj = read_call_object(text, i, ARGS, memo)
             objs = None if obj is None else [obj]
         elif text[i] == "[":
-            read = read_call_list(text, i, ARGS)
+            read = read_call_list(text, i, ARGS, memo)
             objs = None if read is None else read[0]
         else:
             objs = None
@@ -41,7 +47,7 @@ class NamedArgumentsParser:
     def __init__(self, function: str) -> None:
         self.function = function
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         i = skip_ws(text, 0)
-        done = i < len(text) and value_end(text, i) is not None
+        done = i < len(text) and value_end(text, i, memo) is not None
         return Scan("", [PartialCall(self.function, text, done or final)])

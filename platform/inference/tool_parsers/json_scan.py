@@ -8,6 +8,7 @@ be streamed as it grows without ever taking a character back)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 WS = " \t\r\n"
@@ -19,21 +20,29 @@ def skip_ws(text: str, i: int) -> int:
     return i
 
 
+_STRUCTURE = re.compile(r'["{}\[\]]')
+_STRING_STOP = re.compile(r'["\\]')
+
+# A stream re-scans its growing text after every token; the text only grows, so a container's scan
+# resumes where the previous one stopped: ``memo[start] = (position, depth)``. Without it a long
+# arguments object costs O(length) per token (seconds of event-loop time for one long call).
+Memo = dict[int, tuple[int, int]]
+
+
 def string_end(text: str, i: int) -> int | None:
     """``text[i]`` is a quote: the index after the closing quote, or None if the string is open."""
     j = i + 1
-    while j < len(text):
-        c = text[j]
-        if c == "\\":
-            j += 2
+    while True:
+        m = _STRING_STOP.search(text, j)
+        if m is None:
+            return None
+        if m.group() == "\\":
+            j = m.start() + 2
             continue
-        if c == '"':
-            return j + 1
-        j += 1
-    return None
+        return m.start() + 1
 
 
-def value_end(text: str, i: int) -> int | None:
+def value_end(text: str, i: int, memo: Memo | None = None) -> int | None:
     """The index after the JSON value starting at ``text[i]``, or None while it is incomplete
     (a number or literal at the very end may still grow, so it is incomplete too)."""
     if i >= len(text):
@@ -42,23 +51,26 @@ def value_end(text: str, i: int) -> int | None:
     if c == '"':
         return string_end(text, i)
     if c in "{[":
-        depth, j = 0, i
-        while j < len(text):
-            c = text[j]
+        j, depth = memo.get(i, (i, 0)) if memo is not None else (i, 0)
+        while True:
+            m = _STRUCTURE.search(text, j)
+            if m is None:
+                if memo is not None:
+                    memo[i] = (len(text), depth)
+                return None
+            c, k = m.group(), m.start()
             if c == '"':
-                end = string_end(text, j)
+                end = string_end(text, k)
                 if end is None:
+                    if memo is not None:
+                        memo[i] = (k, depth)  # resume at the open string
                     return None
                 j = end
                 continue
-            if c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
+            depth += 1 if c in "{[" else -1
+            j = k + 1
+            if depth == 0:
+                return j
     j = i
     while j < len(text) and text[j] not in WS + ",}]":
         j += 1
@@ -76,7 +88,7 @@ class ObjectCall:
     args_before_name: bool = False  # the arguments came first: they cannot stream before the name
 
 
-def read_call_object(text: str, i: int, arg_keys: tuple[str, ...]) -> ObjectCall | None:
+def read_call_object(text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None) -> ObjectCall | None:
     """Read the call object starting at ``text[i] == "{"`` as far as it is written; None when it is
     malformed (not an object of string keys)."""
     call = ObjectCall()
@@ -104,7 +116,7 @@ def read_call_object(text: str, i: int, arg_keys: tuple[str, ...]) -> ObjectCall
         j = skip_ws(text, j + 1)
         if j >= len(text):
             return call
-        v_end = value_end(text, j)
+        v_end = value_end(text, j, memo)
         if key == "name":
             if text[j] != '"':
                 return None
@@ -123,7 +135,9 @@ def read_call_object(text: str, i: int, arg_keys: tuple[str, ...]) -> ObjectCall
         j = skip_ws(text, v_end)
 
 
-def read_call_list(text: str, i: int, arg_keys: tuple[str, ...]) -> tuple[list[ObjectCall], int | None] | None:
+def read_call_list(
+    text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None
+) -> tuple[list[ObjectCall], int | None] | None:
     """Read the array of call objects starting at ``text[i] == "["``: (calls so far, index after
     the closing bracket or None while open); None when malformed."""
     calls: list[ObjectCall] = []
@@ -137,7 +151,7 @@ def read_call_list(text: str, i: int, arg_keys: tuple[str, ...]) -> tuple[list[O
             continue
         if c != "{":
             return None
-        call = read_call_object(text, j, arg_keys)
+        call = read_call_object(text, j, arg_keys, memo)
         if call is None:
             return None
         calls.append(call)

@@ -5,7 +5,7 @@ is text. The first non-blank character decides."""
 from __future__ import annotations
 
 from loraplex.platform.inference.tool_parsers.base import ARG_KEYS, PartialCall, Scan, held_back
-from loraplex.platform.inference.tool_parsers.json_scan import read_call_object, skip_ws
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, read_call_object, skip_ws
 
 TAG = "<|python_tag|>"
 
@@ -13,7 +13,7 @@ TAG = "<|python_tag|>"
 class Llama3JsonParser:
     name = "llama3_json"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         i = skip_ws(text, 0)
         if text.startswith(TAG, i):
             i = skip_ws(text, i + len(TAG))
@@ -25,7 +25,7 @@ class Llama3JsonParser:
             return Scan(text)
         calls: list[PartialCall] = []
         while i < len(text):
-            obj = read_call_object(text, i, ARG_KEYS)
+            obj = read_call_object(text, i, ARG_KEYS, memo)
             if obj is None:
                 return Scan(text) if final or not calls else Scan("", calls)
             call = PartialCall.of(obj)

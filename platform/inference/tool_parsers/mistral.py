@@ -5,7 +5,7 @@ only if the tokenizer does not mark it special (skip_special_tokens drops specia
 from __future__ import annotations
 
 from loraplex.platform.inference.tool_parsers.base import ARG_KEYS, PartialCall, Scan, held_back
-from loraplex.platform.inference.tool_parsers.json_scan import read_call_list, read_call_object, skip_ws
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, read_call_list, read_call_object, skip_ws
 
 MARKER = "[TOOL_CALLS]"
 
@@ -13,7 +13,7 @@ MARKER = "[TOOL_CALLS]"
 class MistralParser:
     name = "mistral"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         start = text.find(MARKER)
         if start < 0:
             return Scan(text if final else text[: len(text) - held_back(text, MARKER)])
@@ -22,10 +22,10 @@ class MistralParser:
         if j >= len(text):
             return Scan(text if final else before)
         if text[j] == "{":  # some versions write objects without the array
-            obj = read_call_object(text, j, ARG_KEYS)
+            obj = read_call_object(text, j, ARG_KEYS, memo)
             objs = None if obj is None else [obj]
         else:
-            read = read_call_list(text, j, ARG_KEYS) if text[j] == "[" else None
+            read = read_call_list(text, j, ARG_KEYS, memo) if text[j] == "[" else None
             objs = None if read is None else read[0]
         if objs is None:
             return Scan(text if final else before)

@@ -9,7 +9,7 @@ import ast
 import json
 
 from loraplex.platform.inference.tool_parsers.base import PartialCall, Scan
-from loraplex.platform.inference.tool_parsers.json_scan import skip_ws
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, skip_ws
 
 
 def _calls(text: str) -> list[PartialCall] | None:
@@ -35,12 +35,14 @@ def _calls(text: str) -> list[PartialCall] | None:
 class PythonicParser:
     name = "pythonic"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         i = skip_ws(text, 0)
         if i >= len(text):
             return Scan(text if final else "")
         if text[i] != "[":
             return Scan(text)
+        if not final and not text.rstrip().endswith("]"):
+            return Scan("")  # a list can only be complete once it ends with "]": parse only then
         calls = _calls(text)
         if calls is None:
             return Scan(text) if final else Scan("")
