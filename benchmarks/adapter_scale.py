@@ -336,6 +336,9 @@ def main() -> None:
         for s in reversed(servers):
             s.stop()
         moto.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _host_bytes_per_adapter(ctx) -> int:
