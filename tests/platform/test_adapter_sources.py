@@ -268,6 +268,16 @@ def test_disk_cache_is_lru_within_its_byte_budget(tmp_path):
     assert len(again) == 1 and again.used_bytes == 100
     with pytest.raises(Exception, match="larger than the whole disk cache"):
         put(0, size=300)
+    # entries the engine may still read are never removed under it (the budget waits for them)
+    pinned = {shas[3]}
+    cache.pinned = lambda: set(pinned)
+    put(1)
+    put(0)
+    assert shas[3] in cache and (tmp_path / "c" / shas[3]).is_dir()
+    assert evicted[-2:] == [shas[2], shas[1]] and cache.used_bytes == 200
+    pinned.clear()
+    put(2)
+    assert evicted[-1] == shas[3]
 
 
 def _fake_hub_cache(root, repo: str, files: dict[str, bytes]) -> str:

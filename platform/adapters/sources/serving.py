@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from loraplex.platform.adapters.sources.resolver import AdapterResolver, Content
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 
 log = logging.getLogger("loraplex.platform.adapters")
+
+PIN_S = 30.0  # an admitted request reaches the engine's queue well within this
 
 
 class ModelUnavailable(ServiceUnavailable):
@@ -36,13 +39,17 @@ class ServedReferences:
         self._gateway_fn = gateway_fn  # the context's gateway (it can be swapped after start)
         self._lock = threading.Lock()
         self._served: dict[str, str] = {}  # adapter id -> sha256 registered with the engine
+        self._resolved_at: dict[str, float] = {}  # adapter id -> last admission that used it
+        self._registering: dict[str, str] = {}  # adapter id -> sha256 being fetched and loaded
         resolver.cache.on_evict = self._evicted
+        resolver.cache.pinned = self._pinned
 
     def ensure_served(self, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> None:
         """Make ``adapter`` (by reference) usable by the engine, or raise 503 ``model_unavailable``
         with the reason. ``on_changed`` is called when the store holds new content (a new version)."""
         assert adapter.source_uri is not None
         with self._lock:
+            self._resolved_at[adapter.id] = time.monotonic()
             if self._served.get(adapter.id) == adapter.sha256:
                 return
         gateway = self._gateway_fn()
@@ -50,20 +57,28 @@ class ServedReferences:
         if _engine_is_remote(gateway):
             gateway.add_adapter(adapter.id, ref)  # each replica calls AdapterResolver.local_dir(ref)
         else:
+            with self._lock:  # pinned in the disk cache until the engine has loaded it
+                self._registering[adapter.id] = adapter.sha256
             try:
-                path = self.resolver.local_dir(ref)
-            except ContentChanged as exc:
-                on_changed(adapter, exc.fetched)
-                raise
-            except PlatformError as exc:
-                raise ModelUnavailable(
-                    f"the model {adapter.name!r} is unavailable: {exc.message}",
-                    param="model",
-                    headers={"retry-after": exc.headers.get("retry-after", "10")},
-                ) from None
-            self._register(gateway, adapter, path)
+                self._register(gateway, adapter, self._local_dir(ref, adapter, on_changed))
+            finally:
+                with self._lock:
+                    self._registering.pop(adapter.id, None)
         with self._lock:
             self._served[adapter.id] = adapter.sha256
+
+    def _local_dir(self, ref: str, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> Path:
+        try:
+            return self.resolver.local_dir(ref)
+        except ContentChanged as exc:
+            on_changed(adapter, exc.fetched)
+            raise
+        except PlatformError as exc:
+            raise ModelUnavailable(
+                f"the model {adapter.name!r} is unavailable: {exc.message}",
+                param="model",
+                headers={"retry-after": exc.headers.get("retry-after", "10")},
+            ) from None
 
     def _register(self, gateway: Any, adapter: Adapter, path: Path) -> None:
         try:
@@ -79,6 +94,20 @@ class ServedReferences:
     def is_served(self, adapter_id: str) -> bool:
         with self._lock:
             return adapter_id in self._served
+
+    def _pinned(self) -> set[str]:
+        """Contents the engine may still read: adapters with requests queued or running, and those
+        admitted in the last ``PIN_S`` seconds (between admission and the engine's queue)."""
+        try:
+            active = set(self._gateway_fn().stats().get("lora", {}).get("active_requests", {}))
+        except Exception:  # noqa: BLE001 - no engine: nothing reads the cache
+            active = set()
+        horizon = time.monotonic() - PIN_S
+        with self._lock:
+            recent = {i for i, t in self._resolved_at.items() if t >= horizon}
+            for i in [i for i, t in self._resolved_at.items() if t < horizon]:
+                del self._resolved_at[i]
+            return {self._served[i] for i in active | recent if i in self._served} | set(self._registering.values())
 
     def _evicted(self, sha256: str) -> None:
         with self._lock:
