@@ -17,7 +17,7 @@ from loraplex.platform.errors import PlatformError, ServiceUnavailable
 
 log = logging.getLogger("loraplex.platform.adapters")
 
-PIN_S = 30.0  # an admitted request reaches the engine's queue well within this
+PIN_S = 10.0  # an admitted request reaches the engine's queue well within this
 
 
 class ModelUnavailable(ServiceUnavailable):
@@ -43,6 +43,8 @@ class ServedReferences:
         self._registering: dict[str, str] = {}  # adapter id -> sha256 being fetched and loaded
         resolver.cache.on_evict = self._evicted
         resolver.cache.pinned = self._pinned
+        resolver.cache.release = self._release
+        self._released: dict[str, list[str]] = {}  # sha256 -> adapter ids to take out of the engine
 
     def ensure_served(self, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> None:
         """Make ``adapter`` (by reference) usable by the engine, or raise 503 ``model_unavailable``
@@ -96,27 +98,42 @@ class ServedReferences:
             return adapter_id in self._served
 
     def _pinned(self) -> set[str]:
-        """Contents the engine may still read: adapters with requests queued or running, and those
-        admitted in the last ``PIN_S`` seconds (between admission and the engine's queue)."""
+        """Contents with requests queued or running in the engine (a snapshot, outside any lock)."""
         try:
             active = set(self._gateway_fn().stats().get("lora", {}).get("active_requests", {}))
         except Exception:  # noqa: BLE001 - no engine: nothing reads the cache
             active = set()
         horizon = time.monotonic() - PIN_S
         with self._lock:
-            recent = {i for i, t in self._resolved_at.items() if t >= horizon}
             for i in [i for i, t in self._resolved_at.items() if t < horizon]:
                 del self._resolved_at[i]
-            return {self._served[i] for i in active | recent if i in self._served} | set(self._registering.values())
+            return {self._served[i] for i in active if i in self._served}
+
+    def _release(self, sha256: str) -> bool:
+        """May the disk cache remove ``sha256``? Not while it is being loaded or was admitted in
+        the last ``PIN_S`` seconds; otherwise it stops being served here (atomically with that check)."""
+        horizon = time.monotonic() - PIN_S
+        with self._lock:
+            if sha256 in self._registering.values():
+                return False
+            ids = [i for i, s in self._served.items() if s == sha256]
+            if any(self._resolved_at.get(i, 0.0) >= horizon for i in ids):
+                return False
+            for i in ids:
+                del self._served[i]
+            self._released[sha256] = ids
+            return True
 
     def _evicted(self, sha256: str) -> None:
         with self._lock:
-            ids = [i for i, s in self._served.items() if s == sha256]
-            for i in ids:
-                del self._served[i]
+            ids = self._released.pop(sha256, [])
         gateway = self._gateway_fn()
         for adapter_id in ids:
             gateway.remove_adapter(adapter_id)
+        with self._lock:  # re-added meanwhile by a racing first request: register again next time
+            for adapter_id in ids:
+                if self._served.get(adapter_id) == sha256:
+                    del self._served[adapter_id]
 
     def stats(self) -> dict:
         with self._lock:
