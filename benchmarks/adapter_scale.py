@@ -151,11 +151,14 @@ async def drive(url: str, key: str, models: list[str], weights: list[float], req
                 if r.status_code != 200:
                     err = (await r.aread()).decode()[:200]
                 else:
+                    errored = False
                     async for line in r.aiter_lines():
                         if line.startswith("data:") and ttft != ttft:
                             ttft = time.perf_counter() - t0
+                        if line.startswith("data:") and '"error"' in line:
+                            errored, err = True, line[:200]  # an SSE error event (the engine failed it)
                         if line.strip() == "data: [DONE]":
-                            ok = True
+                            ok = not errored
             results.append((model, ttft, ok, err))
 
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
@@ -273,6 +276,7 @@ def main() -> None:
                 "downloads": res["downloads"],
                 "disk_cache_hits": res["cache_hits"],
                 "disk_evictions": res["disk_cache"]["evictions"],
+                "engine_errors": int(node_ctx.gateway.stats().get("counters", {}).get("errors", 0)),
             }
 
         def run(models: list[str], n: int, seed: int) -> dict:
@@ -336,6 +340,9 @@ def main() -> None:
         for s in reversed(servers):
             s.stop()
         moto.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _host_bytes_per_adapter(ctx) -> int:
@@ -361,6 +368,8 @@ def _print(rows, summary, args) -> None:
         ("disk-cache hit", "disk_cache_hits"),
         ("downloads", "downloads"),
         ("dl/1k req", "downloads_per_1000_requests"),
+        ("disk evict", "disk_evictions"),
+        ("engine errors", "engine_errors"),
         ("ok", "ok"),
     ]
     print(" | ".join(c for c, _ in cols))

@@ -77,3 +77,24 @@ def test_outputs_match_the_oracle_with_prefetch_and_a_tiny_host_cache(base, adap
     c = llm.engine.lora.counters
     assert c["prefetches"] >= 1
     assert c["prefetch_ready"] + c["prefetch_waits"] <= c["prefetches"]
+
+
+def test_identical_content_re_added_while_draining_stays_registered(base, adapters):
+    """The platform re-adds an adapter whose cached files were evicted and fetched again: same
+    content, same name, while its earlier requests still run."""
+    llm = _llm(base, max_cpu_loras=2)
+    engine = llm.engine
+    path = next(iter(adapters.values()))
+    llm.add_adapter("x", path)
+    first = engine.add_request([5, 6, 7], GREEDY, adapter="x")
+    engine.step()
+    llm.remove_adapter("x")
+    assert "x" not in engine.lora.list_adapters() and engine.lora.stats()["draining"] == ["x"]
+    llm.add_adapter("x", path)
+    assert "x" in engine.lora.list_adapters() and engine.lora.stats()["draining"] == []
+    second = engine.add_request([1, 2], GREEDY, adapter="x")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert first.error is None and second.error is None
+    assert len(second.sequences[0].output_token_ids) == 5
+    assert "x" in engine.lora.list_adapters()  # not dropped when the first request finished

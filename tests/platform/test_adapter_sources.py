@@ -183,15 +183,19 @@ def test_store_down_cached_adapters_keep_serving(live_factory, tmp_path, good_fi
         }
         registrar = live_factory(adapters=settings, secret_key=SECRET)
         c, tid, key = _setup(registrar.url)
-        assert _register(c, "warm", warm_src, tid).status_code == 201
+        warm = _register(c, "warm", warm_src, tid)
+        assert warm.status_code == 201
         assert _register(c, "cold", cold_src, tid).status_code == 201
         node = live_factory(adapters=settings, secret_key=SECRET)
         before = _complete(node.url, key, "warm")  # fetched into this node's cache
         store.stop()
         assert _complete(node.url, key, "warm") == before  # registered: the store is not asked
-        # a restarted node (fresh engine registration, same disk cache) still serves it from disk
-        node.ctx.sources.forget(node.ctx.sources._served and next(iter(node.ctx.sources._served)))
+        # forgotten by the serving layer (as after a restart): found in the disk cache by its
+        # content hash, without asking the store
+        hits = node.ctx.sources.resolver.counters["cache_hits"]
+        node.ctx.sources.forget(warm.json()["id"])
         assert _complete(node.url, key, "warm") == before
+        assert node.ctx.sources.resolver.counters["cache_hits"] == hits + 1
         client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=120)
         with pytest.raises(openai.APIStatusError) as err:
             client.completions.create(model="cold", prompt=PROMPT, max_tokens=4)
@@ -264,6 +268,16 @@ def test_disk_cache_is_lru_within_its_byte_budget(tmp_path):
     assert len(again) == 1 and again.used_bytes == 100
     with pytest.raises(Exception, match="larger than the whole disk cache"):
         put(0, size=300)
+    # entries the engine may still read are never removed under it (the budget waits for them)
+    pinned = {shas[3]}
+    cache.pinned = lambda: set(pinned)
+    put(1)
+    put(0)
+    assert shas[3] in cache and (tmp_path / "c" / shas[3]).is_dir()
+    assert evicted[-2:] == [shas[2], shas[1]] and cache.used_bytes == 200
+    pinned.clear()
+    put(2)
+    assert evicted[-1] == shas[3]
 
 
 def _fake_hub_cache(root, repo: str, files: dict[str, bytes]) -> str:
@@ -314,3 +328,48 @@ def test_hf_reference_through_the_hub_cache(live_factory, good_files, tmp_path):
         timeout=60,
     )
     assert r.status_code == 400 and "outside" in r.json()["error"]["message"], r.text
+
+
+def test_a_store_that_never_answers_gives_503_within_the_fetch_timeout(live_factory, moto, good_files, request):
+    """A black hole (accepts connections, never answers): the request is answered 503 after
+    fetch_timeout_s, not held until the client gives up."""
+    import socket
+    import threading
+
+    source = moto.put_folder(_bucket(request), "slow/", good_files)
+    registrar = live_factory(adapters=_adapters_settings(moto), secret_key=SECRET)
+    c, tid, key = _setup(registrar.url)
+    assert _register(c, "slow", source, tid).status_code == 201
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        hole.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(hole.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        node = live_factory(
+            adapters={"s3_endpoint_url": url, "fetch_timeout_s": 2.0, "read_timeout_s": 60.0, "s3_max_attempts": 1},
+            secret_key=SECRET,
+        )
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=300)
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model="slow", prompt=PROMPT, max_tokens=4)
+        assert err.value.status_code == 503
+        body = err.value.response.json()["error"]
+        assert body["code"] == "model_unavailable" and "longer than 2s" in body["message"], body
+        assert accepted  # it really was waiting on the store
+    finally:
+        stop.set()
+        for s in accepted:
+            s.close()
+        hole.close()

@@ -57,3 +57,5 @@ def test_load_serve_replace_unload(live_factory, adapter_dirs, good_files):
     r = c.post("/v1/completions", json={"model": "sql", "prompt": "x", "max_tokens": 1}, headers=admin_headers(key))
     assert r.status_code == 404
     assert c.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=H).status_code == 404
+    # deleting a by-reference adapter never touches the upload store (it has no folder there)
+    assert list(srv.ctx.store.root.glob("??/*")) and _complete(srv.url, key, "up")

@@ -25,10 +25,23 @@ def _is_sha(name: str) -> bool:
 
 
 class DiskCache:
-    def __init__(self, root: Path, max_bytes: int, on_evict: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        on_evict: Callable[[str], None] | None = None,
+        pinned: Callable[[], set[str]] | None = None,
+        release: Callable[[str], bool] | None = None,
+    ) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.on_evict = on_evict  # told the sha of each evicted entry (the engine drops it)
+        # Entries the engine may still read are never removed under it; the budget may be exceeded
+        # while everything beyond it is in use. ``pinned``: a snapshot taken before an eviction
+        # pass (requests queued or running); ``release``: asked under this cache's lock, so an
+        # admission racing the eviction either pins the entry first or finds it gone and refetches.
+        self.pinned = pinned
+        self.release = release
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()  # sha -> bytes, least recently used first
         self.counters = {"hits": 0, "misses": 0, "evictions": 0, "stored": 0}
@@ -106,10 +119,13 @@ class DiskCache:
         evicted = []
         with self._lock:
             total = sum(self._entries.values())
+        pinned = self.pinned() if self.pinned is not None and total > self.max_bytes else set()
+        with self._lock:
+            total = sum(self._entries.values())
             for sha in list(self._entries):
                 if total <= self.max_bytes:
                     break
-                if sha == keep:
+                if sha == keep or sha in pinned or (self.release is not None and not self.release(sha)):
                     continue
                 total -= self._entries.pop(sha)
                 shutil.rmtree(self.root / sha, ignore_errors=True)

@@ -13,6 +13,7 @@ from loraplex.platform.adapters.sources.uri import RemoteFile, SourceRejected, S
 from loraplex.platform.errors import ServiceUnavailable
 
 CHUNK = 1 << 20
+MAX_LISTED = 1000  # far above any adapter's file count
 
 
 class StoreUnavailable(ServiceUnavailable):
@@ -78,8 +79,8 @@ class S3Fetcher:
                     if not name or name.endswith("/"):
                         continue  # "folder" marker objects
                     files.append(RemoteFile(name, int(obj["Size"]), str(obj.get("ETag", "")).strip('"')))
-                    if len(files) > 1000:
-                        break
+                if len(files) > MAX_LISTED:
+                    break  # check_files refuses it anyway; do not page through a huge prefix
         if not files:
             raise SourceNotFound(f"no objects under {src}", param="source")
         return files
@@ -160,7 +161,7 @@ def list_folder(folder: Path, follow_links_within: Path | None) -> list[RemoteFi
         entries = list(os.scandir(folder))
     except OSError as exc:
         raise StoreUnavailable(f"{folder}: {exc}") from None
-    for entry in entries[:1001]:
+    for entry in entries[: MAX_LISTED + 1]:
         st = _regular_stat(Path(entry.path), follow_links_within, entry.name)
         if st is None:
             continue  # a sub-folder: reported by check_files only if it holds a file we need

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from loraplex.platform.adapters.sources.resolver import AdapterResolver, Content
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 
 log = logging.getLogger("loraplex.platform.adapters")
+
+PIN_S = 10.0  # an admitted request reaches the engine's queue well within this
 
 
 class ModelUnavailable(ServiceUnavailable):
@@ -36,13 +39,19 @@ class ServedReferences:
         self._gateway_fn = gateway_fn  # the context's gateway (it can be swapped after start)
         self._lock = threading.Lock()
         self._served: dict[str, str] = {}  # adapter id -> sha256 registered with the engine
+        self._resolved_at: dict[str, float] = {}  # adapter id -> last admission that used it
+        self._registering: dict[str, str] = {}  # adapter id -> sha256 being fetched and loaded
         resolver.cache.on_evict = self._evicted
+        resolver.cache.pinned = self._pinned
+        resolver.cache.release = self._release
+        self._released: dict[str, list[str]] = {}  # sha256 -> adapter ids to take out of the engine
 
     def ensure_served(self, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> None:
         """Make ``adapter`` (by reference) usable by the engine, or raise 503 ``model_unavailable``
         with the reason. ``on_changed`` is called when the store holds new content (a new version)."""
         assert adapter.source_uri is not None
         with self._lock:
+            self._resolved_at[adapter.id] = time.monotonic()
             if self._served.get(adapter.id) == adapter.sha256:
                 return
         gateway = self._gateway_fn()
@@ -50,20 +59,28 @@ class ServedReferences:
         if _engine_is_remote(gateway):
             gateway.add_adapter(adapter.id, ref)  # each replica calls AdapterResolver.local_dir(ref)
         else:
+            with self._lock:  # pinned in the disk cache until the engine has loaded it
+                self._registering[adapter.id] = adapter.sha256
             try:
-                path = self.resolver.local_dir(ref)
-            except ContentChanged as exc:
-                on_changed(adapter, exc.fetched)
-                raise
-            except PlatformError as exc:
-                raise ModelUnavailable(
-                    f"the model {adapter.name!r} is unavailable: {exc.message}",
-                    param="model",
-                    headers={"retry-after": exc.headers.get("retry-after", "10")},
-                ) from None
-            self._register(gateway, adapter, path)
+                self._register(gateway, adapter, self._local_dir(ref, adapter, on_changed))
+            finally:
+                with self._lock:
+                    self._registering.pop(adapter.id, None)
         with self._lock:
             self._served[adapter.id] = adapter.sha256
+
+    def _local_dir(self, ref: str, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> Path:
+        try:
+            return self.resolver.local_dir(ref)
+        except ContentChanged as exc:
+            on_changed(adapter, exc.fetched)
+            raise
+        except PlatformError as exc:
+            raise ModelUnavailable(
+                f"the model {adapter.name!r} is unavailable: {exc.message}",
+                param="model",
+                headers={"retry-after": exc.headers.get("retry-after", "10")},
+            ) from None
 
     def _register(self, gateway: Any, adapter: Adapter, path: Path) -> None:
         try:
@@ -80,14 +97,43 @@ class ServedReferences:
         with self._lock:
             return adapter_id in self._served
 
-    def _evicted(self, sha256: str) -> None:
+    def _pinned(self) -> set[str]:
+        """Contents with requests queued or running in the engine (a snapshot, outside any lock)."""
+        try:
+            active = set(self._gateway_fn().stats().get("lora", {}).get("active_requests", {}))
+        except Exception:  # noqa: BLE001 - no engine: nothing reads the cache
+            active = set()
+        horizon = time.monotonic() - PIN_S
         with self._lock:
+            for i in [i for i, t in self._resolved_at.items() if t < horizon]:
+                del self._resolved_at[i]
+            return {self._served[i] for i in active if i in self._served}
+
+    def _release(self, sha256: str) -> bool:
+        """May the disk cache remove ``sha256``? Not while it is being loaded or was admitted in
+        the last ``PIN_S`` seconds; otherwise it stops being served here (atomically with that check)."""
+        horizon = time.monotonic() - PIN_S
+        with self._lock:
+            if sha256 in self._registering.values():
+                return False
             ids = [i for i, s in self._served.items() if s == sha256]
+            if any(self._resolved_at.get(i, 0.0) >= horizon for i in ids):
+                return False
             for i in ids:
                 del self._served[i]
+            self._released[sha256] = ids
+            return True
+
+    def _evicted(self, sha256: str) -> None:
+        with self._lock:
+            ids = self._released.pop(sha256, [])
         gateway = self._gateway_fn()
         for adapter_id in ids:
             gateway.remove_adapter(adapter_id)
+        with self._lock:  # re-added meanwhile by a racing first request: register again next time
+            for adapter_id in ids:
+                if self._served.get(adapter_id) == sha256:
+                    del self._served[adapter_id]
 
     def stats(self) -> dict:
         with self._lock:
