@@ -177,7 +177,7 @@ def _paged_cache(b: Bench, ctx_lens, block_size, hkv, d):
 
 def attention_rows(b: Bench) -> list[Row]:
     torch = b.torch
-    from loraplex.kernels import reference, triton_attention
+    from loraplex.kernels import reference, triton_decode_attention, triton_prefill_attention
 
     if b.smoke:
         hq, hkv, d, block_size = 4, 2, 64, 16
@@ -196,7 +196,7 @@ def attention_rows(b: Bench) -> list[Row]:
     for batch, ctx_len in decode:
         k_cache, v_cache, table, ctx = _paged_cache(b, [ctx_len] * batch, block_size, hkv, d)
         q = torch.randn(batch, hq, d, device=b.device).to(b.dtype)
-        ms = b.time_ms(lambda: triton_attention.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale))
+        ms = b.time_ms(lambda: triton_decode_attention.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale))
         # The reference materialises every sequence's K/V in fp32: skip it where that is huge.
         ref_ok = batch * ctx_len * hkv * d * 4 * 2 <= (64 << 20 if b.smoke else 4 << 30)
         ref_ms = (
@@ -220,7 +220,7 @@ def attention_rows(b: Bench) -> list[Row]:
         q = torch.randn(n_seq * q_len, hq, d, device=b.device).to(b.dtype)
         qsl = torch.arange(0, n_seq * q_len + 1, q_len, dtype=torch.int32, device=b.device)
         ms = b.time_ms(
-            lambda: triton_attention.paged_prefill_attention(
+            lambda: triton_prefill_attention.paged_prefill_attention(
                 q, k_cache, v_cache, table, qsl, ctx, scale, max_query_len=q_len
             )
         )

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,13 +30,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the shared test harness
 ADMIN_KEY = "lpx-admin-benchmark-key-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -111,49 +105,27 @@ async def _health_run(url: str, key: str, n_streams: int, prompt_words: int, max
 
 def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_tokens: int) -> dict:
     import httpx
+    from harness.serve import ServeProcess
 
-    port = _free_port()
     data = Path(tempfile.mkdtemp(prefix="lpx-lat-", dir=root))
     env = {
-        **os.environ,
-        "LORAPLEX_ENGINE__MODEL": str(model_dir(root)),
-        "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
         "LORAPLEX_ENGINE__MAX_NUM_SEQS": "32",
-        "PYTHONUNBUFFERED": "1",
         # The same engine work on both sides (newer defaults pick bf16 and the native CPU kernels):
         # what differs is only how the server talks to the engine.
         "LORAPLEX_ENGINE__DTYPE": "float32",
         "LORAPLEX_ENGINE__KERNEL_BACKEND": "torch",
         "LORAPLEX_ENGINE__DEVICE": "cpu",
     }
-    log = open(data / "serve.log", "w")
-    proc = subprocess.Popen(
-        [python, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data / "d"), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
+    server = ServeProcess(
+        data / "d", model_dir(root), admin_key=ADMIN_KEY, env=env, config=None, python=python, start_timeout=120
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"server did not come up: {(data / 'serve.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-        tid = httpx.post(url + "/admin/v1/tenants", json={"name": "bench"}, headers=admin).json()["id"]
-        key = httpx.post(url + f"/admin/v1/tenants/{tid}/keys", json={}, headers=admin).json()["key"]
-        return asyncio.run(_health_run(url, key, n_streams, prompt_words, max_tokens))
+        tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": "bench"}, headers=admin).json()["id"]
+        key = httpx.post(server.url + f"/admin/v1/tenants/{tid}/keys", json={}, headers=admin).json()["key"]
+        return asyncio.run(_health_run(server.url, key, n_streams, prompt_words, max_tokens))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop(timeout=20)
 
 
 # ---------------------------------------------------------------------------------------- steps
@@ -175,7 +147,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
     )
     engine = llm.engine
     forward = [0.0]
-    execute = engine.runner.execute
+    execute = engine.runner.forward
 
     def timed_execute(*args, **kwargs):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -184,7 +156,7 @@ def part_steps(root: Path, batch: int, steps: int) -> dict:
         finally:
             forward[0] += time.perf_counter() - t
 
-    engine.runner.execute = timed_execute
+    engine.runner.forward = timed_execute  # type: ignore[method-assign]
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=steps + 50, temperature=0.8, top_p=0.95, seed=1, ignore_eos=True)

@@ -1,31 +1,99 @@
 """loraplex.engine — continuous batching over a paged KV cache, multi-LoRA, tenant-aware scheduling.
 
 Never imports loraplex.platform, FastAPI or SQLAlchemy: a tenant is only fields on a request.
+
+The names below are the engine's public surface: the platform imports nothing else from the engine
+(an import-linter contract in scripts/lint.sh holds it to that). They load lazily (PEP 562), so
+``from loraplex.engine import EngineConfig`` in a CLI command does not import the model code.
 """
 
-from .async_engine import AsyncEngine, RequestStream
-from .config import EngineConfig
-from .errors import EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
-from .llm import LLM
-from .llm_engine import LLMEngine
-from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
-from .request import EngineRequest
-from .sampling_params import SamplingParams
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "AsyncEngine": ".async_engine",
+    "RequestStream": ".async_engine",
+    "EngineConfig": ".config",
+    "ensure_demo_model": ".demo_model",
+    "format_config": ".describe",
+    "resolved_config": ".describe",
+    "EngineDeadError": ".errors",
+    "EngineError": ".errors",
+    "InvalidRequestError": ".errors",
+    "UnknownAdapterError": ".errors",
+    "LLM": ".llm",
+    "LLMEngine": ".llm_engine",
+    "AdapterValidationError": ".lora",
+    "validate_adapter_dir": ".lora",
+    "CompletionOutput": ".outputs",
+    "FinishReason": ".outputs",
+    "OutputKind": ".outputs",
+    "RequestOutput": ".outputs",
+    "DEMO_MODEL_NAME": ".real_model",
+    "DemoModelUnavailable": ".real_model",
+    "ensure_demo_checkpoint": ".real_model",
+    "EngineRequest": ".request",
+    "SamplingParams": ".sampling_params",
+    "StructuredOutputSpec": ".sampling_params",
+    "load_tokenizer": ".tokenizer",
+}
+
+if TYPE_CHECKING:
+    from .async_engine import AsyncEngine, RequestStream
+    from .config import EngineConfig
+    from .demo_model import ensure_demo_model
+    from .describe import format_config, resolved_config
+    from .errors import EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
+    from .llm import LLM
+    from .llm_engine import LLMEngine
+    from .lora import AdapterValidationError, validate_adapter_dir
+    from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
+    from .real_model import DEMO_MODEL_NAME, DemoModelUnavailable, ensure_demo_checkpoint
+    from .request import EngineRequest
+    from .sampling_params import SamplingParams, StructuredOutputSpec
+    from .tokenizer import load_tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
+    "DEMO_MODEL_NAME",
     "LLM",
+    "AdapterValidationError",
     "AsyncEngine",
     "CompletionOutput",
+    "DemoModelUnavailable",
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
     "EngineRequest",
     "FinishReason",
-    "OutputKind",
     "InvalidRequestError",
     "LLMEngine",
+    "OutputKind",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputSpec",
     "UnknownAdapterError",
+    "ensure_demo_checkpoint",
+    "ensure_demo_model",
+    "format_config",
+    "load_tokenizer",
+    "resolved_config",
+    "validate_adapter_dir",
 ]

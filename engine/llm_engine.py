@@ -1,10 +1,11 @@
 """LLMEngine: the synchronous core — add requests, call ``step()``, read outputs.
 
-One step is a short sequence of calls, each owned by its own part:
-  scheduler.schedule()            -> the plan (who runs, how many tokens, blocks, adapters)
-  lora.prepare() / runner.execute -> logits of the sequences that sample
-  sampler                         -> one token per sampling sequence (and per fork)
-  scheduler.update_from_output()  -> tokens appended, forks, token-level stops, policy accounting
+One step is the shape of vLLM v1's, each part owned by one component:
+  spec.propose(running)           -> drafts in ``spec_token_ids`` (speculative decoding only)
+  scheduler.schedule()            -> the plan (who runs, how many tokens and drafts, blocks, adapters)
+  runner.execute(plan)            -> a RunnerOutput: forward, sampling (grammar masks, n > 1 forks),
+                                     draft verification — tokens, logprobs, accepted-draft counts
+  scheduler.update_from_output()  -> tokens booked, forks, token-level stops, policy accounting
   output_processor                -> text, stop strings, the outputs callers receive
 ``LLM`` and ``AsyncEngine`` both drive this; a simulation drives the scheduler alone.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -27,7 +30,6 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
-from .sampler import sample_batch
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
@@ -39,7 +41,7 @@ log = logging.getLogger("loraplex.engine")
 
 MAX_DEFAULT_MODEL_LEN = 8192
 UNCHANGED: Any = object()  # set_tenant: leave this field as it is (None means "no per-tenant limit")
-STEP_PHASES = ("schedule", "forward", "sample", "update")
+STEP_PHASES = ("schedule", "forward", "sample", "update")  # forward and sample are timed by the runner
 
 
 class LLMEngine:
@@ -56,7 +58,6 @@ class LLMEngine:
         dtype = config.torch_dtype(mc.checkpoint_dtype)
         cache = config.cache_config
         num_blocks = cache.num_kv_blocks or default_num_kv_blocks(config, mc, dtype, self.max_model_len)
-        self.runner = ModelRunner(config, mc, self.max_model_len, num_blocks)
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.watermark, enable_prefix_caching=cache.enable_prefix_caching
         )
@@ -64,6 +65,15 @@ class LLMEngine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
+        self.spec = (
+            SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
+            if config.speculative_method
+            else None
+        )
+        self.runner = ModelRunner(
+            config, mc, self.max_model_len, num_blocks, kv=self.kv, structured=self.structured, spec=self.spec
+        )
         sched_config = config.scheduler_config
         self.policy = make_policy(sched_config)
         self.scheduler = Scheduler(
@@ -72,16 +82,9 @@ class LLMEngine:
         # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
         self.lora = LoRAManager(config, mc, self.runner.model)
         self.policy.resident_adapters_fn = self.lora.resident_adapters
-        self.spec = (
-            SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
-            if config.speculative_method
-            else None
-        )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
-        self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = {
             "requests": 0,
             "finished": 0,
@@ -92,7 +95,7 @@ class LLMEngine:
             "preemptions": 0,
             "steps": 0,
         }
-        self.step_seconds = dict.fromkeys(STEP_PHASES, 0.0)  # cumulative time per step phase
+        self._step_seconds = dict.fromkeys(("schedule", "update"), 0.0)  # cumulative, the runner keeps its own
 
     # ------------------------------------------------------------------ requests in
     def validate(self, request: EngineRequest) -> tuple[list[int], AdapterRef | None]:
@@ -245,75 +248,38 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
-        spec = self.spec  # speculative decoding: hooks around the same step (spec_decode/decoder.py)
-        if spec is not None:
-            spec.propose(self.scheduler.running)
-        plan = self.scheduler.schedule()
-        logit_rows = spec.plan(plan) if spec is not None else None
+        with self._timed("schedule"):
+            if self.spec is not None:
+                self.spec.propose(self.scheduler.running)
+            plan = self.scheduler.schedule()
         self.counters["preemptions"] += len(plan.preempted)
-        t1 = time.perf_counter()
-        self.step_seconds["schedule"] += t1 - t0
         if not plan:
-            if self.scheduler.has_work() and not self.scheduler.running:
-                return self._fail_stuck_head()
-            return []
+            return self._fail_stuck_head() if self.scheduler.is_stuck() else []
         self.counters["steps"] += 1
-        verified: list[tuple[Sequence, int, int]] = []
         try:
-            adapter_slots = self.lora.prepare(plan.adapters)
-            seqs, logits = self.runner.execute(plan, self.kv, adapter_slots, logit_rows=logit_rows)
-            if spec is not None:
-                seqs, logits, verified = spec.verify(seqs, logits, self._generator)
+            result = self.runner.execute(plan, self.lora.prepare(plan.adapters))
         except Exception as exc:  # a bad step must not take the engine down with it
             log.exception("engine step failed")
-            if spec is not None:
-                spec.cancel()
             return self._fail_step(plan, exc)
-        t2 = time.perf_counter()
-        rows = self.scheduler.expand_forks(seqs)
-        tokens: list[int] = []
-        if rows:
-            assert logits is not None
-            if len(rows) != len(seqs):  # forks sample extra rows from their leader's logits
-                logits = logits.index_select(0, torch.tensor([r for r, _ in rows], device=logits.device))
-            tokens = self._sample(logits, [s for _, s in rows])
-        t3 = time.perf_counter()
-        sampled = [(s, tok) for (_, s), tok in zip(rows, tokens)]
-        for seq, token, num_accepted in verified:
-            # The accepted drafts are already in token_ids (their KV is computed, and the block
-            # hashes the update publishes cover them); charge them like sampled tokens. The
-            # target's own token goes through the update like any sampled token.
-            self.policy.on_tokens_generated(seq, num_accepted)
-            self.counters["generated_tokens"] += num_accepted
-            sampled.append((seq, token))
-        touched = self.scheduler.update_from_output(plan, sampled)
-        if spec is not None:
-            spec.rollback()
-        if self.structured.active:  # (structured-output requests never speculate)
-            for (_, seq), tok in zip(rows, tokens):
-                # The grammar admits nothing more (e.g. ignore_eos after a complete JSON value).
-                if self.structured.accept(seq, tok) and not seq.is_finished:
-                    self.scheduler.finish(seq, FinishReason.STOP)
-        for seq, stop in self.output_processor.process_tokens(touched):
-            self.scheduler.finish(seq, FinishReason.STOP, stop)
-        self.counters["generated_tokens"] += len(touched)
-        results = self._outputs_for(touched)
-        t4 = time.perf_counter()
-        self.step_seconds["forward"] += t2 - t1
-        self.step_seconds["sample"] += t3 - t2
-        self.step_seconds["update"] += t4 - t3
-        return results
+        with self._timed("update"):
+            touched = self.scheduler.update_from_output(plan, result)
+            for seq, stop in self.output_processor.process_tokens(touched):
+                self.scheduler.finish(seq, FinishReason.STOP, stop)
+            self.counters["generated_tokens"] += result.num_tokens
+            return self._outputs_for(touched)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One batched sampler pass; grammar masks for the constrained rows, logprobs kept per
-        sequence for the rows that ask."""
-        bitmask = self.structured.bitmask_for(seqs) if self.structured.active else None
-        out = sample_batch(logits, seqs, self._generator, bitmask)
-        for seq, lp in zip(seqs, out.logprobs):
-            if lp is not None:
-                seq.logprobs.append(lp)
-        return out.tokens
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._step_seconds[phase] += time.perf_counter() - t0
+
+    @property
+    def step_seconds(self) -> dict[str, float]:
+        """Cumulative seconds per step phase (``STEP_PHASES``)."""
+        return {**self._step_seconds, **self.runner.seconds}
 
     def _outputs_for(self, touched: list[Sequence]) -> list[RequestOutput]:
         now = time.monotonic()

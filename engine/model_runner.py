@@ -1,6 +1,18 @@
-"""Turns a scheduler step into tensors, runs the model once, returns logits of the sampling rows."""
+"""Turns a scheduler step into tensors, runs the model once, and samples: the step's ``RunnerOutput``.
+
+``execute(plan)`` is the model side of one engine step: the forward over every scheduled chunk,
+then one batched sampler pass (grammar masks for constrained rows; n > 1 followers draw from their
+leader's row), and for speculating sequences the verification of their drafts against the target's
+k+1 rows (exact greedy or rejection sampling). What it returns is only tokens and counts; the
+scheduler books them (``Scheduler.update_from_output``). ``forward`` alone gives logits (the draft
+proposer runs its own small model through it).
+"""
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,8 +23,13 @@ from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
 from .models.quantization import quantize_model_int8
+from .sampler import TokenLogprobs, sample_batch
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .spec_decode import SpeculativeDecoder
+    from .structured_output import StructuredOutputManager
 
 _BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
@@ -28,13 +45,46 @@ def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.
     return max(2, min(by_memory, by_need))
 
 
+@dataclass
+class RunnerOutput:
+    """What one step produced, for ``Scheduler.update_from_output`` to book."""
+
+    # (sequence, its new tokens): one token, or for a speculating sequence its accepted drafts
+    # followed by the target's own token. n > 1 followers appear right after their leader.
+    sampled: list[tuple[Sequence, list[int]]] = field(default_factory=list)
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # seq_id -> its sampled token's
+    num_accepted: dict[int, int] = field(default_factory=dict)  # seq_id -> accepted drafts (speculating)
+    grammar_finished: set[int] = field(default_factory=set)  # seq_ids whose grammar admits nothing more
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(tokens) for _, tokens in self.sampled)
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int, num_kv_blocks: int):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        max_model_len: int,
+        num_kv_blocks: int,
+        *,
+        kv: KVCacheManager | None = None,
+        structured: StructuredOutputManager | None = None,
+        spec: SpeculativeDecoder | None = None,
+    ):
+        """``kv``, ``structured`` and ``spec`` are what ``execute`` needs (the engine's runner);
+        a runner used through ``forward`` alone (the draft model's) goes without them."""
         self.config = config
+        self.kv = kv
+        self.structured = structured
+        self.spec = spec
         self.model_config = model_config
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws
+        self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
         if config.quantization == "int8":
             # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
@@ -51,19 +101,64 @@ class ModelRunner:
         ]
 
     @torch.inference_mode()
-    def execute(
-        self,
-        out: SchedulerOutput,
-        kv: KVCacheManager,
-        adapter_slots: dict[str, int] | None = None,
-        logit_rows: dict[int, int] | None = None,
+    def execute(self, plan: SchedulerOutput, adapter_slots: dict[str, int] | None = None) -> RunnerOutput:
+        """Run one engine step: forward, sample, verify drafts."""
+        assert self.kv is not None, "execute needs the engine's KV cache manager"
+        t0 = time.perf_counter()
+        seqs, logits = self.forward(plan, self.kv, adapter_slots)
+        t1 = time.perf_counter()
+        result = RunnerOutput()
+        if logits is not None:
+            self._sample(plan, seqs, logits, result)
+        self.seconds["forward"] += t1 - t0
+        self.seconds["sample"] += time.perf_counter() - t1
+        return result
+
+    def _sample(self, plan: SchedulerOutput, seqs: list[Sequence], logits: torch.Tensor, result: RunnerOutput) -> None:
+        """``seqs`` has one entry per logits row (a speculating sequence: 1 + drafts rows in a row)."""
+        drafts = {c.seq.seq_id: c.spec_token_ids for c in plan.chunks if c.spec_token_ids}
+        rows: list[int] = []  # logits row of each plainly sampled sequence (followers: the leader's)
+        targets: list[Sequence] = []
+        verify: list[tuple[Sequence, int]] = []  # (speculating sequence, its first row)
+        i = 0
+        while i < len(seqs):
+            seq = seqs[i]
+            if seq.seq_id in drafts:
+                verify.append((seq, i))
+                i += 1 + len(drafts[seq.seq_id])
+                continue
+            for target in (seq, *plan.forks.get(seq.seq_id, ())):
+                rows.append(i)
+                targets.append(target)
+            i += 1
+        tokens: dict[int, list[int]] = {}
+        for seq, first in verify:
+            assert self.spec is not None, "drafts scheduled without a speculative decoder"
+            d = drafts[seq.seq_id]
+            tokens[seq.seq_id] = self.spec.verify(seq, d, logits[first : first + len(d) + 1], self.generator)
+            result.num_accepted[seq.seq_id] = len(tokens[seq.seq_id]) - 1
+        if targets:
+            x = logits if len(rows) == len(seqs) else logits.index_select(0, torch.tensor(rows, device=logits.device))
+            structured = self.structured if self.structured is not None and self.structured.active else None
+            bitmask = structured.bitmask_for(targets) if structured is not None else None
+            out = sample_batch(x, targets, self.generator, bitmask)
+            for seq, token, lp in zip(targets, out.tokens, out.logprobs):
+                tokens[seq.seq_id] = [token]
+                if lp is not None:
+                    result.logprobs[seq.seq_id] = lp
+                if structured is not None and structured.accept(seq, token):
+                    result.grammar_finished.add(seq.seq_id)
+        order = [t for s in plan.sampling_seqs for t in (s, *plan.forks.get(s.seq_id, ()))]
+        result.sampled = [(s, tokens[s.seq_id]) for s in order if s.seq_id in tokens]
+
+    @torch.inference_mode()
+    def forward(
+        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None
     ) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Run one step. Returns the sequences that sample a token this step and their logits
-        (float32 [num_sampling, vocab]), in the same order. ``logit_rows`` (speculative decoding:
-        seq_id -> r) asks for the logits of a sampling chunk's last r rows; that sequence then
-        appears r times in a row in the returned list, once per logits row."""
+        """The forward pass alone. Returns the sequences that sample this step and their logits
+        (float32 [rows, vocab]), in the same order; a chunk verifying d drafts has 1 + d rows (its
+        sequence appears that many times in a row)."""
         adapter_slots = adapter_slots or {}
-        logit_rows = logit_rows or {}
         if out.block_copies:
             self._copy_blocks(out.block_copies)
 
@@ -86,12 +181,14 @@ class ModelRunner:
         for chunk in ordered:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             end = start + chunk.num_tokens
-            input_ids.extend(seq.token_ids[start:end])
+            drafts = chunk.spec_token_ids
+            input_ids.extend(seq.token_ids[start : end - len(drafts)])
+            input_ids.extend(drafts)
             positions.extend(range(start, end))
             slots.extend(kv.slots(seq, start, end))
             token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
             if chunk.samples:
-                r = logit_rows.get(seq.seq_id, 1)
+                r = 1 + len(drafts)
                 sample_rows.extend(range(len(input_ids) - r, len(input_ids)))
                 sample_seqs.extend([seq] * r)
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager
 from .outputs import FinishReason
-from .policies import SchedulingPolicy
+from .policies import SchedulingPolicy, TenantCaps, TenantLimits
 from .sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from .model_runner import RunnerOutput
 
 # A waiting request blocked by the adapter limit for this many steps freezes admission of other
 # adapters until a slot frees for it, so it cannot starve behind a stream of resident adapters.
@@ -27,12 +31,14 @@ LORA_MAX_BLOCKED_STEPS = 16
 @dataclass
 class ScheduledChunk:
     seq: Sequence
-    num_tokens: int  # tokens whose KV is computed this step (1 for a decode)
+    num_tokens: int  # tokens whose KV is computed this step (1 for a decode, 1 + drafts when speculating)
+    # Speculative decoding: the drafts this step verifies (the last len() of num_tokens positions).
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the sequence's last token, so the step produces its next token."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_tokens - len(self.spec_token_ids) == self.seq.num_tokens
 
 
 @dataclass
@@ -41,6 +47,9 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     # Copy-on-write (src, dst) KV block copies the runner applies before this step's forward.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # n > 1: leader seq_id -> followers that draw their first token from the leader's logits row
+    # this step (the leader's prompt is computed by this step's chunk).
+    forks: dict[int, list[Sequence]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -52,9 +61,14 @@ class SchedulerOutput:
 
     @property
     def sampling_seqs(self) -> list[Sequence]:
-        """Sequences that produce a token this step, in chunk order (a model-free driver samples
-        these; the model runner returns its own order, see ``Scheduler.expand_forks``)."""
+        """Sequences whose chunk produces a token this step, in chunk order."""
         return [c.seq for c in self.chunks if c.samples]
+
+    @property
+    def sampling_targets(self) -> list[Sequence]:
+        """Every sequence that receives a token this step: each sampling sequence followed by the
+        followers forking from it (a model-free driver books one token for each of these)."""
+        return [t for s in self.sampling_seqs for t in (s, *self.forks.get(s.seq_id, ()))]
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
@@ -83,7 +97,7 @@ class Scheduler:
         self.step_count = 0
         self._lora_blocked: dict[int, int] = {}  # seq_id -> first step it was blocked by max_loras
         self.clock = time.monotonic  # simulations swap in a virtual clock
-        policy.attach_kv(kv)
+        self.caps = TenantCaps(TenantLimits.from_config(config), kv, policy.book)
         # n > 1: samples 1..n-1 wait here, outside every queue, until sample 0 (the leader) has
         # prefilled the prompt; then they fork from it and share its blocks copy-on-write.
         self._followers: dict[int, list[Sequence]] = {}
@@ -98,16 +112,6 @@ class Scheduler:
         self.add(leader)
         if followers:
             self._followers[leader.seq_id] = list(followers)
-
-    def expand_forks(self, sampling: list[Sequence]) -> list[tuple[int, Sequence]]:
-        """(logits row, sequence) for every token this step samples: each sampling sequence on its
-        own row, and a leader's not-yet-forked followers (n > 1) on the leader's row — they draw
-        their first tokens from the same distribution, each with its own generator."""
-        rows: list[tuple[int, Sequence]] = []
-        for i, seq in enumerate(sampling):
-            rows.append((i, seq))
-            rows.extend((i, child) for child in self._followers.get(seq.seq_id, ()))
-        return rows
 
     def _fork(self, leader: Sequence, child: Sequence) -> None:
         """The leader just computed its prompt: the child joins the running set, sharing its blocks."""
@@ -147,6 +151,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or self.policy.num_waiting() > 0
 
+    def is_stuck(self) -> bool:
+        """Work waits, nothing runs, and the last plan was empty: nothing can ever be admitted."""
+        return not self.running and self.policy.num_waiting() > 0
+
     # ------------------------------------------------------------------ the step plan
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
@@ -159,7 +167,11 @@ class Scheduler:
         queue = [s for s in ordered if s.in_decode] + [s for s in ordered if not s.in_decode]
         while queue and budget > 0:
             seq = queue.pop(0)
-            n = min(seq.num_uncomputed_tokens, budget)
+            # Drafts ride on the decode token within the budget; the ones that do not fit wait.
+            drafts, seq.spec_token_ids = seq.spec_token_ids, []
+            n = min(seq.num_uncomputed_tokens + len(drafts), budget)
+            if drafts and not self.kv.can_append(seq, n):
+                n = min(seq.num_uncomputed_tokens, budget)  # speculation never causes a preemption
             while not self.kv.can_append(seq, n):
                 victim = self.policy.choose_victim(queue + [seq], now) if queue else seq
                 self._preempt(victim, out)
@@ -168,7 +180,7 @@ class Scheduler:
                 queue.remove(victim)
             else:
                 self.kv.allocate(seq, n)
-                out.chunks.append(ScheduledChunk(seq, n))
+                out.chunks.append(ScheduledChunk(seq, n, drafts[: n - seq.num_uncomputed_tokens]))
                 budget -= n
 
         # 2. New sequences (static batching: only once the previous batch has drained).
@@ -178,6 +190,9 @@ class Scheduler:
         elif not out.preempted:  # memory is short: don't admit what we would preempt next step
             self._admit_waiting(out, budget, now)
         out.block_copies = self.kv.take_block_copies()
+        out.forks = {
+            s.seq_id: list(self._followers[s.seq_id]) for s in out.sampling_seqs if s.seq_id in self._followers
+        }
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
@@ -189,13 +204,9 @@ class Scheduler:
             if seq is None:
                 break
             full = self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs
-            if (
-                full
-                and self.policy.may_admit(seq, self.running)
-                and not self.policy.preemption_candidates(seq, self.running, now)
-            ):
+            if full and self._within_caps(seq) and not self.policy.preemption_candidates(seq, self.running, now):
                 break
-            if not self._adapter_fits(seq, running_adapters, starving) or not self.policy.may_admit(seq, self.running):
+            if not self._adapter_fits(seq, running_adapters, starving) or not self._within_caps(seq):
                 exclude.add(seq.seq_id)
                 continue
             cached = self.kv.cached_prefix_len(seq)  # prefix caching: prefill only the rest
@@ -249,6 +260,13 @@ class Scheduler:
         if n > 0:
             self.kv.allocate(seq, n)
             out.chunks.append(ScheduledChunk(seq, n))
+
+    def _within_caps(self, seq: Sequence) -> bool:
+        """The engine's per-tenant admission caps; a tenant at one is skipped for the rest of the pass."""
+        if self.caps.allows(seq, self.running):
+            return True
+        self.policy.skip_tenant(seq.tenant.tenant_id)
+        return False
 
     def _slots_needed(self, seq: Sequence) -> int:
         """Batch slots admitting ``seq`` takes: itself and the followers that fork from it (n > 1)."""
@@ -328,6 +346,7 @@ class Scheduler:
         """Free the victim's blocks; it will be recomputed (prompt + generated tokens) later."""
         self.running.remove(seq)
         self.kv.free(seq)
+        seq.spec_token_ids = []
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
@@ -335,27 +354,48 @@ class Scheduler:
         out.preempted.append(seq)
 
     # ------------------------------------------------------------------ after the model ran
-    def update_from_output(self, out: SchedulerOutput, sampled: list[tuple[Sequence, int]]) -> list[Sequence]:
-        """Book a finished step: advance computed-token counts (and publish full blocks to the
-        prefix cache), fork followers whose leader just prefilled, append each sampled token,
-        charge the policy and finish sequences at EOS, a stop token id or a length limit.
+    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Sequence]:
+        """Book a finished step: verified drafts join ``token_ids``, computed-token counts advance
+        (full blocks go to the prefix cache: a hash never covers an unverified token), followers
+        whose leader just prefilled fork, each sampled token is appended, the policy is charged
+        for what was emitted, and sequences finish at EOS, a stop token id, a length limit or a
+        complete grammar. KV of rejected drafts goes back to the pool.
 
-        ``sampled`` pairs each sequence of ``expand_forks`` with its token. Returns the sequences
-        that received a token, in that order (the output processor's input)."""
+        Returns the sequences that received tokens, in ``result`` order (the output processor's
+        input)."""
+        tokens_of = {seq.seq_id: tokens for seq, tokens in result.sampled}
+        speculated: set[int] = set()
         for chunk in out.chunks:
-            chunk.seq.num_computed_tokens += chunk.num_tokens
-            self.kv.cache_computed_blocks(chunk.seq)  # full + computed: now reusable
-        for seq, _ in sampled:  # forks first: a leader that stops at once must not orphan them
+            seq = chunk.seq
+            if chunk.spec_token_ids:
+                # The runner's tokens are the accepted drafts then the target's own token: only
+                # the KV up to the last accepted draft is computed.
+                accepted = len(tokens_of[seq.seq_id]) - 1
+                seq.num_computed_tokens += chunk.num_tokens - (len(chunk.spec_token_ids) - accepted)
+                speculated.add(seq.seq_id)  # its blocks are published once the drafts are text
+            else:
+                seq.num_computed_tokens += chunk.num_tokens
+                self.kv.cache_computed_blocks(seq)  # full + computed: now reusable
+        for seq, _ in result.sampled:  # forks first: a leader that stops at once must not orphan them
             leader = seq.request.sequences[0]
             if seq is not leader and seq in self._followers.get(leader.seq_id, ()):
                 self._fork(leader, seq)
         touched = []
-        for seq, token in sampled:
+        for seq, tokens in result.sampled:
             if seq.status is SequenceStatus.FINISHED:
                 continue  # e.g. its request was aborted between planning and booking
-            seq.token_ids.append(token)
-            self.policy.on_tokens_generated(seq, 1)
-            self._check_stop(seq, token)
+            if seq.seq_id in speculated:
+                seq.token_ids.extend(tokens[:-1])
+                self.kv.cache_computed_blocks(seq)
+                self.kv.truncate(seq, seq.num_computed_tokens)  # blocks that held only rejected drafts
+            seq.token_ids.append(tokens[-1])
+            lp = result.logprobs.get(seq.seq_id)
+            if lp is not None:
+                seq.logprobs.append(lp)
+            self.policy.on_tokens_generated(seq, len(tokens))
+            self._check_stop(seq, tokens[-1])
+            if seq.seq_id in result.grammar_finished and not seq.is_finished:
+                self.finish(seq, FinishReason.STOP)
             touched.append(seq)
         return touched
 

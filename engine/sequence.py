@@ -78,7 +78,7 @@ _seq_ids = itertools.count()
 class Sequence:
     request: Request
     index: int  # sample index within the request (n > 1)
-    token_ids: list[int]
+    token_ids: list[int]  # prompt + verified output tokens; never a speculative draft
     num_prompt_tokens: int
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     status: SequenceStatus = SequenceStatus.WAITING
@@ -90,6 +90,9 @@ class Sequence:
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (kept by the output processor)
     logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
+    # Speculative decoding: tokens proposed for the next step, not yet verified. They live here,
+    # never in token_ids, so prefix hashing, stop checks and penalties only ever see real tokens.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

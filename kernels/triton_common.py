@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e))
+
 
 @functools.lru_cache(maxsize=8)
 def sm_count(device_index: int) -> int:

@@ -12,8 +12,10 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
 from __future__ import annotations
 
 from .dispatch import KernelOps
-from .triton_attention import paged_decode_attention, paged_prefill_attention, write_kv
+from .triton_decode_attention import paged_decode_attention
 from .triton_int8 import int8_linear
+from .triton_kv_write import write_kv
+from .triton_prefill_attention import paged_prefill_attention
 from .triton_sgmv import sgmv_expand, sgmv_shrink
 
 TRITON_OPS = KernelOps(

@@ -69,7 +69,7 @@ def serve(
         return
     ctx, admin_key = build_context(settings)
     if ctx.gateway.enabled:
-        from loraplex.engine.describe import format_config
+        from loraplex.engine import format_config
 
         typer.echo("Engine configuration (resolved):")
         typer.echo(format_config(ctx.gateway.resolved_config()))
@@ -139,7 +139,7 @@ def _print_demo_key(ctx, settings: Settings) -> None:
 def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Convert the packaged SmolLM2-135M-Instruct GGUF into the data dir now (serve does it on
     first start otherwise); prints the checkpoint's path."""
-    from loraplex.engine.real_model import DemoModelUnavailable, ensure_demo_checkpoint
+    from loraplex.engine import DemoModelUnavailable, ensure_demo_checkpoint
     from loraplex.platform.engine_gateway import demo_model_dir
 
     settings = _settings(config, data_dir)

@@ -37,7 +37,7 @@ def _engine_settings_model() -> type[BaseModel]:
     """``[engine]`` is generated from ``EngineConfig`` itself: every engine field, with the engine's
     own type and default, settable from TOML / ``LORAPLEX_ENGINE__*`` / flags; an unknown key or a
     bad value is refused at load time with the field's name — never at start with a raw TypeError."""
-    from loraplex.engine.config import EngineConfig
+    from loraplex.engine import EngineConfig
 
     hints = get_type_hints(EngineConfig)
     fields: dict[str, Any] = {

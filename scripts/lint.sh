@@ -18,3 +18,11 @@ mkdir -p "$TREE/loraplex"
 for d in engine kernels platform migrations; do ln -sfn "../../../$d" "$TREE/loraplex/$d"; done
 (cd "$TREE" && "../../$PY" -m mypy --config-file ../../pyproject.toml \
     -p loraplex.engine -p loraplex.kernels -p loraplex.platform)
+# Layer contracts (.importlinter): engine imports no platform/FastAPI/SQLAlchemy, kernels import no
+# engine, platform uses only loraplex.engine's public names. Same symlink tree, same reason.
+if ! contracts=$(cd "$TREE" && "../../$PY" -c "import sys; from importlinter.cli import lint_imports_command
+sys.argv = ['lint-imports', '--no-cache', '../../.importlinter']; sys.exit(lint_imports_command())" 2>&1); then
+    echo "$contracts"
+    exit 1
+fi
+echo "$contracts" | grep -E "KEPT|Contracts:"

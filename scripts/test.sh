@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install everything and run the whole test suite: Python deps into .venv, PostgreSQL from Debian
-# (started on 127.0.0.1:55432 for the DB tests, stopped afterwards). Extra args go to pytest.
+# Install everything and run the whole test suite: Python deps into .venv (a no-op when nothing
+# changed), PostgreSQL from Debian (a private server on loopback for the DB tests, stopped afterwards).
+# Extra args go to pytest; the inner loop is `scripts/test.sh -m "not slow"` (see CONTRIBUTING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh test,bench,ray
@@ -15,25 +16,20 @@ if [ -n "$APT_PKGS" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; th
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS >/dev/null) \
         || echo "warning: could not install ${APT_PKGS# }; their tests (PostgreSQL, admin UI) will be skipped"
 fi
+# PostgreSQL for the DB tests: a private server from the test harness (tests/harness/postgres.py, the
+# same code the fault tests and benchmarks use), on a free loopback port unless LORAPLEX_TEST_PG_PORT
+# says otherwise; stopped and deleted on exit. An already set LORAPLEX_TEST_POSTGRES_URL is used as is.
 PG_DIR=""
+harness() { PYTHONPATH=tests .venv/bin/python -m "$@"; }
 cleanup() {
-    if [ -n "$PG_DIR" ]; then
-        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
-        rm -rf "$PG_DIR"
-    fi
+    if [ -n "$PG_DIR" ]; then harness harness.postgres stop "$PG_DIR" || true; fi
 }
 trap cleanup EXIT
-if ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    PGBIN=$(ls -d /usr/lib/postgresql/*/bin | tail -1)
-    PG_PORT=${LORAPLEX_TEST_PG_PORT:-55432}
-    PG_DIR=$(mktemp -d)
-    chown postgres "$PG_DIR"
-    runuser -u postgres -- "$PGBIN/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
-    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
-        -o "-k $PG_DIR -p $PG_PORT -c listen_addresses=127.0.0.1" start >/dev/null
-    PSQL="$PGBIN/psql"; [ -x "$PSQL" ] || PSQL=psql
-    "$PSQL" -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "create database loraplex_test" >/dev/null
-    export LORAPLEX_TEST_POSTGRES_URL="postgresql+psycopg://postgres@127.0.0.1:${PG_PORT}/loraplex_test"
+if [ -z "${LORAPLEX_TEST_POSTGRES_URL:-}" ] && ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    pg=$(harness harness.postgres start ${LORAPLEX_TEST_PG_PORT:+--port "$LORAPLEX_TEST_PG_PORT"} --database loraplex_test)
+    PG_DIR=$(sed -n 's/^DIR=//p' <<<"$pg")
+    LORAPLEX_TEST_POSTGRES_URL=$(sed -n 's/^URL=//p' <<<"$pg")
+    export LORAPLEX_TEST_POSTGRES_URL
 fi
 
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1

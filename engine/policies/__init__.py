@@ -8,7 +8,7 @@ from .fair import FairPolicy
 from .fcfs import FCFSPolicy
 from .priority import PriorityPolicy
 from .sjf import SJFPolicy
-from .tenants import TenantBook, TenantLimits
+from .tenants import TenantBook, TenantCaps, TenantLimits
 
 
 def make_policy(config: SchedulerConfig) -> SchedulingPolicy:
@@ -39,6 +39,7 @@ __all__ = [
     "SJFPolicy",
     "SchedulingPolicy",
     "TenantBook",
+    "TenantCaps",
     "TenantLimits",
     "make_policy",
 ]

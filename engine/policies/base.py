@@ -1,7 +1,8 @@
 """The scheduling policy interface: the ORDER in which work runs, nothing else.
 
-The scheduler owns the mechanics (token budget, KV blocks, LoRA slots, preemption); a policy only
-answers "who next?", "who gives way?" and keeps its own accounting through the ``on_*`` hooks.
+The scheduler owns the mechanics (token budget, KV blocks, LoRA slots, preemption) and the engine's
+per-tenant admission caps (``tenants.TenantCaps``); a policy only answers "who next?", "who gives
+way?" and keeps its own accounting through the ``on_*`` hooks. It never reads KV block tables.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 
-from ..kv_cache import KVCacheManager
 from ..sequence import Sequence
 from .tenants import TenantBook, TenantLimits
 
@@ -20,12 +20,9 @@ class SchedulingPolicy(ABC):
     def __init__(self, limits: TenantLimits | None = None) -> None:
         self.book = TenantBook()
         self.limits = limits
-        self.kv: KVCacheManager | None = (
-            None  # the scheduler's KVCacheManager, attached by the scheduler (for KV share caps)
-        )
         # Adapters loaded in device slots, if a LoRA manager tells us (running ones always count).
         self.resident_adapters_fn: Callable[[], Iterable[str]] | None = None
-        self._blocked: set[str] = set()  # tenants may_admit refused during the current admission pass
+        self._blocked: set[str] = set()  # tenants at a cap during the current admission pass (skip_tenant)
 
     def _skipped(self, seq: Sequence, exclude: set[int]) -> bool:
         """For ``next_waiting``: excluded by the scheduler, or its tenant is at a limit this pass
@@ -35,9 +32,6 @@ class SchedulingPolicy(ABC):
     def _new_pass(self, exclude: set[int]) -> None:
         if not exclude:  # the scheduler starts each admission pass with an empty exclude set
             self._blocked.clear()
-
-    def attach_kv(self, kv: KVCacheManager) -> None:
-        self.kv = kv
 
     # ------------------------------------------------------------------ waiting queue
     @abstractmethod
@@ -70,36 +64,17 @@ class SchedulingPolicy(ABC):
         """Which running sequence gives its KV blocks back when memory runs out."""
         return self.order_running(candidates, now)[-1]
 
-    def may_admit(self, seq: Sequence, running: list[Sequence]) -> bool:
-        """Extra admission rules: the engine's per-tenant limits (running cap; no tenant takes the
-        whole batch while another waits; KV share cap while other tenants have work)."""
-        if self._within_limits(seq, running):
-            return True
-        self._blocked.add(seq.tenant.tenant_id)
-        return False
-
-    def _within_limits(self, seq: Sequence, running: list[Sequence]) -> bool:
-        if self.limits is None:
-            return True
-        tid = seq.tenant.tenant_id
-        mine = sum(1 for s in running if s.tenant.tenant_id == tid)
-        cap = self.limits.running_cap(seq.tenant)
-        if cap is not None and mine >= cap:
-            return False
-        if 1 < self.limits.max_num_seqs <= mine + 1 and self.book.others_waiting(tid, seq.tenant.priority):
-            return False
-        share = self.limits.max_kv_share_per_tenant
-        if share is not None and self.kv is not None and self.book.others_have_work(tid):
-            held = sum(len(self.kv.block_table(s)) for s in running if s.tenant.tenant_id == tid)
-            if held + self.kv.blocks_for_tokens(seq.num_tokens) > share * self.kv.num_blocks:
-                return False
-        return True
+    def skip_tenant(self, tenant_id: str) -> None:
+        """The scheduler found ``tenant_id`` at an admission cap: ``next_waiting`` skips its
+        sequences for the rest of this admission pass (one check per flooding tenant, not one per
+        request)."""
+        self._blocked.add(tenant_id)
 
     def preemption_candidates(self, seq: Sequence, running: list[Sequence], now: float) -> list[Sequence]:
         """Running sequences a WAITING ``seq`` may preempt to get in when the batch or KV is full,
         in the order they should go. Default: only the batch-hog rule — when ONE other tenant, of
         the same or a worse class, holds every running sequence, its newest one makes room (once: it
-        may not retake the slot while others wait, see ``may_admit``)."""
+        may not retake the slot while others wait, see ``TenantCaps``)."""
         if self.limits is None or self.limits.max_num_seqs < 2 or len(running) < self.limits.max_num_seqs:
             return []
         hog = running[0].tenant.tenant_id

@@ -1,8 +1,8 @@
-"""Per-tenant bookkeeping every policy shares: who waits, who runs, what each tenant was served,
-and the engine-level per-tenant limits (running-sequence cap, KV share cap, no batch hogging).
+"""Per-tenant bookkeeping every policy shares (who waits, who runs, what each tenant was served) and
+the engine-level per-tenant admission caps (running-sequence cap, KV share cap, no batch hogging).
 
-The book is fed by the policy hooks only, so it sees exactly what the scheduler decides. Limits are
-engine rules, not ordering rules: every policy (fcfs included) enforces them.
+The book is fed by the policy hooks only, so it sees exactly what the scheduler decides. Caps are
+engine rules, not ordering rules: the scheduler enforces them (``TenantCaps``) whatever the policy.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..config import SchedulerConfig
+from ..kv_cache import KVCacheManager
 from ..sequence import Sequence, TenantInfo
 
 
@@ -107,3 +108,29 @@ class TenantBook:
                 "running_adapters": sorted({s.adapter for s in seqs if s.adapter is not None}),
             }
         return out
+
+
+class TenantCaps:
+    """May a tenant's waiting sequence start now? The scheduler asks before admitting; the policy's
+    book (read only) says who waits and who runs. Under contention only: a tenant alone gets all."""
+
+    def __init__(self, limits: TenantLimits, kv: KVCacheManager, book: TenantBook) -> None:
+        self.limits = limits
+        self.kv = kv
+        self.book = book
+
+    def allows(self, seq: Sequence, running: list[Sequence]) -> bool:
+        tid = seq.tenant.tenant_id
+        mine = sum(1 for s in running if s.tenant.tenant_id == tid)
+        cap = self.limits.running_cap(seq.tenant)
+        if cap is not None and mine >= cap:
+            return False
+        # No tenant takes the last batch slot while another (of its class or a better one) waits.
+        if 1 < self.limits.max_num_seqs <= mine + 1 and self.book.others_waiting(tid, seq.tenant.priority):
+            return False
+        share = self.limits.max_kv_share_per_tenant
+        if share is not None and self.book.others_have_work(tid):
+            held = sum(len(self.kv.block_table(s)) for s in running if s.tenant.tenant_id == tid)
+            if held + self.kv.blocks_for_tokens(seq.num_tokens) > share * self.kv.num_blocks:
+                return False
+        return True

@@ -129,7 +129,7 @@ class DraftModelProposer:
                 n = sh.num_uncomputed_tokens
                 self.kv.allocate(sh, n)
                 out.chunks.append(ScheduledChunk(sh, n))
-            rows, logits = self.runner.execute(out, self.kv)
+            rows, logits = self.runner.forward(out, self.kv)
             assert logits is not None  # every chunk ends at a new token: each has a logit row
             for chunk in out.chunks:
                 chunk.seq.num_computed_tokens += chunk.num_tokens

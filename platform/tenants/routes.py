@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
-from loraplex.platform.tenants import service
+from loraplex.platform.tenants import offboarding, service
 from loraplex.platform.tenants.schemas import Deleted, TenantCreate, TenantList, TenantOut, TenantUpdate
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
@@ -44,5 +44,5 @@ def update_tenant(
 def delete_tenant(tenant_id: str, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> Deleted:
     """Soft-delete a tenant: it, its keys and its private adapters disappear from the APIs and its
     in-flight requests stop; the rows and the usage history stay (usage reports and exports show it)."""
-    service.delete_tenant(session, ctx, actor, tenant_id)
+    offboarding.delete_tenant(session, ctx, actor, tenant_id)
     return Deleted(id=tenant_id, object="tenant")

@@ -63,21 +63,14 @@ def update_tenant(session: Session, ctx, actor: Actor, tenant_id: str, changes: 
     return tenant
 
 
-def delete_tenant(session: Session, ctx, actor: Actor, tenant_id: str) -> None:
-    """Soft delete: the tenant row, its keys and its adapters stay as history (usage reports still
-    show them) but disappear from the APIs; keys stop working; in-flight requests are stopped."""
-    from loraplex.platform.adapters import service as adapters_service
-    from loraplex.platform.keys import service as keys_service
-
-    tenant = get_tenant(session, tenant_id)
+def mark_deleted(session: Session, ctx, actor: Actor, tenant: Tenant) -> None:
+    """The tenant's own part of its deletion (``offboarding.delete_tenant`` is the whole use case):
+    the row stays as history, keys resolving to it stop working, its in-flight requests stop."""
     before = snapshot(tenant)
-    for adapter in adapters_service.owned_by(session, tenant_id):
-        adapters_service.delete_adapter(session, ctx, actor, adapter.id)
-    adapters_service.drop_grants_of_tenant(session, tenant_id)
-    keys_service.delete_keys_of_tenant(session, tenant_id)
     tenant.status, tenant.deleted_at = "deleted", utcnow()
     session.flush()
-    audit.record(session, actor.name, "tenant.delete", "tenant", tenant_id, before, snapshot(tenant))
+    audit.record(session, actor.name, "tenant.delete", "tenant", tenant.id, before, snapshot(tenant))
+    tenant_id = tenant.id
     ctx.key_cache.evict_tenant(tenant_id)
     on_commit(session, lambda: ctx.key_cache.evict_tenant(tenant_id))
     _abort_after_commit(session, ctx, tenant_id, f"tenant {tenant_id} was deleted")

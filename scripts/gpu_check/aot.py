@@ -3,7 +3,8 @@
     .venv/bin/python scripts/gpu_check/aot.py [--targets 80,90] [--jobs N]
 
 How the launch configurations are found: the real launchers (``kernels/triton_sgmv.py``,
-``kernels/triton_attention.py``) are called over a grid of realistic shapes (``shapes.py``) with
+``kernels/triton_decode_attention.py``, ``kernels/triton_prefill_attention.py``,
+``kernels/triton_kv_write.py``) are called over a grid of realistic shapes (``shapes.py``) with
 CPU tensors while ``JITFunction.run`` is replaced by a recorder. The recorder binds the arguments
 with Triton's own binder for the CUDA backend, so it records exactly the signature, constexprs
 and specialisation attributes (divisibility, ints equal to 1) a GPU launch would compile. The
@@ -93,22 +94,24 @@ def _recording_run(self, *args, grid, warmup, **kwargs):
 def capture(arch: int) -> list[Config]:
     """Every distinct launch configuration the launchers choose over the shape grid, for ``arch``."""
     global _arch, _label
-    from loraplex.kernels import triton_attention, triton_sgmv
+    from loraplex.kernels import triton_decode_attention, triton_prefill_attention, triton_sgmv
 
     sms = TARGETS[arch]["sms"]
     saved = (
         tjit.JITFunction.run,
         triton_sgmv._target_programs,
         triton_sgmv.dot_in_f32,
-        triton_attention._num_sms,
-        triton_attention.dot_in_f32,
+        triton_decode_attention._num_sms,
+        triton_decode_attention.dot_in_f32,
+        triton_prefill_attention.dot_in_f32,
     )
     gpu_dot_in_f32 = lambda dtype, device: dtype == torch.float32  # noqa: E731  (what CUDA tensors get)
     tjit.JITFunction.run = _recording_run
     triton_sgmv._target_programs = lambda device: 4 * sms
     triton_sgmv.dot_in_f32 = gpu_dot_in_f32
-    triton_attention._num_sms = lambda device: sms
-    triton_attention.dot_in_f32 = gpu_dot_in_f32
+    triton_decode_attention._num_sms = lambda device: sms
+    triton_decode_attention.dot_in_f32 = gpu_dot_in_f32
+    triton_prefill_attention.dot_in_f32 = gpu_dot_in_f32
     _arch = arch
     before = len(_captured)
     try:
@@ -120,8 +123,9 @@ def capture(arch: int) -> list[Config]:
             tjit.JITFunction.run,
             triton_sgmv._target_programs,
             triton_sgmv.dot_in_f32,
-            triton_attention._num_sms,
-            triton_attention.dot_in_f32,
+            triton_decode_attention._num_sms,
+            triton_decode_attention.dot_in_f32,
+            triton_prefill_attention.dot_in_f32,
         ) = saved
     return list(_captured.values())[before:]
 
@@ -177,9 +181,9 @@ _FNS: dict[str, object] = {}
 
 def _kernel_fn(name: str):
     if not _FNS:
-        from loraplex.kernels import triton_attention, triton_sgmv
+        from loraplex.kernels import triton_decode_attention, triton_kv_write, triton_prefill_attention, triton_sgmv
 
-        for mod in (triton_sgmv, triton_attention):
+        for mod in (triton_sgmv, triton_decode_attention, triton_prefill_attention, triton_kv_write):
             for v in vars(mod).values():
                 if isinstance(v, tjit.JITFunction):
                     _FNS[v.fn.__name__] = v

@@ -43,7 +43,9 @@ def _segments(seg_len: int, tokens: int):
 
 
 def launches() -> Iterator[tuple[str, Callable[[], object]]]:
-    from loraplex.kernels import triton_attention as ta
+    from loraplex.kernels import triton_decode_attention as tda
+    from loraplex.kernels import triton_kv_write as tkv
+    from loraplex.kernels import triton_prefill_attention as tpa
     from loraplex.kernels import triton_sgmv as ts
 
     dev = DEVICE
@@ -95,7 +97,7 @@ def launches() -> Iterator[tuple[str, Callable[[], object]]]:
                     kc = torch.empty(4, KV_BLOCK, hkv, d, dtype=dtype, device=dev)
                     bt = torch.zeros(num_seqs, ctx // KV_BLOCK, dtype=torch.int32, device=dev)
                     lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
-                    return ta.paged_decode_attention(q, kc, kc, bt, lens, d**-0.5)
+                    return tda.paged_decode_attention(q, kc, kc, bt, lens, d**-0.5)
 
                 yield f"decode {dt} {name} seqs={num_seqs} ctx={ctx}", decode
             for qlen in (16, 32, 512):
@@ -106,7 +108,7 @@ def launches() -> Iterator[tuple[str, Callable[[], object]]]:
                     bt = torch.zeros(1, 2048 // KV_BLOCK, dtype=torch.int32, device=dev)
                     qsl = torch.tensor([0, qlen], dtype=torch.int32, device=dev)
                     lens = torch.tensor([qlen + 64], dtype=torch.int32, device=dev)
-                    return ta.paged_prefill_attention(q, kc, kc, bt, qsl, lens, d**-0.5, max_query_len=qlen)
+                    return tpa.paged_prefill_attention(q, kc, kc, bt, qsl, lens, d**-0.5, max_query_len=qlen)
 
                 yield f"prefill {dt} {name} qlen={qlen}", prefill
 
@@ -114,6 +116,6 @@ def launches() -> Iterator[tuple[str, Callable[[], object]]]:
                 k = torch.empty(64, hkv, d, dtype=dtype, device=dev)
                 kc = torch.empty(8, KV_BLOCK, hkv, d, dtype=dtype, device=dev)
                 slots = torch.arange(64, dtype=torch.long, device=dev)
-                return ta.write_kv(kc, kc, k, k, slots)
+                return tkv.write_kv(kc, kc, k, k, slots)
 
             yield f"write_kv {dt} {name}", write

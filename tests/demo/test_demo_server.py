@@ -22,6 +22,8 @@ from openai import AsyncOpenAI, OpenAI
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME
 
+pytestmark = pytest.mark.slow  # a real `loraplex serve` process on the 135M demo model
+
 ADMIN_KEY = "lpx-admin-demo-test-key-0123456789"
 # Facts with answers known independently of any model; the expected substring must appear.
 FACTS = [

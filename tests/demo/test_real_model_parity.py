@@ -3,10 +3,13 @@ demo adapter, peft's) greedy output token for token. Both run in float32 from th
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loraplex.engine import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow  # the 135M demo model against transformers
 
 QUESTIONS = ["What is the capital of France?", "Write one sentence about the sea.", "What is 3 plus 4?"]
 MAX_NEW = 16

@@ -4,9 +4,9 @@ as the torch reference path: HF transformers greedy generation and peft.PeftMode
 from __future__ import annotations
 
 import pytest
+from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import PeftOracle, make_adapters
 from lora_testlib import make_prompts as make_lora_prompts
-from test_hf_parity import hf_greedy, make_prompts
 
 from loraplex.engine import LLM, SamplingParams
 

@@ -13,6 +13,8 @@ from lora_testlib import PeftOracle, make_adapters, make_prompts
 
 from loraplex.engine import LLM, SamplingParams
 
+pytestmark = pytest.mark.slow  # subprocesses and the Triton interpreter
+
 ASSIGN = [
     "attn_r8",
     "mlp_r4",

@@ -13,9 +13,9 @@ import random
 
 import pytest
 import torch
+from hf_oracle import hf_greedy
 from lora_testlib import PeftOracle, make_peft_adapter
 from quant_testlib import hf_logits, prefill_logits
-from test_hf_parity import hf_greedy
 
 from loraplex.engine import LLM, EngineConfig, SamplingParams
 from loraplex.engine.models.quantization import weight_bytes

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.model_runner import RunnerOutput
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.policies import make_policy
 from loraplex.engine.sampling_params import SamplingParams
@@ -126,8 +127,7 @@ def test_scheduler_invariants_hold_on_random_workloads(
         assert len(sched.running) <= max_num_seqs
         assert len(plan.adapters) <= max_loras
         assert len({c.seq.seq_id for c in plan.chunks}) == len(plan.chunks), "a sequence scheduled twice"
-        rows = sched.expand_forks(plan.sampling_seqs)
-        sched.update_from_output(plan, [(s, rng.randrange(100)) for _, s in rows])
+        sched.update_from_output(plan, RunnerOutput(sampled=[(s, [rng.randrange(100)]) for s in plan.sampling_targets]))
         check_invariants(sched, kv, seqs)
         assert len(sched.running) <= max_num_seqs, "forks overfilled the batch"
         if not pending and not sched.has_work() and not sched._followers:

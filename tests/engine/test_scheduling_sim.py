@@ -13,6 +13,7 @@ import pytest
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.model_runner import RunnerOutput
 from loraplex.engine.policies import make_policy
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import Scheduler
@@ -124,7 +125,6 @@ class Sim:
             nxt = self.arrivals[self._next].t if self._next < len(self.arrivals) else self.now + 1.0
             self.now = max(self.now + self.step_base, nxt)
             return
-        sampling = [c.seq for c in out.chunks if c.samples]
         for c in out.chunks:
             seq = c.seq
             if seq.seq_id not in self.admitted_at and seq.adapter is not None:
@@ -137,8 +137,8 @@ class Sim:
                 self.service[seq.tenant.tenant_id] += W_P * new
         self._prev_adapters = out.adapters
         self.now += self.step_base + self.step_per_token * out.num_tokens
-        rows = self.sched.expand_forks(sampling)
-        for seq in self.sched.update_from_output(out, [(seq, 1) for _, seq in rows]):
+        result = RunnerOutput(sampled=[(seq, [1]) for seq in out.sampling_targets])
+        for seq in self.sched.update_from_output(out, result):
             self.first_token_at.setdefault(seq.seq_id, self.now)
             self.service[seq.tenant.tenant_id] += W_Q
 

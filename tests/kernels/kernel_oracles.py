@@ -120,3 +120,58 @@ def oracle_attention(q_rows, keys, values, ctx_len, scale):
     k_pos = torch.arange(ctx_len)
     scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
     return torch.einsum("hnk,khd->nhd", torch.softmax(scores, dim=-1), v)
+
+
+# ------------------------------------------------------------------ paged attention cases
+# (block_size, num_q_heads, num_kv_heads, head_dim, dtype): covers block 8/16/32, GQA 1/4/8,
+# head dim 64/128 and the three dtypes without the full product (the interpreter is slow).
+ATTENTION_CONFIGS = [
+    (16, 4, 4, 64, torch.float32),
+    (8, 8, 2, 64, torch.bfloat16),
+    (32, 8, 1, 128, torch.float16),
+    (16, 8, 1, 64, torch.bfloat16),
+    (8, 4, 1, 128, torch.float32),
+    (32, 8, 2, 64, torch.bfloat16),
+    (16, 2, 2, 128, torch.float16),
+]
+
+
+def attention_config_id(cfg):
+    bs, hq, hkv, d, dt = cfg
+    return f"bs{bs}-g{hq // hkv}-d{d}-{str(dt).split('.')[-1]}"
+
+
+def decode_context_lens(bs):
+    # 1 token, partial first block, exactly one block, one past, several blocks with partial tail.
+    return [1, bs - 3, bs, bs + 1, 3 * bs + 5, 5 * bs]
+
+
+def decode_expected(kv, q, scale):
+    return torch.cat(
+        [oracle_attention(q[s : s + 1], kv.keys[s], kv.values[s], c, scale) for s, c in enumerate(kv.ctx_lens)]
+    )
+
+
+def prefill_layout(bs):
+    """(query_len, context_len) per sequence: no prefix, cached prefix with partial blocks, a
+    1-token chunk (decode through the prefill kernel), a sequence with no query this step, chunk
+    shorter than a block."""
+    return [(bs + 5, bs + 5), (7, 2 * bs + 7), (1, bs + 2), (0, bs), (3, 3), (bs + 2, 3 * bs)]
+
+
+def prefill_case(cfg, seed):
+    bs, hq, hkv, d, dtype = cfg
+    layout = prefill_layout(bs)
+    kv = PagedKV([c for _, c in layout], bs, hkv, d, dtype, seed=seed)
+    qsl = [0]
+    for n, _ in layout:
+        qsl.append(qsl[-1] + n)
+    q = torch.randn(qsl[-1], hq, d).to(dtype)
+    scale = 1 / math.sqrt(d)
+    expected = torch.cat(
+        [
+            oracle_attention(q[qsl[s] : qsl[s + 1]], kv.keys[s], kv.values[s], c, scale)
+            for s, (_, c) in enumerate(layout)
+        ]
+    )
+    return kv, q, torch.tensor(qsl, dtype=torch.int32), scale, expected

@@ -7,101 +7,57 @@ import math
 
 import pytest
 import torch
-from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
+from kernel_oracles import (
+    ATTENTION_CONFIGS,
+    PagedKV,
+    assert_close_scaled,
+    attention_config_id,
+    decode_context_lens,
+    decode_expected,
+    oracle_attention,
+    prefill_case,
+)
 
 from loraplex.kernels import reference
 
-# (block_size, num_q_heads, num_kv_heads, head_dim, dtype): covers block 8/16/32, GQA 1/4/8,
-# head dim 64/128 and the three dtypes without the full product (the interpreter is slow).
-CONFIGS = [
-    (16, 4, 4, 64, torch.float32),
-    (8, 8, 2, 64, torch.bfloat16),
-    (32, 8, 1, 128, torch.float16),
-    (16, 8, 1, 64, torch.bfloat16),
-    (8, 4, 1, 128, torch.float32),
-    (32, 8, 2, 64, torch.bfloat16),
-    (16, 2, 2, 128, torch.float16),
-]
 
-
-def _ids(cfg):
-    bs, hq, hkv, d, dt = cfg
-    return f"bs{bs}-g{hq // hkv}-d{d}-{str(dt).split('.')[-1]}"
-
-
-def _decode_ctx(bs):
-    # 1 token, partial first block, exactly one block, one past, several blocks with partial tail.
-    return [1, bs - 3, bs, bs + 1, 3 * bs + 5, 5 * bs]
-
-
-def _decode_expected(kv, q, scale):
-    return torch.cat(
-        [oracle_attention(q[s : s + 1], kv.keys[s], kv.values[s], c, scale) for s, c in enumerate(kv.ctx_lens)]
-    )
-
-
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_reference_decode_matches_oracle(cfg):
     bs, hq, hkv, d, dtype = cfg
-    kv = PagedKV(_decode_ctx(bs), bs, hkv, d, dtype, seed=1)
+    kv = PagedKV(decode_context_lens(bs), bs, hkv, d, dtype, seed=1)
     q = torch.randn(len(kv.ctx_lens), hq, d).to(dtype)
     scale = 1 / math.sqrt(d)
     out = reference.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
-    assert_close_scaled(out, _decode_expected(kv, q, scale), dtype, "reference decode")
+    assert_close_scaled(out, decode_expected(kv, q, scale), dtype, "reference decode")
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("partition", [None, 16], ids=["auto", "split16"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_triton_decode_matches_oracle(triton_ops, cfg, partition):
     bs, hq, hkv, d, dtype = cfg
-    kv = PagedKV(_decode_ctx(bs), bs, hkv, d, dtype, seed=2)
+    kv = PagedKV(decode_context_lens(bs), bs, hkv, d, dtype, seed=2)
     q = torch.randn(len(kv.ctx_lens), hq, d).to(dtype)
     scale = 1 / math.sqrt(d)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
     # partition 16: every context > 16 is split and the partials merged by the reduce kernel.
     out = triton_ops.paged_decode_attention(*args, partition_size=partition)
     assert out.dtype == dtype and out.shape == q.shape
-    assert_close_scaled(out, _decode_expected(kv, q, scale), dtype, "triton decode")
+    assert_close_scaled(out, decode_expected(kv, q, scale), dtype, "triton decode")
     assert_close_scaled(out, reference.paged_decode_attention(*args), dtype, "triton decode vs reference")
 
 
-def _prefill_layout(bs):
-    """(query_len, context_len) per sequence: no prefix, cached prefix with partial blocks, a
-    1-token chunk (decode through the prefill kernel), a sequence with no query this step, chunk
-    shorter than a block."""
-    return [(bs + 5, bs + 5), (7, 2 * bs + 7), (1, bs + 2), (0, bs), (3, 3), (bs + 2, 3 * bs)]
-
-
-def _prefill_case(cfg, seed):
-    bs, hq, hkv, d, dtype = cfg
-    layout = _prefill_layout(bs)
-    kv = PagedKV([c for _, c in layout], bs, hkv, d, dtype, seed=seed)
-    qsl = [0]
-    for n, _ in layout:
-        qsl.append(qsl[-1] + n)
-    q = torch.randn(qsl[-1], hq, d).to(dtype)
-    scale = 1 / math.sqrt(d)
-    expected = torch.cat(
-        [
-            oracle_attention(q[qsl[s] : qsl[s + 1]], kv.keys[s], kv.values[s], c, scale)
-            for s, (_, c) in enumerate(layout)
-        ]
-    )
-    return kv, q, torch.tensor(qsl, dtype=torch.int32), scale, expected
-
-
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_reference_prefill_matches_oracle(cfg):
-    kv, q, qsl, scale, expected = _prefill_case(cfg, seed=3)
+    kv, q, qsl, scale, expected = prefill_case(cfg, seed=3)
     out = reference.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
     assert_close_scaled(out, expected, cfg[-1], "reference prefill")
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_triton_prefill_matches_oracle(triton_ops, cfg):
-    kv, q, qsl, scale, expected = _prefill_case(cfg, seed=4)
+    kv, q, qsl, scale, expected = prefill_case(cfg, seed=4)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
     out = triton_ops.paged_prefill_attention(*args)
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -114,15 +70,15 @@ def test_triton_prefill_matches_oracle(triton_ops, cfg):
 @pytest.mark.interpret
 def test_triton_decode_auto_split_long_context(triton_ops):
     """One long sequence: the automatic policy splits it (no override) and the merge is exact."""
-    from loraplex.kernels import triton_attention
+    from loraplex.kernels import triton_decode_attention
 
     bs, hq, hkv, d, dtype = 16, 4, 1, 64, torch.float32
     kv = PagedKV([600], bs, hkv, d, dtype, seed=11)
     q = torch.randn(1, hq, d)
     out = triton_ops.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
-    assert_close_scaled(out, _decode_expected(kv, q, 0.125), dtype, "auto split")
+    assert_close_scaled(out, decode_expected(kv, q, 0.125), dtype, "auto split")
     max_ctx = kv.block_tables.shape[1] * bs
-    assert triton_attention._decode_partition(1, hkv, max_ctx, d, q.device, None)[2] > 1
+    assert triton_decode_attention._decode_partition(1, hkv, max_ctx, d, q.device, None)[2] > 1
 
 
 @pytest.mark.interpret

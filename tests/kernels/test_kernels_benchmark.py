@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
 
 

@@ -7,8 +7,16 @@ import math
 
 import pytest
 import torch
-from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
-from test_kernels_attention import CONFIGS, _decode_ctx, _decode_expected, _ids, _prefill_case
+from kernel_oracles import (
+    ATTENTION_CONFIGS,
+    PagedKV,
+    assert_close_scaled,
+    attention_config_id,
+    decode_context_lens,
+    decode_expected,
+    oracle_attention,
+    prefill_case,
+)
 
 from loraplex.kernels import cpu_native, get_kernel_ops, reference
 
@@ -19,22 +27,22 @@ def native():
     assert cpu_native.available(), "the native CPU kernels did not build (see the RuntimeWarning)"
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_native_decode_matches_oracle(cfg):
     bs, hq, hkv, d, dtype = cfg
-    kv = PagedKV(_decode_ctx(bs), bs, hkv, d, dtype, seed=21)
+    kv = PagedKV(decode_context_lens(bs), bs, hkv, d, dtype, seed=21)
     q = torch.randn(len(kv.ctx_lens), hq, d).to(dtype)
     scale = 1 / math.sqrt(d)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
     out = cpu_native.paged_decode_attention(*args)
     assert out.dtype == dtype and out.shape == q.shape
-    assert_close_scaled(out, _decode_expected(kv, q, scale), dtype, "native decode")
+    assert_close_scaled(out, decode_expected(kv, q, scale), dtype, "native decode")
     assert_close_scaled(out, reference.paged_decode_attention(*args), dtype, "native decode vs reference")
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ATTENTION_CONFIGS, ids=attention_config_id)
 def test_native_prefill_matches_oracle(cfg):
-    kv, q, qsl, scale, expected = _prefill_case(cfg, seed=22)
+    kv, q, qsl, scale, expected = prefill_case(cfg, seed=22)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
     out = cpu_native.paged_prefill_attention(*args)
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -50,7 +58,7 @@ def test_native_long_contexts_and_odd_group(dtype):
     kv = PagedKV([700, 1, 333, 96], bs, hkv, d, dtype, seed=23)
     q = torch.randn(4, hq, d).to(dtype)
     out = cpu_native.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.1)
-    assert_close_scaled(out, _decode_expected(kv, q, 0.1), dtype, "long decode")
+    assert_close_scaled(out, decode_expected(kv, q, 0.1), dtype, "long decode")
     qlens = [70, 1, 33, 96]
     qsl = torch.tensor([0, 70, 71, 104, 200], dtype=torch.int32)
     qp = torch.randn(200, hq, d).to(dtype)

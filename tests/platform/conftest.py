@@ -5,51 +5,32 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from fastapi.testclient import TestClient
-from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
-from sqlalchemy import create_engine, text
+from harness import postgres
+from harness.serve import ServeProcess
+from platform_helpers import (
+    ADMIN_KEY,
+    BACKENDS,
+    adapter_files,
+    admin_headers,
+    make_peft_adapter,
+    make_settings,
+    need_postgres,
+    pg_create_database,
+    pg_drop_database,
+    zip_bytes,
+)
 from sqlalchemy.engine import make_url
 
 from loraplex.platform.app import build_context, create_app
 from loraplex.platform.db import migrate
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.settings import load_settings
-
-PG_URL = os.environ.get("LORAPLEX_TEST_POSTGRES_URL", "")
-REQUIRE_PG = os.environ.get("LORAPLEX_REQUIRE_POSTGRES") == "1"
-BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
-
-
-def need_postgres() -> str:
-    if PG_URL:
-        return PG_URL
-    if REQUIRE_PG:
-        pytest.fail("LORAPLEX_REQUIRE_POSTGRES=1 but LORAPLEX_TEST_POSTGRES_URL is not set")
-    pytest.skip("LORAPLEX_TEST_POSTGRES_URL is not set")
-
-
-def _pg_admin():
-    return create_engine(need_postgres(), isolation_level="AUTOCOMMIT")
-
-
-def pg_create_database(template: str | None = None) -> str:
-    name = f"lpx_{uuid.uuid4().hex[:12]}"
-    eng = _pg_admin()
-    with eng.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
-    eng.dispose()
-    return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-
-
-def pg_drop_database(url: str) -> None:
-    eng = _pg_admin()
-    with eng.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
-    eng.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -106,18 +87,6 @@ def gateway(demo_model_dir, tmp_path_factory):
     gw = EngineGateway.start(settings)
     yield gw
     gw.shutdown()
-
-
-def make_settings(tmp_path: Path, db_url: str, **overrides):
-    values = dict(
-        data_dir=tmp_path / "data",
-        database_url=db_url,
-        admin_key=ADMIN_KEY,
-        engine={"enabled": False},
-        uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
-    )
-    values.update(overrides)
-    return load_settings(**values)
 
 
 class Platform:
@@ -219,3 +188,56 @@ def db_url_postgres(request):
     url = pg_create_database(template=request.getfixturevalue("pg_template"))
     yield url
     pg_drop_database(url)
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL server of this test's own (it may stop and start it): skipped where the server
+    binaries or root are missing, unless LORAPLEX_REQUIRE_POSTGRES=1."""
+    reason = postgres.unavailable_reason()
+    if reason is not None:
+        if os.environ.get("LORAPLEX_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"LORAPLEX_REQUIRE_POSTGRES=1: {reason}")
+        pytest.skip(reason)
+    server = postgres.PgServer()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def server(live_factory):
+    """(context, url) of a live server on its own database (the session's engine)."""
+    srv = live_factory()
+    return srv.ctx, srv.url
+
+
+@pytest.fixture
+def tenant_setup(server, good_files):
+    """A tenant with a key and an adapter "bot" on a live server, and an ``openai`` client for it."""
+    ctx, url = server
+    with httpx.Client(base_url=url, headers=admin_headers(), timeout=30) as c:
+        tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
+        key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
+        ada = c.post(
+            "/admin/v1/adapters",
+            data={"name": "bot", "tenant_id": tid},
+            files={"file": ("bot.zip", zip_bytes(good_files))},
+        ).json()
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+    return ctx, url, tid, key, ada, client
+
+
+@pytest.fixture
+def serve_process():
+    """``serve_process(data_dir, model_dir, env=..., ...)`` → ``loraplex serve`` in its own process
+    (harness.serve.ServeProcess) with the tests' admin key; killed at the end of the test."""
+    started: list[ServeProcess] = []
+
+    def start(data_dir, model_dir, **kwargs) -> ServeProcess:
+        proc = ServeProcess(data_dir, model_dir, admin_key=ADMIN_KEY, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from platform_helpers import adapter_files, admin_headers, targz_bytes, zip_bytes
+from platform_helpers import (
+    adapter_files,
+    admin_headers,
+    assert_error,
+    models_of,
+    targz_bytes,
+    tenant,
+    tenant_key,
+    upload,
+    zip_bytes,
+)
 from sqlalchemy import func, select
-from test_admin_tenants import assert_error
 
 from loraplex.platform.adapters.models import Adapter
 
 H = admin_headers()
-
-
-def upload(client, name, data: bytes, *, filename="adapter.zip", headers=H, **fields):
-    form = {"name": name, **{k: str(v).lower() if isinstance(v, bool) else v for k, v in fields.items()}}
-    return client.post("/admin/v1/adapters", data=form, files={"file": (filename, data)}, headers=headers)
-
-
-def tenant(client, name):
-    return client.post("/admin/v1/tenants", json={"name": name}, headers=H).json()["id"]
-
-
-def tenant_key(client, tid):
-    return client.post(f"/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"]
-
-
-def models_of(client, key) -> list[str]:
-    return [m["id"] for m in client.get("/v1/models", headers=admin_headers(key)).json()["data"]]
 
 
 def test_upload_private_then_serve(platform, client, good_files):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from platform_helpers import admin_headers
+from platform_helpers import admin_headers, assert_error
 from sqlalchemy import select
-from test_admin_tenants import assert_error
 
 from loraplex.platform.keys.models import ApiKey
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from platform_helpers import admin_headers
-from test_admin_tenants import assert_error
+from platform_helpers import admin_headers, assert_error
 
 H = admin_headers()
 

@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from platform_helpers import admin_headers
+from platform_helpers import admin_headers, assert_error, engine_tenant
 
 H = admin_headers()
-
-
-def assert_error(resp, status: int, *, param: str | None = None, contains: str = "") -> dict:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["message"]
-    if param is not None:
-        assert err["param"] == param
-    assert contains.lower() in err["message"].lower()
-    return err
 
 
 def test_create_get_list_patch_delete(client):
@@ -85,15 +74,8 @@ def test_changes_reach_the_engine(platform, client):
     client.put(f"/admin/v1/tenants/{t['id']}/quota", json={"max_concurrent": 5}, headers=H)
     client.patch(f"/admin/v1/tenants/{t['id']}", json={"weight": 7}, headers=H)
     engine = platform.ctx.gateway.engine.engine
-    tenant_state = _engine_tenant(engine, t["id"])
+    tenant_state = engine_tenant(engine, t["id"])
     assert tenant_state == {"priority": 2, "weight": 7.0, "max_running_seqs": 5}
-
-
-def _engine_tenant(llm_engine, tenant_id: str) -> dict:
-    """The engine's view of a tenant's scheduling fields (whatever object holds them)."""
-    info = llm_engine.tenant_info(tenant_id) if hasattr(llm_engine, "tenant_info") else llm_engine.tenants[tenant_id]
-    get = info.get if isinstance(info, dict) else lambda k: getattr(info, k)
-    return {"priority": get("priority"), "weight": float(get("weight")), "max_running_seqs": get("max_running_seqs")}
 
 
 @pytest.mark.parametrize(

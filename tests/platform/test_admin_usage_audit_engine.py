@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from platform_helpers import admin_headers, zip_bytes
-from test_admin_adapters import tenant, tenant_key, upload
-from test_admin_tenants import assert_error
+from platform_helpers import admin_headers, assert_error, tenant, tenant_key, upload, zip_bytes
 
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.usage.models import UsageRecord

@@ -1,6 +1,6 @@
 """The control plane's contract under bad input and operator actions, against a real uvicorn on
 SQLite and PostgreSQL: cheap refusals, pre-stream errors as HTTP statuses (without using an rpm
-slot), lifecycle aborts within a second billed as delivered, the generation timeout, soft deletes
+slot), lifecycle aborts within a few steps billed as delivered, the generation timeout, soft deletes
 that keep usage history, and the CSV / JSON lines export."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import httpx
 import openai
 import pytest
 from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
+from harness.net import status_before_body
+
+CHUNKS_AFTER_COMMIT = 100
 
 
 @pytest.fixture
@@ -48,35 +51,37 @@ def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
     assert len(usage_rows(live.url, tid)) == 2  # refused requests are not billed
 
 
-def _fastest(send, attempts: int = 3) -> tuple[httpx.Response, float]:
-    """The quickest of a few tries: a cheap refusal is fast at least once even on a loaded machine,
-    an expensive one (seconds of tokenizing) never is."""
-    best: tuple[httpx.Response, float] | None = None
-    for _ in range(attempts):
-        t0 = time.monotonic()
-        r = send()
-        took = time.monotonic() - t0
-        if best is None or took < best[1]:
-            best = (r, took)
-        if took < 1.0:
-            break
-    assert best is not None
-    return best
+def _count_tokenized_chars(monkeypatch, live) -> list[int]:
+    """The length of every text the server's tokenizer encodes from now on (the oracle for "refused
+    without tokenizing": a count, not a stopwatch)."""
+    tokenizer = live.ctx.gateway.tokenizer
+    seen: list[int] = []
+    encode = tokenizer.encode
+
+    def counting_encode(text, *args, **kwargs):
+        seen.append(len(text) if isinstance(text, str) else -1)
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", counting_encode)
+    return seen
 
 
-def test_huge_and_invalid_prompts_are_refused_cheaply(live):
+def test_huge_and_invalid_prompts_are_refused_cheaply(live, monkeypatch):
     _tid, key = new_tenant(live.url, "acme")
     base = _model(live)
     huge = json.dumps({"model": base, "prompt": "a" * (15 * 1024 * 1024), "max_tokens": 1})
     beyond = json.dumps({"model": base, "prompt": "ab " * (1024 * 1024), "max_tokens": 1})
-    with httpx.Client(base_url=live.url, headers={**auth(key), "content-type": "application/json"}, timeout=30) as c:
-        r, took = _fastest(lambda: c.post("/v1/completions", content=huge))
+    tokenized = _count_tokenized_chars(monkeypatch, live)
+    json_headers = {**auth(key), "content-type": "application/json"}
+    # refused on the announced size, before the body is sent (a server reading it first never answers)
+    assert status_before_body(live.url, "/v1/completions", json_headers, len(huge), sent=huge[:64].encode()) == 413
+    with httpx.Client(base_url=live.url, headers=json_headers, timeout=60) as c:
+        r = c.post("/v1/completions", content=huge)
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
-        assert took < 1.0
         # under the body limit but beyond any context: refused without tokenizing
-        r, took = _fastest(lambda: c.post("/v1/completions", content=beyond))
+        r = c.post("/v1/completions", content=beyond)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-        assert took < 1.0
+        assert not [n for n in tokenized if n >= 1024 * 1024], "a prompt beyond any context was tokenized"
         chat = {"model": base, "max_tokens": 1, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
         assert c.post("/v1/chat/completions", json=chat).status_code == 400
         raw = b'{"model": "%s", "prompt": "bad \\ud800 text", "max_tokens": 2}' % base.encode()
@@ -86,15 +91,17 @@ def test_huge_and_invalid_prompts_are_refused_cheaply(live):
         assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
-def test_over_rpm_tenant_is_refused_before_tokenizing(live):
+def test_over_rpm_tenant_is_refused_before_tokenizing(live, monkeypatch):
     _tid, key = new_tenant(live.url, "acme", quota={"rpm": 1})
     base = _model(live)
-    with httpx.Client(base_url=live.url, headers=auth(key), timeout=30) as c:
+    tokenized = _count_tokenized_chars(monkeypatch, live)
+    with httpx.Client(base_url=live.url, headers=auth(key), timeout=60) as c:
         assert c.post("/v1/completions", json={"model": base, "prompt": "hi", "max_tokens": 1}).status_code == 200
         big = json.dumps({"model": base, "prompt": "word " * 700_000, "max_tokens": 1})  # seconds to tokenize
-        r, took = _fastest(lambda: c.post("/v1/completions", content=big, headers={"content-type": "application/json"}))
-        assert r.status_code == 429 and took < 1.0
+        r = c.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 429
         assert int(r.headers["retry-after"]) >= 1
+    assert tokenized and not [n for n in tokenized if n >= 700_000], "the over-quota prompt was tokenized"
 
 
 def test_api_key_only_in_authorization_header(live):
@@ -112,7 +119,7 @@ ACTIONS = {
 
 
 @pytest.mark.parametrize("action", list(ACTIONS))
-def test_lifecycle_change_aborts_in_flight_within_a_second(live, good_files, action):
+def test_lifecycle_change_aborts_in_flight_promptly(live, good_files, action):
     tid, key = new_tenant(live.url, "acme")
     kid = httpx.get(live.url + f"/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
     ada = new_adapter(live.url, "bot", tid, good_files)
@@ -122,17 +129,25 @@ def test_lifecycle_change_aborts_in_flight_within_a_second(live, good_files, act
     t = threading.Thread(target=lambda: bystander.update(r=stream(live.url, bkey, _model(live), max_tokens=60)))
     fired: dict = {}
 
+    def act(res) -> None:  # beside the stream, so that the client keeps reading meanwhile
+        with httpx.Client(base_url=live.url, headers=H, timeout=60) as c:
+            fired["status"] = ACTIONS[action](c, tid, kid, ada).status_code
+        fired["chunks"] = res.chunks  # the change is committed: from here on it must bite
+
     def on_chunk(res):
-        if res.chunks == 5 and not fired:
+        if res.chunks == 5 and "thread" not in fired:
             t.start()
-            with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
-                assert ACTIONS[action](c, tid, kid, ada).status_code == 200
-            fired["at"] = time.monotonic()  # the change is committed: from here on it must bite
+            fired["thread"] = threading.Thread(target=act, args=(res,))
+            fired["thread"].start()
 
     res = stream(live.url, key, "bot", max_tokens=1500, on_chunk=on_chunk)
-    assert fired, f"stream ended before the action: {res}"
+    assert "thread" in fired, f"stream ended before the action: {res}"
+    fired["thread"].join(60)
+    assert fired["status"] == 200
     assert res.error and res.error["code"] == "request_cancelled", res
-    assert res.ended_at - fired["at"] < 1.0
+    # Counted, not timed: once committed, the abort reaches the engine within a step or two; a
+    # stream that kept going would deliver up to ~1500 more chunks.
+    assert res.chunks - fired["chunks"] <= CHUNKS_AFTER_COMMIT, (res.chunks, fired["chunks"])
     assert res.finish_reason is None  # never reported as a normal finish
     t.join(60)
     live.ctx.ledger.flush()
@@ -144,9 +159,8 @@ def test_lifecycle_change_aborts_in_flight_within_a_second(live, good_files, act
 
 def test_generation_timeout_ends_with_length_and_is_billed(live):
     tid, key = new_tenant(live.url, "acme", quota={"max_generation_s": 0.5})
-    t0 = time.monotonic()
     res = stream(live.url, key, _model(live), max_tokens=1500)
-    assert res.done and res.finish_reason == "length" and time.monotonic() - t0 < 3
+    assert res.done and res.finish_reason == "length" and res.chunks < 1500  # cut by the timeout, not max_tokens
     client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0)
     full = client.completions.create(model=_model(live), prompt="Once upon a time", max_tokens=1500, temperature=0)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens < 1500
@@ -155,7 +169,7 @@ def test_generation_timeout_ends_with_length_and_is_billed(live):
     assert [r["status"] for r in rows.values()] == ["timeout", "timeout"]
     assert rows[res.request_id]["completion_tokens"] >= res.chunks
     assert rows[full.id.removeprefix("cmpl-")]["completion_tokens"] == full.usage.completion_tokens
-    assert all(0.4 < r["latency_ms"] / 1000 < 2.5 for r in rows.values())
+    assert all(r["latency_ms"] / 1000 > 0.4 for r in rows.values())  # never cut before the 0.5 s limit
 
 
 def test_soft_deleted_tenant_keeps_its_usage_history_and_exports(live, good_files):

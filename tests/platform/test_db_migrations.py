@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from conftest import BACKENDS, need_postgres, pg_create_database, pg_drop_database
+from platform_helpers import BACKENDS, need_postgres, pg_create_database, pg_drop_database
 from sqlalchemy import create_engine, inspect, text
 
 from loraplex.platform.db import migrate

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import make_settings
-from platform_helpers import admin_headers, zip_bytes
-from test_admin_adapters import tenant, upload
-from test_admin_tenants import _engine_tenant
+from platform_helpers import admin_headers, engine_tenant, make_settings, tenant, upload, zip_bytes
 
 from loraplex.platform.app import build_context
 
@@ -25,7 +22,7 @@ def test_restart_restores_engine_state_from_the_database(platform, client, good_
     try:
         assert new_key is None  # an admin key is configured
         assert ada["id"] in gw.engine.list_adapters()
-        assert _engine_tenant(gw.engine.engine, acme)["priority"] == 4
-        assert _engine_tenant(gw.engine.engine, acme)["weight"] == 9.0
+        assert engine_tenant(gw.engine.engine, acme)["priority"] == 4
+        assert engine_tenant(gw.engine.engine, acme)["weight"] == 9.0
     finally:
         ctx.close()

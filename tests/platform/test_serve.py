@@ -16,6 +16,8 @@ import httpx
 import pytest
 from platform_helpers import zip_bytes
 
+pytestmark = pytest.mark.slow  # a real `loraplex serve` process
+
 
 def _free_port() -> int:
     with socket.socket() as s:

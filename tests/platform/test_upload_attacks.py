@@ -11,15 +11,16 @@ import pytest
 from platform_helpers import (
     adapter_files,
     admin_headers,
+    assert_error,
     nan_adapter_files,
     reshaped_adapter_files,
     targz_bytes,
+    tenant,
+    upload,
     with_config,
     zip_bytes,
 )
 from sqlalchemy import func, select
-from test_admin_adapters import tenant, upload
-from test_admin_tenants import assert_error
 
 from loraplex.platform.adapters.models import Adapter
 

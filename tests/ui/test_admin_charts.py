@@ -8,6 +8,7 @@ import threading
 import uuid
 
 import openai
+import pytest
 
 try:
     from playwright.sync_api import expect
@@ -16,6 +17,8 @@ except ImportError:  # conftest's _need_browser skips every test here (or fails 
 
 from platform_helpers import zip_bytes
 from ui_helpers import screenshot
+
+pytestmark = pytest.mark.slow  # a browser
 
 
 def _tenant(c, name: str, weight: float) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import re
 import uuid
 
 import httpx
+import pytest
 
 try:
     from playwright.sync_api import expect
@@ -15,6 +16,8 @@ except ImportError:  # conftest's _need_browser skips every test here (or fails 
 
 from platform_helpers import ADMIN_KEY, targz_bytes, zip_bytes
 from ui_helpers import screenshot
+
+pytestmark = pytest.mark.slow  # a browser
 
 
 def unique(stem: str) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.slow  # a browser
 
 
 def test_admin_page_is_served_with_a_strict_csp(server):

@@ -1,0 +1,25 @@
+"""Deleting a tenant: one use case across three domains.
+
+Soft delete: the tenant row, its keys and its adapters stay as history (usage reports still show
+them) but disappear from the APIs; keys stop working; in-flight requests are stopped. It lives
+here, above the three services, so that none of them imports another's: adapters and keys look a
+tenant up through ``tenants.service``; ``tenants.service`` knows nothing of them.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from loraplex.platform.adapters import service as adapters_service
+from loraplex.platform.auth.admin import Actor
+from loraplex.platform.keys import service as keys_service
+from loraplex.platform.tenants import service as tenants_service
+
+
+def delete_tenant(session: Session, ctx, actor: Actor, tenant_id: str) -> None:
+    tenant = tenants_service.get_tenant(session, tenant_id)
+    for adapter in adapters_service.owned_by(session, tenant_id):
+        adapters_service.delete_adapter(session, ctx, actor, adapter.id)
+    adapters_service.drop_grants_of_tenant(session, tenant_id)
+    keys_service.delete_keys_of_tenant(session, tenant_id)
+    tenants_service.mark_deleted(session, ctx, actor, tenant)

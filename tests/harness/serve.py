@@ -1,0 +1,143 @@
+"""``loraplex serve`` in a process of its own, for tests and benchmarks: written once.
+
+``ServeProcess`` starts the CLI on a free loopback port with its own data dir and log, waits (a
+generous deadline, polling) until ``/health`` answers, and can be killed (SIGKILL: what a crash
+looks like) or stopped (SIGINT: a clean shutdown). ``ServeCluster`` is the same process with
+``--replicas N``: a local Ray of its own, started in a new process group so that every Ray process
+of this run (and only those) goes when it stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from harness import HarnessError
+from harness.net import free_port, free_port_below_ephemeral
+
+SMALL_KV = "[engine]\nkv_cache_memory_gb = 0.1\n"  # several servers share the machine
+
+
+class ServeProcess:
+    def __init__(
+        self,
+        data_dir: Path,
+        model_dir: Path | None,
+        *,
+        admin_key: str | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        config: str | None = SMALL_KV,
+        args: tuple[str, ...] = (),
+        start_timeout: float = 180,  # a loaded 2-core machine can take a while to import torch
+        new_session: bool = False,
+        python: str = sys.executable,  # a benchmark may serve another checkout's venv
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log = self.data_dir.parent / f"serve-{self.port}-{time.time_ns()}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        if model_dir is not None:
+            full_env["LORAPLEX_ENGINE__MODEL"] = str(model_dir)
+        if admin_key is not None:
+            full_env["LORAPLEX_ADMIN_KEY"] = admin_key
+        cmd = [python, "-m", "loraplex.platform.cli", "serve"]
+        if config is not None:
+            config_file = self.data_dir.parent / f"serve-{self.port}.toml"
+            config_file.write_text(config)
+            cmd += ["--config", str(config_file)]
+        cmd += ["--data-dir", str(self.data_dir), "--port", str(self.port), *args]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=new_session
+            )
+        self._wait_ready(start_timeout)
+
+    def is_ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise HarnessError(f"serve exited ({self.proc.returncode}):\n{self.output()[-4000:]}")
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        self.kill()
+        raise HarnessError(f"serve did not come up in {timeout:.0f} s:\n{self.output()[-4000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no flush."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(20)
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGINT (a clean shutdown), SIGKILL if it does not end within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class ServeCluster(ServeProcess):
+    """``loraplex serve`` with ``[cluster] replicas >= 2`` in ``config``: a local Ray of its own.
+    Ready when the CLI says it serves and ``ready()`` (e.g. "two replicas report") holds."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        model_dir: Path,
+        config: str,
+        *,
+        ready: Callable[[ServeCluster], bool] = lambda c: True,
+        admin_key: str | None = None,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 180,
+    ) -> None:
+        self._ready = ready
+        cluster_env = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        super().__init__(
+            data_dir,
+            model_dir,
+            admin_key=admin_key,
+            env=cluster_env,
+            port=free_port_below_ephemeral(),  # Ray's own processes take ephemeral ports meanwhile
+            config=config,
+            start_timeout=start_timeout,
+            new_session=True,
+        )
+
+    def is_ready(self) -> bool:
+        return "loraplex serving on" in self.output() and self._ready(self)
+
+    def stop(self, timeout: float = 60) -> None:
+        super().stop(timeout)
+        try:  # whatever is left of this run's Ray processes (its process group, not other runs')
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
