@@ -28,6 +28,7 @@ from pathlib import Path
 
 MODE_ENV = "LORAPLEX_FAST_RUNTIME"  # "auto" (default) | "0" / "off": run as started
 MARK_ENV = "LORAPLEX_RUNTIME_REEXEC"  # set in the re-executed process: never re-exec twice
+_checked = False
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 IOMP_NAME = "libiomp5.so"
 # Intel OpenMP settings vLLM's CPU worker also uses: sleep after 1 ms at a barrier instead of the
@@ -144,21 +145,38 @@ def reexec(reason: str) -> None:
     """Replace this process with the same command line under the fast runtime, if that changes
     anything. Returns (doing nothing) when turned off, already re-executed, not needed, or on a
     platform without /proc. ``reason`` names the caller in the one line printed to stderr."""
-    if not enabled() or os.environ.get(MARK_ENV) or not sys.platform.startswith("linux"):
+    global _checked
+    if _checked:  # once per process: a second LLM(...) never restarts a script half-way through
+        return
+    _checked = True
+    if MARK_ENV in os.environ:
+        # The restarted process: the preload is in place now. Give child processes (compilers,
+        # Ray's raylet, a user's subprocesses) the environment this process was started with.
+        original = os.environ.pop(MARK_ENV)
+        if original:
+            os.environ["LD_PRELOAD"] = original
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    if not enabled() or not sys.platform.startswith("linux") or not sys.executable:
         return
     p = plan()
     if not _needs_reexec(p):
         return
     env = dict(os.environ)
-    preload = [lib for lib in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if lib]
+    before = env.get("LD_PRELOAD", "")
+    preload = [lib for lib in before.replace(" ", ":").split(":") if lib]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys([*p.preload, *preload]))
     env.update(p.env)
-    env[MARK_ENV] = "1"
+    env[MARK_ENV] = before  # present = restarted; its value = the LD_PRELOAD to give back
     argv = [sys.executable, *sys.orig_argv[1:]]
     sys.stderr.write(f"[loraplex] {reason}: restarting under {summary(p)} ({MODE_ENV}=0 to skip)\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:  # e.g. the interpreter moved: keep running as started
+        sys.stderr.write(f"[loraplex] restart failed ({exc}); running without the fast runtime\n")
 
 
 def summary(p: RuntimePlan | None = None) -> str:

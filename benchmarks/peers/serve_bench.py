@@ -107,7 +107,11 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        # Own process group: stop() ends the server's children too (vLLM's engine core, its
+        # resource tracker), which outlive a terminated API server otherwise.
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.startup_s = 0.0
         self.key = "none"
         self.model = "base"
@@ -128,12 +132,20 @@ class Server:
         raise RuntimeError(f"{self.name} did not come up in {timeout} s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        self.proc.terminate()
+        import signal
+
         try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        except ProcessLookupError:
+            pass
+        try:  # children that ignored SIGTERM
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, threads: int) -> Server:

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     print(json.dumps({"active": runtime_env.active(), "describe": runtime_env.describe(),
                       "tokens": len(out[0].outputs[0].token_ids), "pid": os.getpid(),
-                      "env": {k: os.environ.get(k) for k in ("KMP_BLOCKTIME", "OMP_WAIT_POLICY")}}))
+                      "env": {k: os.environ.get(k) for k in ("KMP_BLOCKTIME", "OMP_WAIT_POLICY", "LD_PRELOAD")}}))
     """
 )
 
@@ -63,6 +63,16 @@ def test_script_restarts_once_under_tcmalloc_and_intel_openmp(tmp_path, tiny_lla
     assert "tcmalloc + Intel OpenMP" in got["describe"]
     assert output.count("before") == 2  # restarted exactly once (no loop)
     assert output.count("restarting under") == 1
+    assert got["env"]["LD_PRELOAD"] is None  # given back: subprocesses start as the user started this one
+
+
+def test_broken_library_file_does_not_loop(tmp_path, tiny_llama):
+    """A "library" that is not one: the loader skips it, the script runs, and restarts only once."""
+    not_a_library = tmp_path / "libtcmalloc_minimal.so.4"
+    not_a_library.write_text("not an ELF file")
+    got, output = _run_script(tmp_path, tiny_llama, LORAPLEX_TCMALLOC=str(not_a_library), LORAPLEX_IOMP5="")
+    assert got["active"]["tcmalloc"] is False and got["tokens"] == 3
+    assert output.count("before") == 2 and output.count("restarting under") == 1
 
 
 @needs_both

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from billing_helpers import new_tenant
+from harness.serve import ServeProcess
 from openai import OpenAI
-from procs import ServeProcess
 
 from loraplex.engine import runtime_env
 
@@ -49,9 +49,9 @@ def _clean_env(monkeypatch) -> None:
 
 
 @needs_both
-def test_served_process_has_the_preload(tmp_path, demo_model_dir, monkeypatch):
+def test_served_process_has_the_preload(tmp_path, demo_model_dir, monkeypatch, serve_process):
     _clean_env(monkeypatch)
-    server = ServeProcess(tmp_path / "data", demo_model_dir)
+    server = serve_process(tmp_path / "data", demo_model_dir, start_timeout=600)
     try:
         assert runtime_env.active(server.proc.pid) == {"tcmalloc": True, "iomp5": True}
         env = _environ(server.proc.pid)
@@ -66,9 +66,9 @@ def test_served_process_has_the_preload(tmp_path, demo_model_dir, monkeypatch):
 
 
 @needs_both
-def test_missing_library_falls_back_cleanly(tmp_path, demo_model_dir, monkeypatch):
+def test_missing_library_falls_back_cleanly(tmp_path, demo_model_dir, monkeypatch, serve_process):
     _clean_env(monkeypatch)
-    server = ServeProcess(tmp_path / "data", demo_model_dir, env={"LORAPLEX_IOMP5": ""})
+    server = serve_process(tmp_path / "data", demo_model_dir, env={"LORAPLEX_IOMP5": ""}, start_timeout=600)
     try:
         assert runtime_env.active(server.proc.pid) == {"tcmalloc": True, "iomp5": False}
         assert _environ(server.proc.pid).get("OMP_WAIT_POLICY") == "PASSIVE"
@@ -78,9 +78,9 @@ def test_missing_library_falls_back_cleanly(tmp_path, demo_model_dir, monkeypatc
         server.kill()
 
 
-def test_switched_off_runs_as_started(tmp_path, demo_model_dir, monkeypatch):
+def test_switched_off_runs_as_started(tmp_path, demo_model_dir, monkeypatch, serve_process):
     _clean_env(monkeypatch)
-    server = ServeProcess(tmp_path / "data", demo_model_dir, env={"LORAPLEX_FAST_RUNTIME": "0"})
+    server = serve_process(tmp_path / "data", demo_model_dir, env={"LORAPLEX_FAST_RUNTIME": "0"}, start_timeout=600)
     try:
         assert runtime_env.active(server.proc.pid) == {"tcmalloc": False, "iomp5": False}
         assert "LD_PRELOAD" not in _environ(server.proc.pid)
