@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import runtime_env
 from .llm_engine import LLMEngine
 from .memory import kv_bytes_per_token
 
@@ -31,6 +32,7 @@ def resolved_config(engine: LLMEngine) -> dict[str, Any]:
         "scheduling_policy": config.scheduling_policy,
         "max_loras": config.max_loras,
         "max_lora_rank": config.max_lora_rank,
+        "runtime": runtime_env.describe(),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from . import runtime_env
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import OutputKind, RequestOutput
@@ -19,6 +20,10 @@ from .sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str, **engine_args: Any):
+        # The fast CPU runtime (tcmalloc + Intel OpenMP) must be loaded at process start: a plain
+        # script restarts itself once under it, here, before any model work (runtime_env.py).
+        if runtime_env.restartable_script():
+            runtime_env.reexec("LLM(...)")
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
 
     @property

