@@ -19,8 +19,7 @@ from loraplex.platform.settings import Settings, engine_config_kwargs
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams
-    from loraplex.engine.sampling_params import StructuredOutputSpec
+    from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams, StructuredOutputSpec
 
 log = logging.getLogger("loraplex.platform.engine")
 

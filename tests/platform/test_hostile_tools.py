@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
 """Hostile requests against the tool / Responses / extension surface: every one is a 4xx with an
 OpenAI error body or a well-formed answer, never a 500 or a hang."""
 
@@ -8,7 +7,6 @@ import json
 
 import httpx
 import pytest
-from test_openai_api import server, tenant_setup  # noqa: F401  (fixtures)
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 USER = [{"role": "user", "content": "hi"}]

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
 """/v1/responses through the official `openai` client against a real uvicorn: text and message
 input, instructions, streaming events, function tools, text.format, max_output_tokens, usage billed
 like chat (the usage ledger is the oracle), stored responses per tenant (another tenant reads 404).

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
 """Tool calling and the request details agent frameworks rely on, through the official `openai`
 client against a real uvicorn on the random demo model.
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the server/tenant_setup fixtures are imported by name from test_openai_api)
 """vLLM's request extensions through the real server: each is honoured (oracle: what the output
 must then look like) or refused with a 400 naming it, never silently ignored."""
 
