@@ -206,7 +206,10 @@ def run(args) -> dict:
             if srv is not None:
                 srv.stop()
         pg.destroy()
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"kept {root}")
     outs = chaos.outcomes
     complete = [o for o in outs if o.complete]
     lost = sum(1 for o in complete if o.request_id not in rows or rows[o.request_id]["status"] != "ok")
@@ -244,6 +247,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--budget", type=int, default=3000)
     ap.add_argument("--outage", type=float, default=3.0)
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs and server logs")
     args = ap.parse_args()
     result = run(args)
     cols = ["requests", "complete", "records_lost", "billed_ne_delivered", "hung", "slots_leaked"]
