@@ -142,6 +142,7 @@ def run(args) -> dict:
         "LORAPLEX_ENGINE__MAX_NUM_SEQS": "16",
         "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60",
         "LORAPLEX_LEDGER__CHECKPOINT_INTERVAL_S": "0.5",
+        "LORAPLEX_SECRET_KEY": "soak-chaos-shared-secret-0123456789",  # servers on one DB share it
     }
     (root / "a").mkdir()
     (root / "b").mkdir()
@@ -224,7 +225,7 @@ def run(args) -> dict:
         "requests": len(outs),
         "by_status": {str(s): sum(o.status == s for o in outs) for s in sorted({o.status for o in outs})},
         "by_kind_complete": {k: sum(o.kind == k for o in complete) for k in KINDS},
-        "hostile_not_400": sum(o.kind == "hostile" and o.status != 400 for o in outs),
+        "hostile_not_400": sum(o.kind == "hostile" and o.status > 0 and o.status != 400 for o in outs),
         "complete": len(complete),
         "records_lost": lost,
         "billed_ne_delivered": mismatch,
