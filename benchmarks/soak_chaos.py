@@ -142,6 +142,7 @@ def run(args) -> dict:
         "LORAPLEX_ENGINE__MAX_NUM_SEQS": "16",
         "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60",
         "LORAPLEX_LEDGER__CHECKPOINT_INTERVAL_S": "0.5",
+        "LORAPLEX_SECRET_KEY": "soak-chaos-shared-secret-0123456789",  # servers on one DB share it
     }
     (root / "a").mkdir()
     (root / "b").mkdir()
@@ -206,7 +207,10 @@ def run(args) -> dict:
             if srv is not None:
                 srv.stop()
         pg.destroy()
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"kept {root}")
     outs = chaos.outcomes
     complete = [o for o in outs if o.complete]
     lost = sum(1 for o in complete if o.request_id not in rows or rows[o.request_id]["status"] != "ok")
@@ -221,7 +225,7 @@ def run(args) -> dict:
         "requests": len(outs),
         "by_status": {str(s): sum(o.status == s for o in outs) for s in sorted({o.status for o in outs})},
         "by_kind_complete": {k: sum(o.kind == k for o in complete) for k in KINDS},
-        "hostile_not_400": sum(o.kind == "hostile" and o.status != 400 for o in outs),
+        "hostile_not_400": sum(o.kind == "hostile" and o.status > 0 and o.status != 400 for o in outs),
         "complete": len(complete),
         "records_lost": lost,
         "billed_ne_delivered": mismatch,
@@ -244,6 +248,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--budget", type=int, default=3000)
     ap.add_argument("--outage", type=float, default=3.0)
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs and server logs")
     args = ap.parse_args()
     result = run(args)
     cols = ["requests", "complete", "records_lost", "billed_ne_delivered", "hung", "slots_leaked"]

@@ -161,6 +161,15 @@ class UsageLedger:
             self._thread.join(30)
             self._thread = None
         self._drain_once()
+        if self.spool.has_pending():  # a clean stop after an outage: land the spool now if we can
+            try:
+                self._replay()
+            except Exception as exc:
+                log.warning(
+                    "spooled usage records remain in %s (replayed at the next start on this data dir): %s",
+                    self.spool.folder,
+                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                )
         self.lease.release()
 
     # -- the writer ----------------------------------------------------------------------------

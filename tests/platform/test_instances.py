@@ -76,3 +76,20 @@ def test_recovery_closes_only_records_of_expired_leases(live_factory, expired):
     with a.ctx.sessions() as s:
         status = s.scalar(select(UsageRecord.status).where(UsageRecord.request_id == "r1"))
     assert (closed, status) == ((1, "interrupted") if expired else (0, "running"))
+
+
+def test_a_clean_stop_lands_a_pending_spool(live_factory, tmp_path):
+    """Found by the chaos soak: a server stopped (SIGTERM, rolling restart) soon after a database
+    outage kept its final records in its local spool, so they stayed ``running`` in the database."""
+    from loraplex.platform.usage.ledger import UsageLedger
+
+    a = live_factory()
+    ledger = UsageLedger(a.ctx.sessions, tmp_path / "spool")
+    row = {"request_id": "spooled-1", "tenant_id": "t", "status": "ok", "completion_tokens": 7}
+    ledger.spool.append([{**row, "instance_id": ledger.instance_id, "created_at": "2026-12-01T00:00:00+00:00"}])
+    assert ledger.spool.has_pending()
+    ledger.close()
+    assert not ledger.spool.has_pending()
+    with a.ctx.sessions() as s:
+        rec = s.scalar(select(UsageRecord).where(UsageRecord.request_id == "spooled-1"))
+    assert rec is not None and (rec.status, rec.completion_tokens) == ("ok", 7)
