@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import openai
@@ -40,14 +40,15 @@ class Weather(BaseModel):
 
 # A random model's free text is random bytes that the detokenizer may hold back until a character is
 # complete; streams are checked on grammar-constrained JSON, whose tokens are ASCII (so every token
-# is a chunk the client can see).
+# can be a chunk). A stream that falls behind the engine gets the queued tokens as one chunk
+# (async_engine coalesces), so the tests ask for "more than one chunk", never a count per token.
 ASCII = {
     "type": "json_schema",
     "json_schema": {
         "name": "n",
         "schema": {
             "type": "object",
-            "properties": {"n": {"type": "array", "items": {"enum": [1, 22, 333]}, "minItems": 4, "maxItems": 4}},
+            "properties": {"n": {"type": "array", "items": {"enum": [1, 22, 333]}, "minItems": 8, "maxItems": 8}},
             "required": ["n"],
         },
     },
@@ -56,8 +57,9 @@ ASCII = {
 CALLS: list[tuple[str, int]] = []
 
 
-def get_weather(city: Literal["Paris", "Oslo"], days: int) -> str:
-    """Weather forecast for a city."""
+def get_weather(city: Literal["Paris", "Oslo"], days: Annotated[int, Field(ge=1, le=7)]) -> str:
+    """Weather forecast for a city. (Bounded days: an unbounded integer lets a random model write
+    digits until max_tokens cuts the arguments.)"""
     CALLS.append((city, days))
     return f"sunny in {city} for {days} days"
 
@@ -94,12 +96,12 @@ def test_openai_sdk(live):
     second = client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=8)
     assert second.choices[0].message.role == "assistant" and second.usage.prompt_tokens > first.usage.prompt_tokens
     body = dict(
-        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=40, temperature=0, response_format=ASCII
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=80, temperature=0, response_format=ASCII
     )
     chunks = [
         c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True) if c.choices
     ]
-    assert len([c for c in chunks if c]) >= 4
+    assert len([c for c in chunks if c]) > 1
     assert "".join(chunks) == client.chat.completions.create(**body).choices[0].message.content
     resp = client.responses.create(model=model, input="Hi", max_output_tokens=5)
     assert resp.output_text is not None
@@ -132,9 +134,9 @@ def test_langchain_openai(live):
     msgs += [ai, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])]
     final = llm.bind_tools([Weather]).invoke(msgs)
     assert final.type == "ai" and CALLS
-    greedy = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=40, temperature=0, max_retries=0)
+    greedy = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=80, temperature=0, max_retries=0)
     pieces = [c.content for c in greedy.stream("Hi", response_format=ASCII)]
-    assert len([p for p in pieces if p]) >= 4
+    assert len([p for p in pieces if p]) > 1
     assert "".join(pieces) == greedy.invoke("Hi", response_format=ASCII).content  # type: ignore[operator]
 
 
@@ -233,13 +235,13 @@ def test_pydantic_ai(live):
     async def stream() -> list[str]:
         agent = Agent(
             OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=key)),
-            model_settings={"max_tokens": 40, "temperature": 0, "extra_body": {"response_format": ASCII}},
+            model_settings={"max_tokens": 80, "temperature": 0, "extra_body": {"response_format": ASCII}},
         )
         async with agent.run_stream("Hi") as r:
             return [t async for t in r.stream_text(delta=True)]
 
     pieces = asyncio.run(stream())
-    assert len([p for p in pieces if p]) >= 4 and json.loads("".join(pieces))
+    assert len([p for p in pieces if p]) > 1 and json.loads("".join(pieces))
 
 
 # ---------------------------------------------------------------------------------------- openai-agents
@@ -273,7 +275,7 @@ def test_openai_agents_default_responses_model(live):
             Agent(
                 name="x",
                 model=model_name,
-                model_settings=ModelSettings(max_tokens=40, temperature=0, extra_body={"text": fmt}),
+                model_settings=ModelSettings(max_tokens=80, temperature=0, extra_body={"text": fmt}),
             ),
             "Hi",
         )
@@ -282,6 +284,6 @@ def test_openai_agents_default_responses_model(live):
             async for ev in streamed.stream_events()
             if ev.type == "raw_response_event" and ev.data.type == "response.output_text.delta"
         ]
-        assert len(deltas) >= 4 and "".join(deltas) == streamed.final_output
+        assert len(deltas) > 1 and "".join(deltas) == streamed.final_output
 
     asyncio.run(main())  # the default model class is OpenAIResponsesModel: /v1/responses

@@ -16,6 +16,7 @@ from loraplex.platform.inference.tools import ToolStream, parse_output, plan_too
 TOOLS = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
 ARGS = {"x": [1, 'a \\ " } ] {', {"y": None}], "z": "ü"}
 A = json.dumps(ARGS)
+CUT_OFF = '<tool_call>{"name": "f", "arguments": {"x": 1'
 CASES = {
     "hermes": [
         (
@@ -53,6 +54,9 @@ CASES = {
     ],
 }
 FLAT = [(parser, *case) for parser, cases in CASES.items() for case in cases]
+# A stream cannot take back a call whose name and first arguments it already sent; a cut-off call is
+# therefore only equal to the finished parse when it is finished (see test_finished_output).
+STREAMED = [case for case in FLAT if case[1] != CUT_OFF]
 
 
 def _plan(parser: str, **kw):
@@ -81,7 +85,7 @@ def test_finished_output(parser, text, content, calls):
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=st.sampled_from(FLAT), cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=40))
+@given(case=st.sampled_from(STREAMED), cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=40))
 def test_any_chunking_streams_the_same_answer(case, cuts):
     parser, text, content, calls = case
     pieces, i = [], 0
