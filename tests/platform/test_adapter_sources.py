@@ -15,6 +15,9 @@ from s3_helpers import CREDENTIALS, MotoServer
 
 from loraplex.platform.adapters.sources.cache import DiskCache
 
+# A real moto server process and several live servers per test.
+pytestmark = pytest.mark.slow
+
 H = admin_headers()
 PROMPT = "The quick brown fox"
 SECRET = "s" * 40  # several servers on one database ("nodes") must hash keys alike
