@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # a real `loraplex serve` process
 
 def serve_without_admin_key(data_dir: Path, model_dir: Path) -> ServeProcess:
     """``loraplex serve`` with no admin key configured (it makes one and prints it), defaults only."""
-    return ServeProcess(data_dir, model_dir, config=None, clean_env=True, start_timeout=120)
+    return ServeProcess(data_dir, model_dir, config=None, clean_env=True, start_timeout=300)
 
 
 def test_serve_first_start_and_restart(tmp_path, demo_model_dir, good_files):
