@@ -32,8 +32,41 @@ if not _has_cuda():
 SLOW_FIXTURES = frozenset({"serve_process", "private_postgres", "browser", "page", "signed_in", "cluster"})
 
 
+# Tests that run for long without starting anything (node-id prefixes): the slowest of a measured
+# whole-suite run (--durations) on the shared 2-core machine, each > ~12 s there. CI runs them; the
+# inner loop skips them. One case of each oracle stays in the inner loop (HF parity on llama_gqa,
+# greedy speculation with n-gram k = 1 and 3 and draft k = 2, the step-combination batch with k = 2).
+SLOW_TESTS = (
+    "tests/engine/test_scheduling_engine.py::test_light_tenant_ttft_survives_a_flood_under_fair",
+    "tests/engine/test_kv_cache_properties.py::TestKVCacheProperties",
+    "tests/engine/test_scheduling_sim.py::test_locality_slack_keeps_the_bound_within_the_slack",
+    "tests/engine/test_scheduling_sim.py::test_low_class_is_not_starved_past_the_aging_bound",
+    "tests/engine/test_cpu_backend_parity.py::test_cpu_backend_greedy_matches_transformers[qwen2_bias]",
+    "tests/engine/test_cpu_backend_parity.py::test_cpu_backend_greedy_matches_transformers[llama3_rope_tied]",
+    "tests/engine/test_lora_manager.py::test_more_adapters_than_slots_and_cache_cycle_correctly",
+    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[llama3_rope_tied]",
+    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[mistral]",
+    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[llama_mha]",
+    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[qwen2_bias]",
+    "tests/engine/test_speculative.py::test_prefix_cache_never_registers_an_unverified_token",
+    "tests/engine/test_speculative.py::test_fair_policy_charges_emitted_tokens_only",
+    "tests/engine/test_speculative.py::test_seeded_sampling_with_speculation_is_reproducible",
+    "tests/engine/test_speculative.py::test_draft_equal_to_target_accepts_everything",
+    "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[ngram-6]",
+    "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[draft-4]",
+    "tests/engine/test_prefix_cache.py::test_outputs_with_caching_equal_without_mid_block_prefixes[qwen2_bias]",
+    "tests/engine/test_step_combinations.py::test_speculation_changes_nothing_in_a_batch_of_every_feature[5]",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith("tests/demo/"):
+            # The real 135M model: its session fixtures convert the GGUF and train two adapters
+            # (about a minute quiet, over 10 on the loaded shared machine), inside the first test's
+            # deadline.
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.timeout(2400))
