@@ -10,8 +10,10 @@ serve`` and ``LLM(...)`` re-execute the same command line once with ``LD_PRELOAD
 libraries are present and not loaded yet.
 
 Fallbacks (each piece independently): no tcmalloc -> glibc malloc; no libiomp5 -> libgomp with
-``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers instead of spinning; the measured second
-best). ``LORAPLEX_FAST_RUNTIME=0`` turns all of it off (the process runs as started).
+``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers instead of spinning, the documented libgomp
+remedy for the spinning above; benchmarks/peers/runtime_variants.py compares every combination, but
+it has not been run to completion on a quiet machine yet). ``LORAPLEX_FAST_RUNTIME=0`` turns all of
+it off (the process runs as started).
 
 Standard library only, and importable without importing torch: the CLI loads this file before its
 own imports (see ``platform/launch.py``), so a re-exec costs no torch import.
