@@ -224,7 +224,7 @@ def deployment(settings: Settings) -> Any:
             "request_routing_stats_period_s": 1.0,
             "request_routing_stats_timeout_s": 5.0,
         }
-    if cl.max_replicas > cl.replicas:
+    if cl.max_replicas > min(cl.min_replicas, cl.replicas):  # replicas is then the initial count
         options["autoscaling_config"] = {
             "min_replicas": min(cl.min_replicas, cl.replicas),
             "initial_replicas": cl.replicas,
