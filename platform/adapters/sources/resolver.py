@@ -124,14 +124,19 @@ class AdapterResolver:
                 self.counters["cache_hits"] += 1
                 return Fetched(cached, expected_sha256, "", _size(cached), downloaded=False)
         key = (str(src), expected_sha256)
+        started = False
         with self._lock:
             fut = self._inflight.get(key)
             if fut is None:
                 fut = self._pool.submit(self._fetch_now, src)
                 self._inflight[key] = fut
-                fut.add_done_callback(partial(self._forget, key))
+                started = True
             else:
                 self.counters["joined"] += 1
+        if started:
+            # Outside the lock: a future that is already done runs its callback right here, and the
+            # callback takes the lock (inside it, a fast fetch deadlocked the caller).
+            fut.add_done_callback(partial(self._forget, key))
         try:
             return fut.result(timeout=self.fetch_timeout_s)
         except FutureTimeout:
