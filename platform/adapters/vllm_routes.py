@@ -5,13 +5,14 @@ tenant may use it, as on vLLM); ``lora_path`` is a local folder or an s3://, fil
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.adapters import references, repository, service
+from loraplex.platform.api_errors import ErrorBody
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.errors import BadRequest, NotFound
 
@@ -33,7 +34,27 @@ class UnloadLoRAAdapter(BaseModel):
     lora_int_id: int | None = None  # accepted for compatibility; names identify adapters here
 
 
-@router.post("/load_lora_adapter", response_class=PlainTextResponse)
+def _json_errors() -> dict[int | str, dict[str, Any]]:
+    """These routes answer plain text (as vLLM's do) but their errors are JSON: say so in the
+    OpenAPI document (FastAPI would list the errors under the route's text/plain type)."""
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    return {s: {"model": ErrorBody, "description": d, "content": dict(body)} for s, d in _ERRORS.items()}
+
+
+_ERRORS = {
+    400: "Invalid request or the adapter is already loaded",
+    401: "Missing or invalid API key",
+    403: "Not an admin key",
+    404: "No such adapter",
+    408: "The request body did not arrive in time",
+    409: "Conflicts with existing data",
+    413: "The request body is too large",
+    422: "A parameter fails validation",
+    503: "The adapter store or the engine is unavailable",
+}
+
+
+@router.post("/load_lora_adapter", response_class=PlainTextResponse, responses=_json_errors())
 def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
     existing = repository.active_by_name(session, body.lora_name)
     if existing is not None and not body.load_inplace:
@@ -51,7 +72,7 @@ def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDe
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
 
-@router.post("/unload_lora_adapter", response_class=PlainTextResponse)
+@router.post("/unload_lora_adapter", response_class=PlainTextResponse, responses=_json_errors())
 def unload_lora_adapter(body: UnloadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
     adapter = repository.active_by_name(session, body.lora_name)
     if adapter is None:
