@@ -12,7 +12,13 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository
 from loraplex.platform.adapters.models import Adapter
-from loraplex.platform.adapters.service import UploadRequest, _check_request, _previous_version, _supersede
+from loraplex.platform.adapters.service import (
+    UploadRequest,
+    _check_request,
+    _previous_version,
+    _supersede,
+    adapter_row,
+)
 from loraplex.platform.adapters.sources.resolver import Fetched
 from loraplex.platform.adapters.sources.uri import parse_source
 from loraplex.platform.audit import service as audit
@@ -44,22 +50,16 @@ def _add_version(
     version: int,
 ) -> Adapter:
     facts = ctx.gateway.validate_adapter(fetched.path)
-    adapter = Adapter(
-        name=req.name,
-        version=version,
-        visibility=req.visibility,
-        owner_tenant_id=req.tenant_id if req.visibility == "private" else None,
-        base_model=facts.base_model or ctx.gateway.model_name,
-        rank=facts.rank,
-        alpha=facts.alpha,
-        target_modules=facts.target_modules,
-        use_rslora=facts.use_rslora,
-        sha256=fetched.sha256,
-        size_bytes=fetched.size_bytes,
+    adapter = adapter_row(
+        req,
+        facts,
+        ctx.gateway.model_name,
+        version,
+        fetched.sha256,
+        fetched.size_bytes,
         storage_path="",
         source_uri=uri,
         source_etag=fetched.fingerprint or None,
-        status="active",
     )
     repository.add(session, adapter)
     if previous is not None:

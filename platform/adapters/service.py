@@ -64,21 +64,7 @@ def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, uplo
         relative, is_new = ctx.store.put(files, sha)
     if is_new:
         on_rollback(session, lambda: ctx.store.remove(relative))
-    adapter = Adapter(
-        name=req.name,
-        version=version,
-        visibility=req.visibility,
-        owner_tenant_id=req.tenant_id if req.visibility == "private" else None,
-        base_model=facts.base_model or ctx.gateway.model_name,
-        rank=facts.rank,
-        alpha=facts.alpha,
-        target_modules=facts.target_modules,
-        use_rslora=facts.use_rslora,
-        sha256=sha,
-        size_bytes=size,
-        storage_path=relative,
-        status="active",
-    )
+    adapter = adapter_row(req, facts, ctx.gateway.model_name, version, sha, size, storage_path=relative)
     repository.add(session, adapter)
     if previous is not None:
         _supersede(session, ctx, previous, adapter)
@@ -222,3 +208,25 @@ def _copy_limited(src: IO[bytes], dest, limit: int) -> None:
             out.write(chunk)
     if copied == 0:
         raise UploadRejected("the uploaded file is empty", param="file")
+
+
+def adapter_row(
+    req: UploadRequest, facts, model_name: str, version: int, sha256: str, size_bytes: int, **where: str | None
+) -> Adapter:
+    """The new version's row from the request and the validated files (an upload says
+    ``storage_path``; a reference says ``source_uri``/``source_etag``)."""
+    return Adapter(
+        name=req.name,
+        version=version,
+        visibility=req.visibility,
+        owner_tenant_id=req.tenant_id if req.visibility == "private" else None,
+        base_model=facts.base_model or model_name,
+        rank=facts.rank,
+        alpha=facts.alpha,
+        target_modules=facts.target_modules,
+        use_rslora=facts.use_rslora,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        status="active",
+        **where,
+    )
