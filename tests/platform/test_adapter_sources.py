@@ -376,3 +376,56 @@ def test_a_store_that_never_answers_gives_503_within_the_fetch_timeout(live_fact
         for s in accepted:
             s.close()
         hole.close()
+
+
+def test_cold_reference_meets_n_streaming_schema_quota_and_hostile_names(live_factory, moto, good_files, request):
+    """An S3 adapter's FIRST use arrives as concurrent n = 3 streaming json_schema requests under a tpm
+    limit, next to a hostile model name: every answer parses, one download, the limit holds."""
+    import json
+
+    source = moto.put_folder(_bucket(request), "combo/", good_files)
+    srv = live_factory(adapters=_adapters_settings(moto), secret_key=SECRET)
+    c, tid, key = _setup(srv.url)
+    downloads_before = srv.ctx.sources.resolver.counters["downloads"]
+    assert _register(c, "combo-bot", source, tid).status_code == 201
+    assert c.put(f"/admin/v1/tenants/{tid}/quota", json={"tpm": 400}).status_code == 200
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def one(_):
+        try:
+            stream = client.chat.completions.create(
+                model="combo-bot",
+                messages=[{"role": "user", "content": "hi"}],
+                n=3,
+                max_tokens=12,
+                stream=True,
+                response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+            )
+            texts = ["", "", ""]
+            for chunk in stream:
+                for ch in chunk.choices:
+                    texts[ch.index] += ch.delta.content or ""
+            return texts
+        except openai.RateLimitError:
+            return None
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    served = [r for r in results if r is not None]
+    assert served, results  # the first requests of a cold adapter are answered, not 503/500
+    for texts in served:
+        for t in texts:  # a choice cut by max_tokens is a JSON prefix; a finished one parses
+            assert t and t.lstrip().startswith("{")
+            if t.rstrip().endswith("}"):
+                assert isinstance(json.loads(t)["ok"], bool)
+    # one download in all: registration's (it validates the files); first use comes from the disk cache
+    assert srv.ctx.sources.resolver.counters["downloads"] - downloads_before == 1
+    # prompt + n x max_tokens is reserved: the tpm limit admits at most what it can pay for
+    assert len(served) * 3 * 12 <= 400
+    bad = httpx.post(
+        srv.url + "/v1/chat/completions",
+        content=b'{"model": "combo-bot\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+        headers={**admin_headers(key), "content-type": "application/json"},
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_text"
