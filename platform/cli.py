@@ -12,11 +12,14 @@ launch.reexec_for_serve(sys.argv)  # before torch is imported (the imports below
 import gc  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated, Any  # noqa: E402
+from typing import TYPE_CHECKING, Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 
 from loraplex.platform.settings import ConfigError, Settings, load_settings  # noqa: E402
+
+if TYPE_CHECKING:  # importing the context pulls in the whole platform; serve imports it lazily
+    from loraplex.platform.context import PlatformContext
 
 app = typer.Typer(help="loraplex: multi-LoRA, multi-tenant LLM serving", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
@@ -157,7 +160,7 @@ def _serve_on_ray(settings: Settings) -> None:
     deploy.run(settings)
 
 
-def _print_demo_key(ctx, settings: Settings) -> None:
+def _print_demo_key(ctx: PlatformContext, settings: Settings) -> None:
     from loraplex.platform.demo.bootstrap import DEMO_TENANT, demo_snippets, ensure_demo_tenant
 
     demo_key = ensure_demo_tenant(ctx)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import text
 
 from loraplex.platform.http_errors import error_response
+
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
 # Answered while the database is not ready yet (a degraded start): liveness, readiness, metrics.
 _ALWAYS = ("/health", "/ready", "/metrics")
 
 
-def readiness(ctx) -> dict:
+def readiness(ctx: PlatformContext) -> dict:
     engine = "disabled" if not ctx.gateway.enabled else ("alive" if ctx.gateway.alive else "dead")
     try:
         with ctx.db_engine.connect() as conn:
@@ -34,7 +39,7 @@ class DatabasePending:
     """ASGI guard for a degraded start: until the database steps ran (it was unreachable at start),
     every route but health answers 503 + Retry-After instead of failing on a missing schema."""
 
-    def __init__(self, app, ctx) -> None:
+    def __init__(self, app, ctx: PlatformContext) -> None:
         self.app = app
         self.ctx = ctx
 

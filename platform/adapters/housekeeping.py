@@ -9,12 +9,16 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository
 from loraplex.platform.adapters.store import AdapterStore
 from loraplex.platform.db.session import unit_of_work
+
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
 log = logging.getLogger("loraplex.platform.adapters")
 
@@ -48,7 +52,7 @@ def cleanup_store(session: Session, store: AdapterStore, *, min_age_s: float = 0
     return removed
 
 
-async def sweep_periodically(ctx, interval_s: float) -> None:
+async def sweep_periodically(ctx: PlatformContext, interval_s: float) -> None:
     """The same cleanup every ``interval_s`` while serving (folders older than the interval)."""
     while True:
         await asyncio.sleep(interval_s)
@@ -61,6 +65,6 @@ async def sweep_periodically(ctx, interval_s: float) -> None:
             log.warning("removed %d leftover adapter folder(s): %s", len(removed), ", ".join(removed))
 
 
-def _sweep_once(ctx, min_age_s: float) -> list[str]:
+def _sweep_once(ctx: PlatformContext, min_age_s: float) -> list[str]:
     with unit_of_work(ctx.sessions) as session:
         return cleanup_store(session, ctx.store, min_age_s=min_age_s)

@@ -7,6 +7,7 @@ first use into its own disk cache. The content hash is the version: new content 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -26,12 +27,17 @@ from loraplex.platform.auth.admin import Actor
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.db.snapshot import snapshot
 
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
+
 # Writes of a new version found at first use (one at a time in this process).
 _new_version_lock = threading.Lock()
 STORE_ACTOR = Actor("store")
 
 
-def register_reference(session: Session, ctx, actor: Actor, req: UploadRequest, source: str) -> Adapter:
+def register_reference(
+    session: Session, ctx: PlatformContext, actor: Actor, req: UploadRequest, source: str
+) -> Adapter:
     _check_request(session, ctx, req)
     uri = str(parse_source(source))
     previous, version = _previous_version(session, req)
@@ -41,7 +47,7 @@ def register_reference(session: Session, ctx, actor: Actor, req: UploadRequest, 
 
 def _add_version(
     session: Session,
-    ctx,
+    ctx: PlatformContext,
     actor: Actor,
     req: UploadRequest,
     uri: str,
@@ -68,7 +74,7 @@ def _add_version(
     return adapter
 
 
-def refresh(session: Session, ctx, actor: Actor, adapter: Adapter) -> Adapter:
+def refresh(session: Session, ctx: PlatformContext, actor: Actor, adapter: Adapter) -> Adapter:
     """Ask the store again: new content becomes a new version (returned); else ``adapter``."""
     assert adapter.source_uri is not None
     fetched = ctx.sources.resolver.fetch(adapter.source_uri)
@@ -77,7 +83,7 @@ def refresh(session: Session, ctx, actor: Actor, adapter: Adapter) -> Adapter:
     return _new_version(session, ctx, actor, adapter, fetched)
 
 
-def record_changed_content(ctx, adapter: Adapter, fetched: Fetched) -> None:
+def record_changed_content(ctx: PlatformContext, adapter: Adapter, fetched: Fetched) -> None:
     """First use found new content at the source: register it as the next version (own
     transaction, so the request that found it resolves the name again and gets it)."""
     with _new_version_lock, unit_of_work(ctx.sessions) as session:
@@ -87,7 +93,7 @@ def record_changed_content(ctx, adapter: Adapter, fetched: Fetched) -> None:
         _new_version(session, ctx, STORE_ACTOR, latest, fetched)
 
 
-def _new_version(session: Session, ctx, actor: Actor, current: Adapter, fetched: Fetched) -> Adapter:
+def _new_version(session: Session, ctx: PlatformContext, actor: Actor, current: Adapter, fetched: Fetched) -> Adapter:
     req = UploadRequest(
         name=current.name, visibility=current.visibility, tenant_id=current.owner_tenant_id, new_version=True
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,9 @@ from loraplex.platform.db.session import on_commit, on_rollback
 from loraplex.platform.db.snapshot import snapshot
 from loraplex.platform.errors import BadRequest, Conflict, NotFound
 from loraplex.platform.tenants.service import get_tenant
+
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,9 @@ def owned_by(session: Session, tenant_id: str) -> list[Adapter]:
     return repository.owned_by(session, tenant_id)
 
 
-def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, upload: IO[bytes]) -> Adapter:
+def upload_adapter(
+    session: Session, ctx: PlatformContext, actor: Actor, req: UploadRequest, upload: IO[bytes]
+) -> Adapter:
     _check_request(session, ctx, req)
     previous, version = _previous_version(session, req)
     limits = ctx.settings.uploads
@@ -75,7 +80,7 @@ def upload_adapter(session: Session, ctx, actor: Actor, req: UploadRequest, uplo
     return adapter
 
 
-def delete_adapter(session: Session, ctx, actor: Actor, adapter_id: str) -> None:
+def delete_adapter(session: Session, ctx: PlatformContext, actor: Actor, adapter_id: str) -> None:
     """Soft delete: the row stays (usage history names it), its files and grants go, and requests
     using it are stopped (billed for what they delivered)."""
     adapter = get_adapter(session, adapter_id)
@@ -131,7 +136,7 @@ def granted_tenant_ids(session: Session, adapters: list[Adapter]) -> dict[str, l
     return repository.granted_tenant_ids(session, [a.id for a in adapters])
 
 
-def _check_request(session: Session, ctx, req: UploadRequest) -> None:
+def _check_request(session: Session, ctx: PlatformContext, req: UploadRequest) -> None:
     if not re.match(ADAPTER_NAME_PATTERN, req.name):
         raise BadRequest(
             "name must be 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit",
@@ -177,7 +182,7 @@ def _previous_version(session: Session, req: UploadRequest) -> tuple[Adapter | N
     return latest, next_version
 
 
-def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> None:
+def _supersede(session: Session, ctx: PlatformContext, previous: Adapter, current: Adapter) -> None:
     """The new version takes the name; grants carry over; the old one leaves the engine."""
     for grant in repository.grants(session, previous.id):
         repository.add(session, AdapterGrant(adapter_id=current.id, tenant_id=grant.tenant_id))
@@ -188,7 +193,7 @@ def _supersede(session: Session, ctx, previous: Adapter, current: Adapter) -> No
     session.flush()
 
 
-def _unload_later(ctx, adapter_id: str) -> Callable[[], None]:
+def _unload_later(ctx: PlatformContext, adapter_id: str) -> Callable[[], None]:
     """A callback that takes ``adapter_id`` out of the engine (bound now, run after commit)."""
 
     def unload() -> None:

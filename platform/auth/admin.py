@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -14,6 +15,9 @@ from loraplex.platform.auth.tokens import ADMIN_KEY_PREFIX, display_prefix, gene
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import Forbidden, Unauthorized
 from loraplex.platform.keys.models import AdminKey
+
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class Actor:
 CLI_ACTOR = Actor("cli")
 
 
-def authenticate_admin(ctx, token: str) -> Actor:
+def authenticate_admin(ctx: PlatformContext, token: str) -> Actor:
     configured = ctx.settings.admin_key
     if configured and hmac.compare_digest(token.encode(), configured.encode()):
         return Actor("admin")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy.orm import Session
 
 from loraplex.platform.auth.key_cache import TenantAuth
@@ -11,8 +13,11 @@ from loraplex.platform.errors import Forbidden, Unauthorized
 from loraplex.platform.keys import repository as keys_repo
 from loraplex.platform.tenants import repository as tenants_repo
 
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
-def lookup_tenant_key(session: Session, ctx, key_hash: str) -> TenantAuth | None:
+
+def lookup_tenant_key(session: Session, ctx: PlatformContext, key_hash: str) -> TenantAuth | None:
     """A usable key's tenant (not revoked, not expired), or None. Records last use."""
     key = keys_repo.get_by_hash(session, key_hash)
     if key is None or key.revoked_at is not None:
@@ -41,7 +46,7 @@ def lookup_tenant_key(session: Session, ctx, key_hash: str) -> TenantAuth | None
     return auth
 
 
-def authenticate_tenant(ctx, token: str) -> TenantAuth:
+def authenticate_tenant(ctx: PlatformContext, token: str) -> TenantAuth:
     key_hash = ctx.hasher.hash(token)
     auth = ctx.key_cache.get(key_hash)
     if auth is None:

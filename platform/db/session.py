@@ -35,7 +35,7 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def on_commit(session: Session, callback: Callable[[], None]) -> None:
+def on_commit(session: Session, callback: Callable[[], object]) -> None:
     """Run ``callback`` once the surrounding unit of work has committed (engine sync, file cleanup)."""
     session.info.setdefault("on_commit", []).append(callback)
 

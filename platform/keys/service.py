@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -16,10 +17,13 @@ from loraplex.platform.keys.models import ApiKey
 from loraplex.platform.keys.schemas import KeyScope
 from loraplex.platform.tenants.service import get_tenant
 
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
+
 
 def create_key(
     session: Session,
-    ctx,
+    ctx: PlatformContext,
     actor: Actor,
     tenant_id: str,
     name: str,
@@ -57,7 +61,7 @@ def delete_keys_of_tenant(session: Session, tenant_id: str) -> None:
     session.flush()
 
 
-def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
+def revoke_key(session: Session, ctx: PlatformContext, actor: Actor, key_id: str) -> ApiKey:
     key = repository.get(session, key_id)
     if key is None or key.deleted_at is not None:
         raise NotFound(f"no API key with id {key_id!r}", param="key_id")
@@ -76,7 +80,7 @@ def revoke_key(session: Session, ctx, actor: Actor, key_id: str) -> ApiKey:
     return key
 
 
-def set_scope(session: Session, ctx, actor: Actor, key_id: str, scope: KeyScope) -> ApiKey:
+def set_scope(session: Session, ctx: PlatformContext, actor: Actor, key_id: str, scope: KeyScope) -> ApiKey:
     """Replace the key's scope (models and own limits); it applies from the next request."""
     key = repository.get(session, key_id)
     if key is None or key.deleted_at is not None:

@@ -8,6 +8,8 @@ tenant up through ``tenants.service``; ``tenants.service`` knows nothing of them
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import service as adapters_service
@@ -15,8 +17,11 @@ from loraplex.platform.auth.admin import Actor
 from loraplex.platform.keys import service as keys_service
 from loraplex.platform.tenants import service as tenants_service
 
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
 
-def delete_tenant(session: Session, ctx, actor: Actor, tenant_id: str) -> None:
+
+def delete_tenant(session: Session, ctx: PlatformContext, actor: Actor, tenant_id: str) -> None:
     tenant = tenants_service.get_tenant(session, tenant_id)
     for adapter in adapters_service.owned_by(session, tenant_id):
         adapters_service.delete_adapter(session, ctx, actor, adapter.id)

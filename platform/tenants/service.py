@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -13,6 +13,9 @@ from loraplex.platform.errors import Conflict, NotFound
 from loraplex.platform.tenants import repository
 from loraplex.platform.tenants.models import Tenant
 
+if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
+    from loraplex.platform.context import PlatformContext
+
 
 def get_tenant(session: Session, tenant_id: str, *, include_deleted: bool = False) -> Tenant:
     tenant = repository.get(session, tenant_id)
@@ -23,7 +26,7 @@ def get_tenant(session: Session, tenant_id: str, *, include_deleted: bool = Fals
 
 def create_tenant(
     session: Session,
-    ctx,
+    ctx: PlatformContext,
     actor: Actor,
     *,
     name: str,
@@ -47,7 +50,9 @@ def list_tenants(session: Session, *, limit: int, offset: int) -> tuple[list[Ten
     return repository.list_tenants(session, limit=limit, offset=offset)
 
 
-def update_tenant(session: Session, ctx, actor: Actor, tenant_id: str, changes: dict[str, Any]) -> Tenant:
+def update_tenant(
+    session: Session, ctx: PlatformContext, actor: Actor, tenant_id: str, changes: dict[str, Any]
+) -> Tenant:
     tenant = get_tenant(session, tenant_id)
     new_name = changes.get("name")
     if new_name and new_name != tenant.name and repository.get_by_name(session, new_name):
@@ -63,7 +68,7 @@ def update_tenant(session: Session, ctx, actor: Actor, tenant_id: str, changes: 
     return tenant
 
 
-def mark_deleted(session: Session, ctx, actor: Actor, tenant: Tenant) -> None:
+def mark_deleted(session: Session, ctx: PlatformContext, actor: Actor, tenant: Tenant) -> None:
     """The tenant's own part of its deletion (``offboarding.delete_tenant`` is the whole use case):
     the row stays as history, keys resolving to it stop working, its in-flight requests stop."""
     before = snapshot(tenant)
@@ -76,11 +81,11 @@ def mark_deleted(session: Session, ctx, actor: Actor, tenant: Tenant) -> None:
     _abort_after_commit(session, ctx, tenant_id, f"tenant {tenant_id} was deleted")
 
 
-def _abort_after_commit(session: Session, ctx, tenant_id: str, reason: str) -> None:
+def _abort_after_commit(session: Session, ctx: PlatformContext, tenant_id: str, reason: str) -> None:
     on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, reason, tenant_id=tenant_id))
 
 
-def _after_change(session: Session, ctx, tenant: Tenant) -> None:
+def _after_change(session: Session, ctx: PlatformContext, tenant: Tenant) -> None:
     from loraplex.platform.engine_sync import push_tenant_after_commit
 
     tenant_id = tenant.id
