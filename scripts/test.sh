@@ -39,4 +39,4 @@ if [ "$#" -eq 0 ]; then
     scripts/gpu-check.sh --aot
 fi
 # Coverage of the loraplex package (in-process code; servers started as subprocesses are not traced).
-.venv/bin/python -m pytest -q --cov=loraplex --cov-report=term:skip-covered "$@"
+.venv/bin/python -m pytest -q -n "${LORAPLEX_TEST_WORKERS:-2}" --dist loadgroup --cov=loraplex --cov-report=term:skip-covered "$@"

@@ -131,8 +131,21 @@ class Server:
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} did not come up in {timeout} s:\n{self.log.read_text()[-3000:]}")
 
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP / SIGCONT the server's whole process group: a server that is not being measured
+        must not take CPU from the one that is (vLLM's CPU worker keeps its OpenMP threads busy
+        between requests; on 2 cores that halved the other system's throughput)."""
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     def stop(self) -> None:
         import signal
+
+        self.pause(False)
 
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -279,11 +292,14 @@ def main() -> None:
                 servers[s].wait_ready(600)
                 register_loraplex(servers[s], adapters)
             print(f"{s}: up in {servers[s].startup_s:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+            servers[s].pause(True)  # the next system starts up alone
         for rnd in range(args.rounds):
             for i, row in enumerate(rows):
                 order = systems if (rnd + i) % 2 == 0 else list(reversed(systems))
                 prompts = max(4, args.prompts_per_16 * ROWS[row][1] // 16)
                 for s in order:
+                    for other, srv in servers.items():
+                        srv.pause(other != s)
                     res = run_row(servers[s], args.vllm_venv, model, row, args.output_len, prompts, tmp)
                     results[s][row].append(res)
                     print(

@@ -87,6 +87,11 @@ def start(settings: Settings) -> Any:
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
             init["num_gpus"] = None  # let Ray detect them
+        # Ray starts its workers at nice 15 by default (meant for batch jobs sharing a node). Here the
+        # workers ARE the server: the engine replicas and the ingress. At nice 15 anything else on the
+        # machine (a neighbour's process, a test's CPU burner) takes ~97% of a contended core from
+        # them. The raylet reads this from its environment when ray.init starts it.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(**init)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and settings.db_url.startswith("sqlite"):

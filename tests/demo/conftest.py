@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME, ensure_demo_checkpoint
 from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
@@ -18,9 +19,17 @@ from loraplex.platform.demo.train import RECIPES
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "test-models"
 
 
+def _build_lock() -> FileLock:
+    """One builder at a time: under pytest-xdist every worker has its own session and may reach these
+    fixtures together; the second waits and then finds the cache filled."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(CACHE / ".build.lock"))
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    return ensure_demo_checkpoint(CACHE / DEMO_MODEL_NAME, dtype="bfloat16")
+    with _build_lock():
+        return ensure_demo_checkpoint(CACHE / DEMO_MODEL_NAME, dtype="bfloat16")
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +43,7 @@ def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
     ).hexdigest()[:12]
     root = CACHE / f"demo-adapters-{key}"
     dirs = {name: root / name for name in ADAPTERS}
-    if all((d / "adapter_model.safetensors").is_file() for d in dirs.values()):
-        return dirs
-    return train_demo_adapters(smollm2_dir, root, print)
+    with _build_lock():
+        if all((d / "adapter_model.safetensors").is_file() for d in dirs.values()):
+            return dirs
+        return train_demo_adapters(smollm2_dir, root, print)
