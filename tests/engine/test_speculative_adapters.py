@@ -10,6 +10,7 @@ Penalties, token masks, stop strings and grammars speculate too and still decode
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 
@@ -138,7 +139,12 @@ def test_penalties_masks_stop_strings_and_grammars_speculate_exactly(setup, meth
     stop = free[6:8] if len(free) >= 8 else free[-2:]
     assert stop, "the random model was meant to write some text"
     grammar = StructuredOutputSpec.json_schema(
-        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yy"]}}, "required": ["a", "b"]}
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"enum": ["x", "yy"]}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        }
     )
     kinds = [
         dict(presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3),
@@ -166,3 +172,34 @@ def test_penalties_masks_stop_strings_and_grammars_speculate_exactly(setup, meth
     assert st["proposed_tokens"] > 0 and st["accepted_tokens"] > 0
     if method == "draft":
         assert st["verifications"] >= len(PROMPTS), "every request speculated"
+
+
+def test_sampled_grammar_rows_and_n2_stop_strings_under_speculation(setup):
+    """Sampling with a grammar: every verified position is masked, so the output is valid JSON and
+    seeded runs repeat; n = 2 samples with a stop string decode as plain decoding does."""
+    model, adapters, _, _ = setup
+    # Bounded values: a random model may write an integer's digits until max_tokens.
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "yy"]}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    grammar = SamplingParams(
+        max_tokens=40, temperature=0.9, seed=3, structured_output=StructuredOutputSpec.json_schema(schema)
+    )
+    runs = [_run(model, adapters, grammar, prompts=PROMPTS[:3], **_spec(model)) for _ in range(2)]
+    assert [o.token_ids for o in runs[0][1]] == [o.token_ids for o in runs[1][1]]
+    for out in runs[0][1]:
+        assert out.finish_reason == "stop" and isinstance(json.loads(out.text)["a"], bool), out.text
+    assert runs[0][0].engine.stats()["speculative"]["verifications"] > 0
+
+    free = LLM(model=model, **BASE).generate(PROMPTS[3:4], GREEDY)[0].outputs[0].text
+    stop = free[4:6] if len(free) >= 6 else free[-1:]
+    n2 = SamplingParams(n=2, max_tokens=21, temperature=0.0, ignore_eos=True, stop=[stop])
+    want = LLM(model=model, **BASE).generate(PROMPTS[3:6], n2)
+    got = LLM(model=model, **BASE, **_spec(model)).generate(PROMPTS[3:6], n2)
+    for w, g in zip(want, got):
+        assert [(o.token_ids, o.text, o.finish_reason) for o in g.outputs] == [
+            (o.token_ids, o.text, o.finish_reason) for o in w.outputs
+        ]
