@@ -50,7 +50,10 @@ def prompts_for(kind: str, n: int, vocab: int, rng: random.Random) -> list[list[
 CLOCK = time.perf_counter  # --cpu-time: process CPU time, steadier than wall time on a shared machine
 
 
-def run(model: str, prompts: list[list[int]], tokens: int, dtype: str, **spec) -> tuple[dict, list]:
+def run(
+    model: str, prompts: list[list[int]], tokens: int, dtype: str, adapters: dict[str, str] | None = None, **spec
+) -> tuple[dict, list]:
+    adapters = adapters or {}
     llm = LLM(
         model=model,
         dtype=dtype,
@@ -58,13 +61,20 @@ def run(model: str, prompts: list[list[int]], tokens: int, dtype: str, **spec) -
         max_num_seqs=32,
         max_num_batched_tokens=2048,
         scheduling_policy="fcfs",
+        max_loras=max(1, len(adapters)),
+        max_cpu_loras=max(1, len(adapters)),
+        max_lora_rank=16,
         **spec,
     )
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    names = [None, *adapters]  # rows cycle through the base model and every adapter
+    which = [names[i % len(names)] for i in range(len(prompts))]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))  # warm-up
     steps0, gen0 = llm.engine.counters["steps"], llm.engine.counters["generated_tokens"]
     t = CLOCK()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, adapters=which)
     wall = CLOCK() - t
     steps = llm.engine.counters["steps"] - steps0
     generated = llm.engine.counters["generated_tokens"] - gen0
@@ -74,7 +84,10 @@ def run(model: str, prompts: list[list[int]], tokens: int, dtype: str, **spec) -
         "acceptance": st.get("acceptance_rate"),
         "tokens/verify": st.get("mean_accepted_length"),
         "steps/token": steps * len(prompts) / generated,
+        "target steps": steps,
         "proposed": st.get("proposed_tokens", 0),
+        "draft rows": st.get("draft_rows", 0),
+        "ngram rows": st.get("ngram_rows", 0),
     }, [o.outputs[0].token_ids for o in outs]
 
 
@@ -88,6 +101,7 @@ def main() -> None:
     ap.add_argument("--preset", default=None, help="random target preset: bench (default) or demo")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32)")
     ap.add_argument("--cpu-time", action="store_true", help="time with process CPU time instead of wall time")
+    ap.add_argument("--adapters", type=int, default=8, help="adapters in the adapter-mixed workload (0: skip it)")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -137,20 +151,53 @@ def main() -> None:
                 },
             ),
         ]
+        systems.append(
+            (
+                f"self-spec ({max(1, mc.num_layers // 2)} of {mc.num_layers} layers)",
+                {
+                    "speculative_method": "draft",
+                    "draft_model": target,
+                    "draft_num_layers": max(1, mc.num_layers // 2),
+                    "num_speculative_tokens": args.k,
+                },
+            )
+        )
+        adapters: dict[str, str] = {}
+        workloads = ["repetitive", "free-form"]
+        if args.adapters:
+            sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+            from peer_adapters import make_adapters
+
+            adapters = make_adapters(target, args.adapters)
+            workloads.append(f"free-form, {args.adapters} adapters + base mixed")
         rows = []
-        for kind in ("repetitive", "free-form"):
+        for kind in workloads:
             rng = random.Random(1)
-            all_prompts = prompts_for(kind, max(batches), min(mc.vocab_size, 50000), rng)
+            mixed = kind.endswith("mixed")
+            all_prompts = prompts_for("free-form" if mixed else kind, max(batches), min(mc.vocab_size, 50000), rng)
             for b in batches:
                 prompts = all_prompts[:b]
-                plain_out = None
+                plain_out = plain_steps = None
                 for name, spec in systems:
-                    res, outs = run(target, prompts, tokens, args.dtype, **spec)
+                    res, outs = run(target, prompts, tokens, args.dtype, adapters if mixed else None, **spec)
                     if plain_out is None:
-                        plain_out = outs
+                        plain_out, plain_steps = outs, res["target steps"]
+                    res["steps vs plain"] = plain_steps / res["target steps"]
                     rows.append({"workload": kind, "batch": b, "system": name, **res, "= plain": outs == plain_out})
                     print(rows[-1], flush=True)
-        cols = ["workload", "batch", "system", "tok/s", "acceptance", "tokens/verify", "steps/token", "= plain"]
+        cols = [
+            "workload",
+            "batch",
+            "system",
+            "tok/s",
+            "acceptance",
+            "tokens/verify",
+            "target steps",
+            "steps vs plain",
+            "draft rows",
+            "ngram rows",
+            "= plain",
+        ]
         print(
             f"\ntarget {'random ' + preset if not args.model else args.model}, k={args.k}, {tokens} tokens, "
             f"{args.dtype}, {torch.get_num_threads()} threads"

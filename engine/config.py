@@ -41,6 +41,7 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    max_prefill_tokens_with_decodes: int | None = None
     batching: Batching = "continuous"
     scheduling_policy: Policy = "fair"
     max_loras: int = 8  # distinct adapters per step (= device slots)
@@ -55,6 +56,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_loras"):
             _positive_int(name, getattr(self, name))
+        if self.max_prefill_tokens_with_decodes is not None:
+            _positive_int("max_prefill_tokens_with_decodes", self.max_prefill_tokens_with_decodes)
         _choice("batching", self.batching, BATCHING_MODES)
         _choice("scheduling_policy", self.scheduling_policy, POLICIES)
         if self.vtc_prompt_weight < 0 or self.vtc_output_weight < 0:
@@ -108,10 +111,13 @@ class SpeculativeConfig:
     draft_model: str | None = None
     draft_kv_cache_memory_gb: float = 0.25
     draft_num_kv_blocks: int | None = None
+    draft_num_layers: int | None = None
     ngram_max_n: int = 4
     ngram_min_n: int = 1
 
     def __post_init__(self) -> None:
+        if self.draft_num_layers is not None:
+            _positive_int("draft_num_layers", self.draft_num_layers)
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(
                 f"speculative_method must be one of {list(SPECULATIVE_METHODS)}, got {self.speculative_method!r}"
@@ -148,6 +154,11 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
     max_num_seqs: int | None = None  # None: sized from the device and the KV memory (engine/memory.py)
     max_num_batched_tokens: int = 512
+    # Prompt tokens (new and continuing prefills) a step may carry while sequences decode in it:
+    # a long prefill chunk makes that step several times slower, and every running stream's next
+    # token waits for it (inter-token latency spikes). None: only max_num_batched_tokens bounds
+    # them. benchmarks/itl.py measures the default.
+    max_prefill_tokens_with_decodes: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory
@@ -168,6 +179,9 @@ class EngineConfig:
     draft_model: str | None = None
     draft_kv_cache_memory_gb: float = 0.25
     draft_num_kv_blocks: int | None = None
+    # Run only the draft's first N layers (then its norm and head). With draft_model = the target's
+    # own directory this is self-speculation: the draft shares the target's weights and LoRA slots.
+    draft_num_layers: int | None = None
     ngram_max_n: int = 4
     ngram_min_n: int = 1
     # multi-LoRA

@@ -17,9 +17,10 @@ class DetokState:
     read_offset: int = 0
 
 
-def append_text(tokenizer: Any, seq: Any, state: DetokState) -> str:
-    """Extend ``seq.text`` with whatever the newly appended tokens spell. Returns the delta."""
-    ids = seq.output_token_ids
+def append_text(tokenizer: Any, seq: Any, state: DetokState, upto: int | None = None) -> str:
+    """Extend ``seq.text`` with whatever the newly appended tokens spell (the first ``upto`` output
+    tokens only, when given: a step that emitted several is read one token at a time). Returns the delta."""
+    ids = seq.output_token_ids if upto is None else seq.output_token_ids[:upto]
     prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=True)
     full = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=True)
     if len(full) > len(prefix) and not full.endswith("\ufffd"):

@@ -66,11 +66,6 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
-        self.spec = (
-            SpeculativeDecoder(config, mc, self.kv, self.max_model_len, self.eos_token_ids)
-            if config.speculative_method
-            else None
-        )
         self.runner = ModelRunner(
             config,
             mc,
@@ -78,16 +73,32 @@ class LLMEngine:
             num_blocks,
             kv=self.kv,
             structured=self.structured,
-            spec=self.spec,
             eos_token_ids=self.eos_token_ids,
         )
+        # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
+        self.lora = LoRAManager(config, mc, self.runner.model)
+        # After the runner and the LoRA manager: a draft that is the target shares its module and
+        # slots, another shape-compatible draft gets the slot writes mirrored.
+        self.spec = (
+            SpeculativeDecoder(
+                config,
+                mc,
+                self.kv,
+                self.max_model_len,
+                self.eos_token_ids,
+                target_model=self.runner.model,
+                lora=self.lora,
+                structured=self.structured,
+            )
+            if config.speculative_method
+            else None
+        )
+        self.runner.spec = self.spec
         sched_config = config.scheduler_config
         self.policy = make_policy(sched_config)
         self.scheduler = Scheduler(
             sched_config, self.kv, self.policy, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
         )
-        # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
-        self.lora = LoRAManager(config, mc, self.runner.model)
         self.policy.resident_adapters_fn = self.lora.resident_adapters
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
@@ -257,7 +268,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         with self._timed("schedule"):
             if self.spec is not None:
-                self.spec.propose(self.scheduler.running)
+                self.spec.propose(self.scheduler.running, self.lora.resident_slots())
             plan = self.scheduler.schedule()
         self.counters["preemptions"] += len(plan.preempted)
         if not plan:
@@ -270,7 +281,9 @@ class LLMEngine:
             return self._fail_step(plan, exc)
         with self._timed("update"):
             touched = self.scheduler.update_from_output(plan, result)
-            for seq, stop in self.output_processor.process_tokens(touched):
+            for seq, stop, cut in self.output_processor.process_tokens(touched):
+                if cut and seq.is_finished:  # a length/EOS finish at a later, now dropped token
+                    seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
                 self.scheduler.finish(seq, FinishReason.STOP, stop)
             self.counters["generated_tokens"] += result.num_tokens
             return self._outputs_for(touched)

@@ -28,6 +28,7 @@ from .scheduler import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
 
 if TYPE_CHECKING:
+    from .models.llama import LlamaForCausalLM
     from .spec_decode import SpeculativeDecoder
     from .structured_output import StructuredOutputManager
 
@@ -73,9 +74,12 @@ class ModelRunner:
         structured: StructuredOutputManager | None = None,
         spec: SpeculativeDecoder | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
+        model: LlamaForCausalLM | None = None,
     ):
         """``kv``, ``structured`` and ``spec`` are what ``execute`` needs (the engine's runner);
-        a runner used through ``forward`` alone (the draft model's) goes without them."""
+        a runner used through ``forward`` alone (the draft model's) goes without them. ``model``:
+        run this already loaded module instead of loading ``config.model`` (a draft that shares the
+        target's weights and LoRA slots; its KV cache is still this runner's own)."""
         self.config = config
         self.kv = kv
         self.structured = structured
@@ -87,7 +91,10 @@ class ModelRunner:
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws
         self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
-        if config.quantization == "int8":
+        self.model: LlamaForCausalLM
+        if model is not None:
+            self.model = model
+        elif config.quantization == "int8":
             # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
             quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
@@ -137,8 +144,12 @@ class ModelRunner:
         for seq, first in verify:
             assert self.spec is not None, "drafts scheduled without a speculative decoder"
             d = drafts[seq.seq_id]
-            tokens[seq.seq_id] = self.spec.verify(seq, d, logits[first : first + len(d) + 1], self.generator)
+            tokens[seq.seq_id], grammar_done = self.spec.verify(
+                seq, d, logits[first : first + len(d) + 1], self.generator
+            )
             result.num_accepted[seq.seq_id] = len(tokens[seq.seq_id]) - 1
+            if grammar_done:
+                result.grammar_finished.add(seq.seq_id)
         if targets:
             x = logits if len(rows) == len(seqs) else logits.index_select(0, torch.tensor(rows, device=logits.device))
             structured = self.structured if self.structured is not None and self.structured.active else None

@@ -23,6 +23,7 @@ class _SampleState:
     detok: DetokState = field(default_factory=DetokState)
     tokens_sent: int = 0
     chars_sent: int = 0
+    tokens_read: int = 0  # output tokens detokenized so far
 
 
 @dataclass
@@ -46,24 +47,36 @@ class OutputProcessor:
     def _streams_text(self, req: Request) -> bool:
         return self._states[req.request_id].kind is not OutputKind.FINAL_ONLY or bool(req.params.stop)
 
-    def process_tokens(self, seqs: list[Sequence]) -> list[tuple[Sequence, str]]:
-        """Detokenize the new token of each sequence (when its request streams text or has stop
-        strings). Returns the (sequence, stop string) pairs that just hit a stop string: the caller
-        finishes them in the scheduler. Their text is already cut at the stop."""
+    def process_tokens(self, seqs: list[Sequence]) -> list[tuple[Sequence, str, bool]]:
+        """Detokenize the new tokens of each sequence (when its request streams text or has stop
+        strings). Returns (sequence, stop string, cut) for those that just hit a stop string: the
+        caller finishes them in the scheduler. Their text is already cut at the stop. A step that
+        emitted several tokens (speculation) is read token by token: a stop string completed by an
+        earlier one drops the tokens after it (``cut``), so the output ends where plain decoding ends."""
         hits = []
         for seq in seqs:
             req = seq.request
             state = self._states.get(req.request_id)
             if state is None or not self._streams_text(req):
                 continue
-            delta = append_text(self.tokenizer, seq, state.samples[seq.seq_id].detok)
-            if seq.num_output_tokens < req.params.min_tokens:
-                continue  # vLLM: stop strings count only once min_tokens were generated
-            hit = find_stop_string(seq.text, req.params.stop, len(delta))
-            if hit is not None:
-                idx, stop = hit
-                seq.text = seq.text[: idx + (len(stop) if req.params.include_stop_str_in_output else 0)]
-                hits.append((seq, stop))
+            sample = state.samples[seq.seq_id]
+            n = seq.num_output_tokens
+            steps = range(sample.tokens_read + 1, n + 1) if req.params.stop else (n,)
+            sample.tokens_read = n
+            for upto in steps:
+                delta = append_text(self.tokenizer, seq, sample.detok, upto)
+                if upto < req.params.min_tokens:
+                    continue  # vLLM: stop strings count only once min_tokens were generated
+                hit = find_stop_string(seq.text, req.params.stop, len(delta))
+                if hit is not None:
+                    idx, stop = hit
+                    seq.text = seq.text[: idx + (len(stop) if req.params.include_stop_str_in_output else 0)]
+                    cut = upto < n
+                    if cut:
+                        del seq.token_ids[seq.num_prompt_tokens + upto :]
+                        sample.tokens_read = upto
+                    hits.append((seq, stop, cut))
+                    break
         return hits
 
     def make_output(self, req: Request) -> RequestOutput | None:

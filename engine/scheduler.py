@@ -165,35 +165,53 @@ class Scheduler:
         # 1. Running sequences, most important first; decodes before unfinished prefills.
         ordered = self.policy.order_running(self.running, now)
         queue = [s for s in ordered if s.in_decode] + [s for s in ordered if not s.in_decode]
+        # Prompt tokens this step may carry: capped while decodes share the step (their pace).
+        cap = self.config.max_prefill_tokens_with_decodes
+        prefill_left = cap if cap is not None and queue and queue[0].in_decode else budget
         while queue and budget > 0:
             seq = queue.pop(0)
+            if not seq.in_decode:
+                if prefill_left <= 0:
+                    continue
+                n = min(seq.num_uncomputed_tokens, budget, prefill_left)
+                if self._schedule_running(seq, n, [], queue, out, now):
+                    budget -= n
+                    prefill_left -= n
+                continue
             # Drafts ride on the decode token within the budget; the ones that do not fit wait.
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
             n = min(seq.num_uncomputed_tokens + len(drafts), budget)
             if drafts and not self.kv.can_append(seq, n):
                 n = min(seq.num_uncomputed_tokens, budget)  # speculation never causes a preemption
-            while not self.kv.can_append(seq, n):
-                victim = self.policy.choose_victim(queue + [seq], now) if queue else seq
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-                queue.remove(victim)
-            else:
-                self.kv.allocate(seq, n)
-                out.chunks.append(ScheduledChunk(seq, n, drafts[: n - seq.num_uncomputed_tokens]))
+            if self._schedule_running(seq, n, drafts, queue, out, now):
                 budget -= n
 
         # 2. New sequences (static batching: only once the previous batch has drained).
         if self.config.batching == "static":
             if not self.running and not out.preempted:
                 self._admit_static_batch(out, budget, now)
-        elif not out.preempted:  # memory is short: don't admit what we would preempt next step
-            self._admit_waiting(out, budget, now)
+        elif not out.preempted and prefill_left > 0:  # memory short: don't admit what we would preempt next
+            self._admit_waiting(out, min(budget, prefill_left), now)
         out.block_copies = self.kv.take_block_copies()
         out.forks = {
             s.seq_id: list(self._followers[s.seq_id]) for s in out.sampling_seqs if s.seq_id in self._followers
         }
         return out
+
+    def _schedule_running(
+        self, seq: Sequence, n: int, drafts: list[int], queue: list[Sequence], out: SchedulerOutput, now: float
+    ) -> bool:
+        """Give ``seq`` ``n`` tokens of KV, preempting the policy's victims from ``queue`` while they
+        do not fit. False when ``seq`` itself was preempted."""
+        while not self.kv.can_append(seq, n):
+            victim = self.policy.choose_victim(queue + [seq], now) if queue else seq
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+            queue.remove(victim)
+        self.kv.allocate(seq, n)
+        out.chunks.append(ScheduledChunk(seq, n, drafts[: n - seq.num_uncomputed_tokens]))
+        return True
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         exclude: set[int] = set()

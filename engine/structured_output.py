@@ -201,6 +201,28 @@ class StructuredOutputManager:
             self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, j)
         return TokenBitmask(bitmask, rows)
 
+    def has_matcher(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._matchers
+
+    def bitmask_along(self, seq: Sequence, drafts: list[int]) -> tuple[TokenBitmask, int]:
+        """Speculation: row j is the mask after ``drafts[:j]``, for the leading ``valid`` drafts the
+        grammar accepts (rows 0..valid). Returns (mask, valid); the matcher ends where it began."""
+        m = self._matchers[seq.seq_id]
+        bitmask = torch.empty(len(drafts) + 1, -(-self._vocab_size // 32), dtype=torch.int32)
+        m.fill_next_token_bitmask(bitmask, 0)
+        valid = 0
+        for token in drafts:
+            if m.is_terminated() or not m.accept_token(token):
+                break
+            valid += 1
+            if m.is_terminated():  # a stop token: nothing is sampled after it (verify cuts the run there)
+                bitmask[valid].fill_(-1)
+                break
+            m.fill_next_token_bitmask(bitmask, valid)
+        if valid:
+            m.rollback(valid)
+        return TokenBitmask(bitmask[: valid + 1], list(range(valid + 1))), valid
+
     def accept(self, seq: Sequence, token: int) -> bool:
         """Advance ``seq``'s matcher; True when the grammar is complete (the sequence should stop)."""
         m = self._matchers.get(seq.seq_id)

@@ -74,6 +74,7 @@ class LoRAManager:
         self.model_config = model_config
         self.model = model
         self._projections = model.lora_projections()  # type: ignore[operator]  # our model classes define it
+        self._mirrors: list[dict] = []  # a shape-compatible draft model's projections (mirror_into)
         first = self._projections["qkv_proj"][0]
         self.device, self.dtype = first.device, first.compute_dtype
         self._entries: dict[str, _Entry] = {}  # active and draining
@@ -110,6 +111,31 @@ class LoRAManager:
     def resident_adapters(self) -> set[str]:
         """Names of the adapters now in device slots (the fair policy prefers them within a slack)."""
         return {key[0] for key in self._slots if key is not None}
+
+    def resident_slots(self) -> dict[AdapterRef, int]:
+        """The device slot of every adapter resident now, keyed by the exact content (name and
+        version) it holds: a speculative draft sharing these slots applies a row's adapter only
+        when its slot still holds that row's version."""
+        out = {}
+        for slot, key in enumerate(self._slots):
+            e = self._entries.get(key[0]) if key is not None else None
+            if key is not None and e is not None and e.version == key[1]:
+                out[AdapterRef(name=e.name, version=e.version, sha256=e.info.sha256)] = slot
+        return out
+
+    def mirror_into(self, model: torch.nn.Module) -> bool:
+        """Also write every adapter slot into ``model``'s projections (a draft checkpoint whose
+        LoRA-targetable projections have the target's shapes, layer by layer), so the draft can
+        apply a row's adapter at the same slot. False, and nothing attached, when shapes differ."""
+        theirs = model.lora_projections()  # type: ignore[operator]  # our model classes define it
+        for fused, mine in self._projections.items():
+            other = theirs.get(fused, [])
+            if len(other) != len(mine) or any(
+                (a.in_features, a.slice_sizes) != (b.in_features, b.slice_sizes) for a, b in zip(mine, other)
+            ):
+                return False
+        self._mirrors.append(theirs)
+        return True
 
     def ref(self, name: str) -> AdapterRef:
         """The typed identity of the registered adapter ``name`` (raises AdapterNotFoundError)."""
@@ -314,7 +340,11 @@ class LoRAManager:
     def _write_slot(self, slot: int, loaded: LoadedAdapter | None) -> None:
         if not self.slots_allocated:
             return
-        for fused, layers in self._projections.items():
+        for projections in (self._projections, *self._mirrors):
+            self._write_slot_into(projections, slot, loaded)
+
+    def _write_slot_into(self, projections: dict, slot: int, loaded: LoadedAdapter | None) -> None:
+        for fused, layers in projections.items():
             per_layer = loaded.projections[fused] if loaded is not None else [None] * len(layers)
             for proj, p in zip(layers, per_layer):
                 if proj.lora_a is None:

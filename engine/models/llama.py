@@ -120,7 +120,10 @@ class LlamaForCausalLM(nn.Module):
         self.quantized_head: nn.Module | None = None  # INT8: replaces the (tied) output projection
 
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Returns the final hidden states [T, hidden]; call ``compute_logits`` on the rows to sample."""
+        """Returns the final hidden states [T, hidden]; call ``compute_logits`` on the rows to sample.
+        Runs the first ``len(kv_caches)`` layers: a self-speculation draft (the target's own first
+        layers, then its norm and head) is a runner with fewer KV caches over the same module."""
+        assert len(kv_caches) <= len(self.layers), "more KV caches than layers"
         x = self.embed_tokens(batch.input_ids)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, batch.positions, batch, kv)

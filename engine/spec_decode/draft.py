@@ -8,8 +8,14 @@ here whose ``num_computed_tokens`` says how much of the text the draft's KV cove
   2. one batched draft forward over every shadow's uncomputed tail (a prefill for a new sequence,
      the last accepted tokens otherwise) yields each sequence's first proposal;
   3. k-1 batched one-token decode forwards yield the rest.
-The draft runs on the base model (no adapter). A shadow whose KV does not fit in the draft's pool is
-dropped and simply does not speculate this step. Greedy requests get the draft's argmax; sampled
+Adapters: a draft that IS the target (``draft_model`` is the target's directory; with
+``draft_num_layers``, its first layers only: self-speculation) shares the target's module, so its
+projections hold the target's LoRA slots; a different checkpoint whose projections have the
+target's shapes gets every slot write mirrored into it (``LoRAManager.mirror_into``). Either way
+``applies_adapters`` is True and a row runs the draft with its own adapter, at the slot the LoRA
+manager holds it in; otherwise the decoder sends adapter rows to the n-gram proposer instead (a
+base-model draft would propose the base model's text for them). A shadow whose KV does not fit in
+the draft's pool is dropped and simply does not speculate this step. Greedy requests get the draft's argmax; sampled
 ones draw from the draft's own distribution q (same temperature/top-k/top-p), which the rejection
 rule needs, with a per-request generator derived from the request's seed.
 """
@@ -17,6 +23,8 @@ rule needs, with a per-request generator derived from the request's seed.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +36,10 @@ from ..sampler import process_logits, truncated_probs
 from ..scheduler import ScheduledChunk, SchedulerOutput
 from ..sequence import Request, Sequence
 
+if TYPE_CHECKING:
+    from ..lora import LoRAManager
+    from ..models.llama import LlamaForCausalLM
+
 DRAFT_SEED_OFFSET = 0x5EED
 
 
@@ -37,8 +49,21 @@ class Proposal:
     probs: torch.Tensor | None  # [len(tokens), V] draft distribution (sampled requests), else None
 
 
+def same_checkpoint(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
 class DraftModelProposer:
-    def __init__(self, config: EngineConfig, target: ModelConfig, max_model_len: int):
+    def __init__(
+        self,
+        config: EngineConfig,
+        target: ModelConfig,
+        max_model_len: int,
+        target_model: LlamaForCausalLM | None = None,
+        lora: LoRAManager | None = None,
+    ):
+        """``target_model``: the target's loaded module, shared when the draft is the target's own
+        checkpoint; ``lora``: the target's LoRA manager (adapter rows then run their adapter here)."""
         assert config.draft_model is not None
         self.mc = ModelConfig.from_dir(config.draft_model)
         if self.mc.vocab_size != target.vocab_size:
@@ -46,6 +71,12 @@ class DraftModelProposer:
                 f"draft model vocabulary ({self.mc.vocab_size}) differs from the target's "
                 f"({target.vocab_size}): the draft must share the target's tokenizer"
             )
+        n = config.draft_num_layers
+        if n is not None:
+            if n > self.mc.num_layers:
+                raise ValueError(f"draft_num_layers ({n}) exceeds the draft model's {self.mc.num_layers} layers")
+            self.mc = dataclasses.replace(self.mc, num_layers=n)  # the runner keeps KV for n layers, runs n
+        shared = target_model if same_checkpoint(config.draft_model, config.model) else None
         dcfg = dataclasses.replace(
             config,
             model=config.draft_model,
@@ -58,7 +89,9 @@ class DraftModelProposer:
         )
         dtype = dcfg.torch_dtype(self.mc.checkpoint_dtype)
         num_blocks = dcfg.num_kv_blocks or default_num_kv_blocks(dcfg, self.mc, dtype, max_model_len)
-        self.runner = ModelRunner(dcfg, self.mc, max_model_len, num_blocks)
+        self.runner = ModelRunner(dcfg, self.mc, max_model_len, num_blocks, model=shared)
+        self.shares_target = shared is not None
+        self.applies_adapters = lora is not None and (self.shares_target or lora.mirror_into(self.runner.model))
         self.kv = KVCacheManager(num_blocks, config.block_size, watermark=0.0)
         self.token_budget = config.max_num_batched_tokens
         self.device = self.runner.device
@@ -69,7 +102,12 @@ class DraftModelProposer:
     def _shadow(self, seq: Sequence) -> Sequence:
         sh = self._shadows.get(seq.seq_id)
         if sh is None:
-            req = Request(request_id=f"draft:{seq.request.request_id}", prompt_token_ids=[], params=seq.request.params)
+            req = Request(
+                request_id=f"draft:{seq.request.request_id}",
+                prompt_token_ids=[],
+                params=seq.request.params,
+                adapter=seq.request.adapter,  # the draft forward looks its slot up by name
+            )
             sh = Sequence(
                 request=req, index=seq.index, token_ids=list(seq.token_ids), num_prompt_tokens=seq.num_prompt_tokens
             )
@@ -103,7 +141,10 @@ class DraftModelProposer:
 
     # ------------------------------------------------------------------ proposals
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+    def propose(
+        self, seqs: list[Sequence], ks: list[int], adapter_slots: dict[str, int] | None = None
+    ) -> list[Proposal]:
+        """``adapter_slots``: name -> LoRA slot of every adapter among ``seqs`` (``applies_adapters``)."""
         results = [Proposal([], None) for _ in seqs]
         active: list[tuple[int, Sequence]] = []
         budget = self.token_budget
@@ -129,7 +170,7 @@ class DraftModelProposer:
                 n = sh.num_uncomputed_tokens
                 self.kv.allocate(sh, n)
                 out.chunks.append(ScheduledChunk(sh, n))
-            rows, logits = self.runner.forward(out, self.kv)
+            rows, logits = self.runner.forward(out, self.kv, adapter_slots)
             assert logits is not None  # every chunk ends at a new token: each has a logit row
             for chunk in out.chunks:
                 chunk.seq.num_computed_tokens += chunk.num_tokens
@@ -160,4 +201,6 @@ class DraftModelProposer:
             "draft_kv_blocks": self.kv.num_blocks,
             "draft_kv_free_blocks": self.kv.num_free_blocks,
             "draft_sequences": len(self._shadows),
+            "draft_shares_target": self.shares_target,
+            "draft_applies_adapters": self.applies_adapters,
         }

@@ -235,7 +235,8 @@ def test_speculative_config_is_validated(setup, tmp_path):
 
 def test_sampler_processing_applies_to_verification(setup):
     """logit_bias changes the argmax: verification must judge drafts by the processed logits, as the
-    sampler does. Penalties depend on each row's own history: those requests decode plainly."""
+    sampler does. Penalties depend on each row's own history: each verified position is judged
+    with the drafts before it in that history, so those requests speculate and still decode exactly."""
     model, _, _ = setup
     prompts = _prompts(6, seed=8)
     bias = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logit_bias={42: 1.5, 7: 0.8})
@@ -252,6 +253,7 @@ def test_sampler_processing_applies_to_verification(setup):
     )
     assert spec == plain and llm.engine.stats()["speculative"]["proposed_tokens"] > 0
     assert any(42 in o or 7 in o for o in plain), "the bias was meant to matter"
-    pen = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, presence_penalty=0.5)
-    llm, _ = _run(model, {}, prompts, pen, dtype="float32", kernel_backend="torch", speculative_method="ngram")
-    assert llm.engine.stats()["speculative"]["proposed_tokens"] == 0
+    pen = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, presence_penalty=0.5)
+    _, plain_pen = _run(model, {}, prompts, pen, dtype="float32", kernel_backend="torch")
+    llm, spec_pen = _run(model, {}, prompts, pen, dtype="float32", kernel_backend="torch", speculative_method="ngram")
+    assert spec_pen == plain_pen and llm.engine.stats()["speculative"]["proposed_tokens"] > 0
