@@ -205,3 +205,50 @@ def test_a_nul_in_stored_or_searched_fields_is_a_400_never_a_500(live):
         assert r.status_code == 400
         r = c.get("/admin/v1/tenants/ten_%00x", headers=H)  # a NUL in a path parameter
         assert r.status_code in (400, 404), r.text
+
+
+def test_a_lone_surrogate_user_under_another_tenants_load_hurts_no_one(live):
+    """The original report: `"user": "\\ud800"` beside another tenant's load hung 6 of that tenant's
+    385 requests and left its slots taken. Now the attacker gets 400s and the victim is untouched."""
+    model = live.ctx.gateway.model_name
+    victim_tid, victim = new_tenant(live.url, "victim", quota={"max_concurrent": 6})
+    attacker_tid, attacker = new_tenant(live.url, "attacker")
+
+    async def victim_one(c: httpx.AsyncClient, i: int) -> tuple[int, str | None, int | None]:
+        body = {"model": model, "prompt": f"Tale {i}", "max_tokens": 8, "n": 1 + i % 2, "stream": i % 3 == 0}
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}
+        r = await c.post("/v1/completions", json=body, headers=auth(victim))
+        if r.status_code != 200:
+            return r.status_code, None, None
+        if body["stream"]:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            usage = next(e["usage"] for e in events if e.get("usage"))
+            return 200, events[0]["id"].removeprefix("cmpl-"), usage["completion_tokens"]
+        data = r.json()
+        return 200, data["id"].removeprefix("cmpl-"), data["usage"]["completion_tokens"]
+
+    async def attacker_one(c: httpx.AsyncClient, i: int) -> int:
+        body = {"model": model, "prompt": "hi", "max_tokens": 4, "user": SURROGATE * (1 + i), "stream": i % 2 == 0}
+        r = await c.post(
+            "/v1/completions", content=_raw(body), headers={**auth(attacker), "content-type": "application/json"}
+        )
+        return r.status_code
+
+    async def load():
+        async with httpx.AsyncClient(base_url=live.url, timeout=180) as c:
+            victims = asyncio.gather(*(victim_one(c, i) for i in range(24)))
+            attacks = asyncio.gather(*(attacker_one(c, i) for i in range(12)))
+            return await asyncio.wait_for(asyncio.gather(victims, attacks), timeout=300)  # a hang fails here
+
+    victims, attacks = asyncio.run(load())
+    assert attacks == [400] * 12
+    assert {s for s, _, _ in victims} <= {200, 429} and sum(s == 200 for s, _, _ in victims) >= 6
+    live.ctx.ledger.flush()
+    assert live.ctx.quotas.running(victim_tid) == 0 and live.ctx.quotas.running(attacker_tid) == 0
+    assert live.ctx.inflight.count() == 0
+    rows = usage_rows(live.url, victim_tid)
+    for status, rid, completion in victims:
+        if status == 200:
+            assert rows[rid]["status"] == "ok" and rows[rid]["completion_tokens"] == completion
+    assert usage_rows(live.url, attacker_tid) == {}  # nothing of the attacker reached the ledger
