@@ -152,8 +152,14 @@ def test_writer_answers_every_waiter_whatever_a_batch_raises(live):
         assert all(r["status"] == "ok" for r in final)
 
 
-def _post_and_leave(url: str, key: str, body: dict, live) -> None:
-    """A non-streaming request on a raw socket, closed once the engine is running it."""
+def _steps(live) -> int:
+    """Engine steps run so far (each step gives every running sequence one token)."""
+    return int(live.ctx.gateway.stats()["counters"]["steps"])
+
+
+def _post_and_leave(url: str, key: str, body: dict, live) -> int:
+    """A non-streaming request on a raw socket, closed once the engine is running it; returns the
+    engine's step count at the moment the client left."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
@@ -168,6 +174,7 @@ def _post_and_leave(url: str, key: str, body: dict, live) -> None:
         time.sleep(0.01)
     time.sleep(0.3)
     sock.close()
+    return _steps(live)
 
 
 def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
@@ -175,7 +182,8 @@ def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
     model = live.ctx.gateway.model_name
     max_tokens, n = 1900, 4
     body = {"model": model, "prompt": "Once", "max_tokens": max_tokens, "n": n, "ignore_eos": True}
-    _post_and_leave(live.url, key, body, live)
+    before = _steps(live)  # nothing else runs on this server: every step from here is this request's
+    left_at = _post_and_leave(live.url, key, body, live)
     deadline = time.monotonic() + 180
     while live.ctx.inflight.count() or live.ctx.quotas.running(tid):
         assert time.monotonic() < deadline, "the request kept running after its client left"
@@ -185,6 +193,11 @@ def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
     assert row["status"] == "aborted"
     # stopped early (the whole answer is 7,600 tokens), billed for what it had generated
     assert row["completion_tokens"] < n * max_tokens // 2
+    # counted in tokens, not time: what was generated after the client left is a few engine steps'
+    # worth (the abort lands at the next step once the event loop sees the disconnect), not the
+    # rest of the answer; n tokens per step, a generous 150 steps for a crowded machine
+    generated_while_connected = n * (left_at - before)
+    assert row["completion_tokens"] - generated_while_connected <= n * 150, (row, left_at - before)
     window = live.ctx.quotas.usage_now(tid)["tokens_last_minute"]
     assert window == row["prompt_tokens"] + row["completion_tokens"]  # the quota settled to the bill
 

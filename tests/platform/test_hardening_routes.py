@@ -74,7 +74,6 @@ def test_tool_calls_and_tool_definitions_are_bounded_before_templating(live, mon
 
     assert renders.calls == 1  # none of the refused requests reached the template
     assert live.ctx.quotas.running(tid) == 0
-    assert live.ctx.quotas.usage_now(tid)["requests_last_minute"] == 1  # refused before reserving
 
 
 def test_tokenize_refuses_a_15mb_body_with_413(live):
@@ -87,7 +86,10 @@ def test_tokenize_refuses_a_15mb_body_with_413(live):
         )
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", (path, r.text[:200])
     assert (
-        httpx.post(live.url + "/tokenize", json={"model": model, "prompt": "hi"}, headers=auth(key)).status_code == 200
+        httpx.post(
+            live.url + "/tokenize", json={"model": model, "prompt": "hi"}, headers=auth(key), timeout=120
+        ).status_code
+        == 200
     )
 
 

@@ -143,7 +143,7 @@ def test_rolling_restart_bills_every_stream_what_its_client_received(
     server = _servers(tmp_path, demo_model_dir, db, serve_process)
     a = server("a")
     tid, key = new_tenant(a.url, "rolling")
-    model = httpx.get(a.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
+    model = httpx.get(a.url + "/v1/models", headers=auth(key), timeout=120).json()["data"][0]["id"]
 
     first, first_threads = _start_streams(a.url, key, model, 3, 1000, "first")
     _wait(lambda: all(s.tokens >= 5 for s in first), "A's streams to be under way")
@@ -152,7 +152,12 @@ def test_rolling_restart_bills_every_stream_what_its_client_received(
     _renewals(db, rounds=3, instances=2)
     assert not any(s.done or s.error for s in first), "A's streams ended before B's recovery ran: proves nothing"
     # B serves the same tenant meanwhile (one secret, one database)
-    r = httpx.post(b.url + "/v1/completions", headers=auth(key), json={"model": model, "prompt": "hi", "max_tokens": 3})
+    r = httpx.post(
+        b.url + "/v1/completions",
+        headers=auth(key),
+        json={"model": model, "prompt": "hi", "max_tokens": 3},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     on_b = r.json()
     for t in first_threads:
@@ -189,7 +194,7 @@ def test_kill9_with_a_neighbour_alive_bills_cut_streams_up_to_what_was_received(
     a = server("a")
     b = server("b")
     tid, key = new_tenant(a.url, "crash")
-    model = httpx.get(a.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
+    model = httpx.get(a.url + "/v1/models", headers=auth(key), timeout=120).json()["data"][0]["id"]
     cut, threads = _start_streams(a.url, key, model, 3, 1500, "cut")
 
     def checkpointed() -> bool:  # each stream has a running record with tokens on it
@@ -222,4 +227,4 @@ def test_kill9_with_a_neighbour_alive_bills_cut_streams_up_to_what_was_received(
         assert row["status"] == "interrupted", row
         assert 0 < row["completion_tokens"] <= s.tokens, (row, s)  # up to the last checkpoint, never more
     assert "closed 3 usage records of a server that stopped" in b.output()
-    assert httpx.get(b.url + "/admin/v1/usage", headers=H).status_code == 200
+    assert httpx.get(b.url + "/admin/v1/usage", headers=H, timeout=120).status_code == 200
