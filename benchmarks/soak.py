@@ -81,8 +81,8 @@ class Server:
             stderr=subprocess.STDOUT,
             env={**os.environ, "LORAPLEX_ENGINE__MODEL": str(model), "LORAPLEX_ADMIN_KEY": ADMIN_KEY, **env},
         )
-        deadline = time.time() + start_timeout
-        while time.time() < deadline:
+        waited = 0.0  # polls, not wall time: a machine that stops this run for a while is not a hang
+        while waited < start_timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError("serve exited at start")
             try:
@@ -90,6 +90,8 @@ class Server:
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
+                waited += 0.2
+        self.kill()  # never leave a half-started server holding the port
         raise RuntimeError("serve did not start")
 
     def kill(self) -> None:
@@ -138,7 +140,7 @@ class Postgres:
             ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
             check=True,
             capture_output=True,
-            timeout=60,
+            timeout=600,  # initdb on a loaded 2-core machine can take minutes
         )
 
     def start(self) -> None:

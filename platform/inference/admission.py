@@ -6,6 +6,7 @@ and a request refused after it (by the engine's own checks) gets the whole reser
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -69,10 +70,22 @@ def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
             ) from None
 
 
-def chat_texts(messages: list[Any]) -> list[str]:
-    """Every text of chat messages that the template will carry: contents, names, and the assistant
-    tool calls' names and arguments (a huge ``tool_calls`` list is bounded like huge content)."""
+def chat_texts(messages: list[Any], tools: list[Any] | None = None) -> list[str]:
+    """Every text of chat messages that the template will carry: contents, names, the assistant
+    tool calls' names and arguments (a huge ``tool_calls`` list is bounded like huge content), and
+    the tool definitions (name, description, parameter schema as the JSON a template renders)."""
     texts: list[str] = []
+    for i, tool in enumerate(tools or ()):
+        f = tool.function
+        texts.append(f.name or "")
+        texts.append(f.description or "")
+        if f.parameters:
+            try:
+                texts.append(json.dumps(f.parameters, ensure_ascii=False))
+            except (ValueError, RecursionError):  # circular or nested past the interpreter's depth
+                raise BadRequest(
+                    "the tool's parameters schema cannot be rendered", param=f"tools[{i}].function.parameters"
+                ) from None
     for m in messages:
         if isinstance(m.content, str):
             texts.append(m.content)

@@ -122,6 +122,7 @@ class Generation:
             user=p.user[:256] if p.user else None,
             prompt_tokens=len(p.prompt_ids),
             completion_tokens=self.delivered,
+            reserved_tokens=p.reservation.tokens,  # other servers count it until it ends (quotas)
             ttft_ms=(self.first_token_at - p.started) * 1000 if self.first_token_at else None,
             latency_ms=(now - p.started) * 1000,
             status=status,

@@ -145,7 +145,7 @@ async def chat(body: ChatRequest, ctx: Any, tenant: Any):
         return chat_prompt.render(body, tok, plan, template)
 
     sampling = _sampling(body, body.token_limit(), logprobs, spec, ctx.gateway.tokenizer)
-    texts = admission.chat_texts(body.messages)  # tool-call arguments count toward the bound too
+    texts = admission.chat_texts(body.messages, body.tools)  # tool calls and definitions count too
     preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
     return await respond(ctx, preps, _shape(body, chat=True, logprobs=logprobs, tools=plan), ctx.gateway.tokenizer)
 

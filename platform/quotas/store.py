@@ -6,9 +6,12 @@ concurrency checks; the finish *settles* the reservation to the tokens actually 
 the rest. So N concurrent requests can never be promised more than the limit, whatever they
 generate. A refusal is a 429 with Retry-After and x-ratelimit-* headers.
 
-``QuotaStore`` is the seam: ``InProcessQuotaStore`` is exact within one server process; a
-multi-replica deployment plugs in a global store (a coordinator or the database) behind the same
-four calls.
+``QuotaStore`` is the seam: ``InProcessQuotaStore`` is exact within one server process. Servers
+on one database (side by side, or a restart within the minute) also count each other through the
+usage ledger (``others``: what every other instance admitted in the last minute and the budget
+period, read at each reservation of a limited tenant), so the rpm, tpm and budget limits hold
+across them, up to the requests another server admits in the moment before its admission record
+is written (docs/quotas.md). ``max_concurrent`` stays per server.
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ class QuotaView:
     max_concurrent: int | None = None
     token_budget: int | None = None
     budget_period: str = "month"
+
+
+@dataclass(frozen=True)
+class Others:
+    """What other servers admitted for a tenant (from the ledger): requests and tokens in the last
+    minute, and tokens in the current budget period."""
+
+    requests: int = 0
+    tokens: int = 0
+    budget: int = 0
+
+
+NO_OTHERS = Others()
 
 
 @dataclass
@@ -101,9 +117,12 @@ class InProcessQuotaStore:
         budget_used_since: Callable[[str, datetime], int],
         clock=time.monotonic,
         wall=lambda: datetime.now(timezone.utc),
+        others: Callable[[str, datetime | None], Others] | None = None,
     ) -> None:
-        # Tokens already in the ledger for a period, read once per tenant and period (a DB query).
+        # Tokens already in the ledger for a period, read once per tenant and period (a DB query);
+        # unused with ``others``, which reads the other servers' share at every reservation.
         self._budget_used_since = budget_used_since
+        self._others = others
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
@@ -120,7 +139,11 @@ class InProcessQuotaStore:
         now, wall = self._clock(), self._wall()
         start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
         used_before: int | None = None
-        if start is not None:
+        limited = quota.rpm is not None or quota.tpm is not None or quota.token_budget is not None
+        ext = self._others(tenant_id, start) if self._others is not None and limited else NO_OTHERS
+        if start is not None and self._others is not None:
+            used_before = 0  # this process's own share starts at zero: the rest is in ``ext.budget``
+        elif start is not None:
             with self._lock:
                 st = self._tenants.get(tenant_id)
                 known = st is not None and st.period_start == start
@@ -131,9 +154,9 @@ class InProcessQuotaStore:
             _trim(st, now)
             if start is not None and st.period_start != start and used_before is not None:
                 st.period_start, st.budget_used = start, used_before
-            in_window = sum(e[1] for e in st.tokens)
-            headers = _headers(quota, st, in_window, now)
-            self._check_slots(st, quota, now, headers)
+            in_window = sum(e[1] for e in st.tokens) + ext.tokens
+            headers = _headers(quota, st, in_window, now, ext.requests)
+            self._check_slots(st, quota, now, headers, ext.requests)
             if quota.tpm is not None:
                 if tokens > quota.tpm:
                     raise _limited(
@@ -150,8 +173,9 @@ class InProcessQuotaStore:
                         headers,
                     )
             if start is not None and quota.token_budget is not None:
-                if st.budget_used + st.budget_reserved + tokens > quota.token_budget:
-                    left = max(0, quota.token_budget - st.budget_used - st.budget_reserved)
+                spent = ext.budget + st.budget_used + st.budget_reserved
+                if spent + tokens > quota.token_budget:
+                    left = max(0, quota.token_budget - spent)
                     raise _limited(
                         f"token budget exhausted: {quota.token_budget} tokens per {quota.budget_period}; "
                         f"{left} left, this request reserves {tokens} ({RULE})",
@@ -164,7 +188,8 @@ class InProcessQuotaStore:
             st.tokens.append(entry)
             st.requests.append(now)
             st.running += 1
-            return Reservation(tenant_id, tokens, _headers(quota, st, in_window + tokens, now), now, start, entry)
+            headers = _headers(quota, st, in_window + tokens, now, ext.requests)
+            return Reservation(tenant_id, tokens, headers, now, start, entry)
 
     def usage_now(self, tenant_id: str) -> dict[str, int]:
         with self._lock:
@@ -212,12 +237,14 @@ class InProcessQuotaStore:
                     pass
 
     @staticmethod
-    def _check_slots(st: _TenantState, quota: QuotaView, now: float, headers: dict | None = None) -> None:
+    def _check_slots(
+        st: _TenantState, quota: QuotaView, now: float, headers: dict | None = None, other_requests: int = 0
+    ) -> None:
         headers = headers if headers is not None else _headers(quota, st, sum(e[1] for e in st.tokens), now)
         if quota.max_concurrent is not None and st.running >= quota.max_concurrent:
             raise _limited(f"too many concurrent requests (max_concurrent={quota.max_concurrent})", 1, headers)
-        if quota.rpm is not None and len(st.requests) >= quota.rpm:
-            wait = st.requests[0] + WINDOW_S - now
+        if quota.rpm is not None and len(st.requests) + other_requests >= quota.rpm:
+            wait = st.requests[0] + WINDOW_S - now if st.requests else 1.0
             raise _limited(f"rate limit reached: {quota.rpm} requests per minute", wait, headers)
 
 
@@ -228,12 +255,12 @@ def _trim(st: _TenantState, now: float) -> None:
         st.tokens.popleft()
 
 
-def _headers(q: QuotaView, st: _TenantState, tokens: int, now: float) -> dict[str, str]:
+def _headers(q: QuotaView, st: _TenantState, tokens: int, now: float, other_requests: int = 0) -> dict[str, str]:
     h: dict[str, str] = {}
     if q.rpm is not None:
         reset = (st.requests[0] + WINDOW_S - now) if st.requests else 0.0
         h["x-ratelimit-limit-requests"] = str(q.rpm)
-        h["x-ratelimit-remaining-requests"] = str(max(0, q.rpm - len(st.requests)))
+        h["x-ratelimit-remaining-requests"] = str(max(0, q.rpm - len(st.requests) - other_requests))
         h["x-ratelimit-reset-requests"] = f"{max(0.0, reset):.1f}s"
     if q.tpm is not None:
         reset = (st.tokens[0][0] + WINDOW_S - now) if st.tokens else 0.0

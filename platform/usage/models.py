@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, Integer, String
+from sqlalchemy import BigInteger, Float, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from loraplex.platform.db.base import Base, UTCDateTime, utcnow
@@ -18,6 +18,8 @@ class UsageRecord(Base):
     are soft-deleted instead, so the ids still resolve."""
 
     __tablename__ = "usage_records"
+    # Quota windows shared by servers on one database read a tenant's last minute / budget period.
+    __table_args__ = (Index("ix_usage_records_tenant_created", "tenant_id", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     # Idempotency key: a replayed or re-sent record updates its row, never adds a second one.
@@ -30,6 +32,9 @@ class UsageRecord(Base):
     user: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the OpenAI ``user`` field
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # What admission reserved (prompt + n x max_tokens): another server counts a running request
+    # of this one at this much until it ends (quotas shared through the ledger).
+    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="ok", index=True)

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, func, select, update
+from sqlalchemy import CursorResult, case, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -120,6 +120,31 @@ def tokens_since(session: Session, tenant_id: str, since: datetime) -> int:
         UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since
     )
     return int(session.scalar(stmt) or 0)
+
+
+def others_usage(
+    session: Session, tenant_id: str, instance_id: str, window_since: datetime, period_start: datetime | None
+) -> tuple[int, int, int]:
+    """What other servers (every instance but ``instance_id``: neighbours, and earlier runs of this
+    server) admitted for a tenant: requests and tokens since ``window_since`` (the last minute) and
+    tokens since ``period_start`` (the budget period; 0 when None). A running request counts at
+    the larger of its reservation and what it has used so far; an ended one at what it used."""
+    used = UsageRecord.prompt_tokens + UsageRecord.completion_tokens
+    cost = case(
+        ((UsageRecord.status == "running") & (UsageRecord.reserved_tokens > used), UsageRecord.reserved_tokens),
+        else_=used,
+    )
+    in_window = UsageRecord.created_at >= window_since
+    since = window_since if period_start is None else min(window_since, period_start)
+    stmt = select(
+        func.coalesce(func.sum(case((in_window, 1), else_=0)), 0),
+        func.coalesce(func.sum(case((in_window, cost), else_=0)), 0),
+        func.coalesce(func.sum(case((UsageRecord.created_at >= period_start, cost), else_=0)), 0)
+        if period_start is not None
+        else literal(0),
+    ).where(UsageRecord.tenant_id == tenant_id, UsageRecord.instance_id != instance_id, UsageRecord.created_at >= since)
+    requests, tokens, budget = session.execute(stmt).one()
+    return int(requests), int(tokens), int(budget)
 
 
 def get_by_request_id(session: Session, request_id: str) -> UsageRecord | None:

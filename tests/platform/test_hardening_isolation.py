@@ -152,8 +152,14 @@ def test_writer_answers_every_waiter_whatever_a_batch_raises(live):
         assert all(r["status"] == "ok" for r in final)
 
 
-def _post_and_leave(url: str, key: str, body: dict, live) -> None:
-    """A non-streaming request on a raw socket, closed once the engine is running it."""
+def _steps(live) -> int:
+    """Engine steps run so far (each step gives every running sequence one token)."""
+    return int(live.ctx.gateway.stats()["counters"]["steps"])
+
+
+def _post_and_leave(url: str, key: str, body: dict, live) -> int:
+    """A non-streaming request on a raw socket, closed once the engine is running it; returns the
+    engine's step count at the moment the client left."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
@@ -168,6 +174,7 @@ def _post_and_leave(url: str, key: str, body: dict, live) -> None:
         time.sleep(0.01)
     time.sleep(0.3)
     sock.close()
+    return _steps(live)
 
 
 def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
@@ -175,7 +182,8 @@ def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
     model = live.ctx.gateway.model_name
     max_tokens, n = 1900, 4
     body = {"model": model, "prompt": "Once", "max_tokens": max_tokens, "n": n, "ignore_eos": True}
-    _post_and_leave(live.url, key, body, live)
+    before = _steps(live)  # nothing else runs on this server: every step from here is this request's
+    left_at = _post_and_leave(live.url, key, body, live)
     deadline = time.monotonic() + 180
     while live.ctx.inflight.count() or live.ctx.quotas.running(tid):
         assert time.monotonic() < deadline, "the request kept running after its client left"
@@ -185,6 +193,11 @@ def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
     assert row["status"] == "aborted"
     # stopped early (the whole answer is 7,600 tokens), billed for what it had generated
     assert row["completion_tokens"] < n * max_tokens // 2
+    # counted in tokens, not time: what was generated after the client left is a few engine steps'
+    # worth (the abort lands at the next step once the event loop sees the disconnect), not the
+    # rest of the answer; n tokens per step, a generous 150 steps for a crowded machine
+    generated_while_connected = n * (left_at - before)
+    assert row["completion_tokens"] - generated_while_connected <= n * 150, (row, left_at - before)
     window = live.ctx.quotas.usage_now(tid)["tokens_last_minute"]
     assert window == row["prompt_tokens"] + row["completion_tokens"]  # the quota settled to the bill
 
@@ -205,3 +218,50 @@ def test_a_nul_in_stored_or_searched_fields_is_a_400_never_a_500(live):
         assert r.status_code == 400
         r = c.get("/admin/v1/tenants/ten_%00x", headers=H)  # a NUL in a path parameter
         assert r.status_code in (400, 404), r.text
+
+
+def test_a_lone_surrogate_user_under_another_tenants_load_hurts_no_one(live):
+    """The original report: `"user": "\\ud800"` beside another tenant's load hung 6 of that tenant's
+    385 requests and left its slots taken. Now the attacker gets 400s and the victim is untouched."""
+    model = live.ctx.gateway.model_name
+    victim_tid, victim = new_tenant(live.url, "victim", quota={"max_concurrent": 6})
+    attacker_tid, attacker = new_tenant(live.url, "attacker")
+
+    async def victim_one(c: httpx.AsyncClient, i: int) -> tuple[int, str | None, int | None]:
+        body = {"model": model, "prompt": f"Tale {i}", "max_tokens": 8, "n": 1 + i % 2, "stream": i % 3 == 0}
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}
+        r = await c.post("/v1/completions", json=body, headers=auth(victim))
+        if r.status_code != 200:
+            return r.status_code, None, None
+        if body["stream"]:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            usage = next(e["usage"] for e in events if e.get("usage"))
+            return 200, events[0]["id"].removeprefix("cmpl-"), usage["completion_tokens"]
+        data = r.json()
+        return 200, data["id"].removeprefix("cmpl-"), data["usage"]["completion_tokens"]
+
+    async def attacker_one(c: httpx.AsyncClient, i: int) -> int:
+        body = {"model": model, "prompt": "hi", "max_tokens": 4, "user": SURROGATE * (1 + i), "stream": i % 2 == 0}
+        r = await c.post(
+            "/v1/completions", content=_raw(body), headers={**auth(attacker), "content-type": "application/json"}
+        )
+        return r.status_code
+
+    async def load():
+        async with httpx.AsyncClient(base_url=live.url, timeout=180) as c:
+            victims = asyncio.gather(*(victim_one(c, i) for i in range(24)))
+            attacks = asyncio.gather(*(attacker_one(c, i) for i in range(12)))
+            return await asyncio.wait_for(asyncio.gather(victims, attacks), timeout=300)  # a hang fails here
+
+    victims, attacks = asyncio.run(load())
+    assert attacks == [400] * 12
+    assert {s for s, _, _ in victims} <= {200, 429} and sum(s == 200 for s, _, _ in victims) >= 6
+    live.ctx.ledger.flush()
+    assert live.ctx.quotas.running(victim_tid) == 0 and live.ctx.quotas.running(attacker_tid) == 0
+    assert live.ctx.inflight.count() == 0
+    rows = usage_rows(live.url, victim_tid)
+    for status, rid, completion in victims:
+        if status == 200:
+            assert rows[rid]["status"] == "ok" and rows[rid]["completion_tokens"] == completion
+    assert usage_rows(live.url, attacker_tid) == {}  # nothing of the attacker reached the ledger

@@ -5,7 +5,9 @@ that a later ledger replays, and a restart closes a dead run's records as interr
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 from sqlalchemy import select
@@ -157,3 +159,36 @@ def test_store_sweep_removes_only_old_leftovers(platform, tmp_path):
         removed = cleanup_store(s, store, min_age_s=3600)
     assert sorted(removed) == sorted([".staging/old", f"ab/{'ab' * 32}"])
     assert fresh.exists() and not old.exists() and not orphan.exists()
+
+
+def test_a_row_the_driver_cannot_encode_never_hangs_its_batch(sessions, tmp_path):
+    """The original bug: a lone surrogate (the OpenAI ``user`` field) raised UnicodeEncodeError in
+    the driver during a group commit; not an SQLAlchemyError, so the whole batch was dropped and its
+    waiters never answered. Now every waiter is answered and only the bad row is set aside."""
+    ledger = UsageLedger(sessions, tmp_path / "spool").start()
+    futures: dict[str, Future] = {}
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        for i in range(20):
+            rid = f"w{w}-{i}"
+            bad = w == 0 and i % 5 == 0
+            fut = ledger.write(**_row(rid, user="x\ud800" if bad else f"user{w}"))
+            with lock:
+                futures[rid] = fut
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for fut in futures.values():
+            fut.result(60)  # a hang fails here (TimeoutError)
+    finally:
+        ledger.close()
+    bad = {f"w0-{i}" for i in range(0, 20, 5)}
+    assert set(_records(sessions)) == set(futures) - bad
+    rejected = (tmp_path / "spool" / "usage.rejected.jsonl").read_text().splitlines()
+    assert {json.loads(line)["request_id"] for line in rejected} == bad
+    assert ledger.stats.rejected == len(bad)

@@ -1,0 +1,177 @@
+"""Quota windows shared through the usage ledger (SQLite and PostgreSQL): two servers on one
+database hold a tenant to one rpm, one tpm and one token budget between them (not one each), a
+restarted server remembers the last minute, and another server's running request counts at its
+whole reservation until it ends. The oracle is the ledger itself: the rows each server wrote."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+from billing_helpers import auth, new_tenant
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.errors import RateLimited
+from loraplex.platform.quotas.store import InProcessQuotaStore, Others, QuotaView
+from loraplex.platform.usage import repository
+from loraplex.platform.usage.models import ServerInstance, UsageRecord
+
+
+def _rows(live, tenant_id: str) -> list[dict]:
+    """The tenant's ledger rows, read from the database (every column, the server's too)."""
+    with live.ctx.sessions() as s:
+        records = s.scalars(select(UsageRecord).where(UsageRecord.tenant_id == tenant_id)).all()
+        return [{c: getattr(r, c) for c in UsageRecord.__table__.columns.keys()} for r in records]
+
+
+WINDOW = timedelta(seconds=59)  # the limiter's minute, less clock rounding
+SECRET = "servers-on-one-database-share-this-secret-0123"  # API keys made on one work on the other
+
+
+def _server(live_factory):
+    return live_factory(secret_key=SECRET)
+
+
+def _complete(url: str, key: str, model: str, max_tokens: int = 1) -> int:
+    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, "temperature": 0}
+    return httpx.post(url + "/v1/completions", json=body, headers=auth(key), timeout=120).status_code
+
+
+def _peak(rows: list[dict], value) -> int:
+    """The most ``value`` in any 60 s window of admissions (anchored at each row's created_at)."""
+    times = sorted(r["created_at"] for r in rows)
+    return max((sum(value(r) for r in rows if t <= r["created_at"] < t + WINDOW) for t in times), default=0)
+
+
+def test_two_servers_share_one_rpm_and_one_tpm(live_factory):
+    a, b = _server(live_factory), _server(live_factory)
+    model = a.ctx.gateway.model_name
+    rpm_tid, rpm_key = new_tenant(a.url, "rpm", quota={"rpm": 5})
+    statuses = [(srv.url, _complete(srv.url, rpm_key, model)) for _ in range(6) for srv in (a, b)]
+    assert {s for _, s in statuses} <= {200, 429}
+    a.ctx.ledger.flush()
+    b.ctx.ledger.flush()
+    # the oracle is the ledger, not the clock: whatever the machine's speed, no minute of admissions
+    # (on both servers together) holds more than 5 requests; per-server windows would allow 10
+    assert _peak(_rows(a, rpm_tid), lambda r: 1) <= 5, statuses
+
+    tid, tpm_key = new_tenant(a.url, "tpm", quota={"tpm": 120})
+    for _ in range(8):
+        for srv in (a, b):
+            _complete(srv.url, tpm_key, model, max_tokens=20)
+    a.ctx.ledger.flush()
+    b.ctx.ledger.flush()
+    rows = _rows(a, tid)
+    assert rows and {r["instance_id"] for r in rows} == {a.ctx.ledger.instance_id, b.ctx.ledger.instance_id}
+    # what the two servers admitted together in any minute: within the one limit
+    assert _peak(rows, lambda r: r["prompt_tokens"] + r["completion_tokens"]) <= 120
+    assert _peak(rows, lambda r: r["reserved_tokens"]) <= 120  # even counted at the reservation
+
+
+def test_two_servers_share_one_token_budget(live_factory):
+    a, b = _server(live_factory), _server(live_factory)
+    model = a.ctx.gateway.model_name
+    tid, key = new_tenant(a.url, "budget", quota={"token_budget": 150, "budget_period": "day"})
+    statuses = [_complete(srv.url, key, model, max_tokens=20) for _ in range(8) for srv in (a, b)]
+    assert 429 in statuses and 200 in statuses
+    a.ctx.ledger.flush()
+    b.ctx.ledger.flush()
+    billed = sum(r["prompt_tokens"] + r["completion_tokens"] for r in _rows(a, tid))
+    assert billed <= 150
+
+
+def test_a_restarted_server_remembers_the_last_minute(live_factory):
+    a = _server(live_factory)
+    model = a.ctx.gateway.model_name
+    _tid, key = new_tenant(a.url, "restart", quota={"rpm": 3})
+    assert [_complete(a.url, key, model) for _ in range(3)] == [200, 200, 200]
+    a.stop()
+    b = _server(live_factory)  # the next run on the same database: a fresh process, an empty window
+    r = httpx.post(
+        b.url + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 1}, headers=auth(key), timeout=60
+    )
+    if r.status_code == 200:  # only if the machine was so slow that the first request left the window
+        first = min(row["created_at"] for row in _rows(b, _tid) if row["instance_id"] != b.ctx.ledger.instance_id)
+        assert utcnow() - first >= timedelta(seconds=60), "a restarted server forgot the last minute"
+        return
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded", r.text
+    assert r.headers["retry-after"] and r.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_another_servers_running_request_counts_at_its_reservation(live_factory):
+    live = live_factory()
+    model = live.ctx.gateway.model_name
+    tid, key = new_tenant(live.url, "neighbour", quota={"tpm": 200})
+    row = dict(
+        request_id="neighbour-req-1",
+        tenant_id=tid,
+        api_key_id=None,
+        adapter_id=None,
+        adapter_name=None,
+        endpoint="completions",
+        prompt_tokens=3,
+        completion_tokens=0,
+        reserved_tokens=190,
+        ttft_ms=None,
+        latency_ms=None,
+        status="running",
+        instance_id="another-server",
+        created_at=utcnow(),
+        updated_at=utcnow(),
+    )
+    with unit_of_work(live.ctx.sessions) as s:
+        repository.upsert(s, [row])
+        # the neighbour is alive (its lease is fresh, on another host): nobody closes its request
+        lease = dict(hostname="elsewhere", pid=1, started_at=utcnow(), heartbeat_at=utcnow() + timedelta(hours=1))
+        s.add(ServerInstance(instance_id="another-server", **lease))
+    assert _complete(live.url, key, model, max_tokens=20) == 429  # 190 held elsewhere + ~22 > 200
+    with unit_of_work(live.ctx.sessions) as s:  # it ends having used 4 tokens: the hold goes
+        repository.upsert(s, [{**row, "completion_tokens": 1, "status": "ok", "updated_at": utcnow()}])
+    assert _complete(live.url, key, model, max_tokens=20) == 200
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 1), st.integers(1, 80), st.floats(0, 1)), min_size=1, max_size=40),
+    tpm=st.integers(50, 2000),
+    budget=st.integers(50, 2000),
+    rpm=st.integers(1, 30),
+)
+def test_stores_that_count_each_other_hold_one_limit(steps, tpm, budget, rpm):
+    """The combination rule, as a property: two stores (two servers), each told what the other
+    admitted exactly as the ledger query reports it (running requests at their reservation), never
+    admit more than one limit between them, whatever the interleaving."""
+    stores: list[InProcessQuotaStore] = []
+
+    def seen_by(i: int):
+        def others(_tenant: str, _start) -> Others:
+            st_ = stores[1 - i]._tenants.get("t")
+            if st_ is None:
+                return Others()
+            return Others(len(st_.requests), sum(e[1] for e in st_.tokens), st_.budget_used + st_.budget_reserved)
+
+        return others
+
+    stores.extend(InProcessQuotaStore(lambda t, s: 0, clock=lambda: 0.0, others=seen_by(i)) for i in range(2))
+    quota = QuotaView(rpm=rpm, tpm=tpm, token_budget=budget, budget_period="day")
+    live: list[tuple[InProcessQuotaStore, object, int]] = []
+    admitted = served = 0
+    for server, cost, frac in steps:
+        try:
+            res = stores[server].reserve("t", quota, cost)
+        except RateLimited:
+            continue
+        admitted += 1
+        live.append((stores[server], res, int(frac * cost)))
+        if len(live) > 2:
+            store, old, used = live.pop(0)
+            store.settle(old, used)
+            served += used
+    for store, res, used in live:
+        store.settle(res, used)
+        served += used
+    assert admitted <= rpm and served <= min(tpm, budget)
