@@ -1,9 +1,12 @@
-"""The built-in training data of the two demo adapters: the same questions answered in French, and
-answered by a terse pirate. Written for loraplex; small on purpose (an adapter trains in minutes on
+"""The built-in training data of the demo adapters: the same questions answered in French, and
+answered by a terse pirate (the ``tools`` adapter's data is in tool_dataset.py). Written for loraplex; small on purpose (an adapter trains in minutes on
 a laptop CPU). The questions the tests ask are NOT in here, so a test sees the style carry over to
 questions the adapter never saw."""
 
 from __future__ import annotations
+
+from loraplex.platform.demo import tool_dataset
+from loraplex.platform.demo.tool_dataset import Example
 
 # (question, French answer, pirate answer)
 EXAMPLES: list[tuple[str, str, str]] = [
@@ -86,13 +89,15 @@ EXAMPLES: list[tuple[str, str, str]] = [
 ]
 
 ADAPTERS = {
-    # name -> (column in EXAMPLES, one-line description shown by `loraplex demo adapters`)
+    # name -> (column in EXAMPLES or None, one-line description shown by `loraplex demo adapters`)
     "french": (1, "answers in French"),
     "pirate": (2, "answers as a terse pirate"),
 }
 
 
-def conversations(adapter: str) -> list[tuple[str, str]]:
-    """(question, answer) pairs of one demo adapter."""
+def conversations(adapter: str) -> list[Example]:
+    """(messages, tools, answer) triples of one demo adapter."""
     column, _ = ADAPTERS[adapter]
-    return [(row[0], row[column]) for row in EXAMPLES]
+    if column is None:
+        return tool_dataset.examples()
+    return [([{"role": "user", "content": row[0]}], None, row[column]) for row in EXAMPLES]

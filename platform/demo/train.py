@@ -1,6 +1,7 @@
 """Train the demo LoRA adapters with ``peft`` on the CPU, from the built-in dataset.
 
-Prompts go through the model's own chat template with its default system prompt, exactly as the
+Prompts go through the demo model's chat template (platform/demo/chat_template.py: the model's own
+for a conversation without tools, the tools listed in the system prompt otherwise), exactly as the
 OpenAI endpoint renders them, so what the adapter learns is what a client sees; the loss is on the
 answer tokens only. LoRA sits on the top ``layers_from_top`` decoder layers. The frozen layers
 below see the same inputs at every step, so their output is computed ONCE per example and the
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE
 from loraplex.platform.demo.dataset import conversations
+from loraplex.platform.demo.tool_dataset import Example
 
 Progress = Callable[[str], None]
 
@@ -47,11 +50,18 @@ RECIPES = {
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _encode(tokenizer, question: str, answer: str) -> tuple[list[int], list[int]]:
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+def prompt_text(tokenizer, example: Example) -> str:
+    """The prompt of one example, rendered as the server renders a chat request."""
+    messages, tools, _answer = example
+    kwargs = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(
+        messages, chat_template=DEMO_CHAT_TEMPLATE, tokenize=False, add_generation_prompt=True, **kwargs
     )
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _encode(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+    answer = example[2]
+    prompt_ids = tokenizer.encode(prompt_text(tokenizer, example), add_special_tokens=False)
     answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
     return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
 
@@ -73,7 +83,7 @@ def train_adapter(
     model.eval()  # no dropout anywhere; LoRA dropout is 0 too
     num_layers = model.config.num_hidden_layers
     first = max(0, num_layers - recipe.layers_from_top)
-    examples = [_encode(tokenizer, q, a) for q, a in conversations(adapter)]
+    examples = [_encode(tokenizer, ex) for ex in conversations(adapter)]
     frozen = _frozen_inputs(model, [ids for ids, _ in examples], first)
     # The trainable top: the same model object with only its upper layers (weights shared, not copied).
     model.model.layers = torch.nn.ModuleList(list(model.model.layers)[first:])

@@ -7,21 +7,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loraplex.platform.demo.chat_template import default_template
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.openai_schemas import ChatRequest
 from loraplex.platform.inference.tools import ToolPlan, template_messages
 
 # Arguments the renderer sets itself: a request's chat_template_kwargs may not replace them.
-_RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template"}
+_RESERVED = {
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "chat_template",
+}
 
 
-def server_template(setting: str) -> str | None:
-    """``[openai] chat_template``: a file path or the Jinja text itself; empty = the tokenizer's."""
-    if not setting:
-        return None
-    if "{" not in setting and Path(setting).is_file():
-        return Path(setting).read_text()
-    return setting
+def server_template(setting: str, model_dir: Path | None = None) -> str | None:
+    """``[openai] chat_template``: a file path or the Jinja text itself; empty = the demo model's
+    tool-aware template when serving the demo model, else the tokenizer's (None)."""
+    if setting and "{" not in setting and Path(setting).is_file():
+        setting = Path(setting).read_text()
+    return default_template(setting or None, model_dir)
 
 
 def check_request(body: ChatRequest, trust_request_template: bool) -> None:
@@ -55,6 +63,8 @@ def render(body: ChatRequest, tok: Any, plan: ToolPlan, default_template: str | 
     kwargs: dict[str, Any] = dict(body.chat_template_kwargs or {})
     if plan.template_tools:
         kwargs["tools"] = plan.template_tools
+    if body.documents is not None:
+        kwargs["documents"] = body.documents
     try:
         text = tok.apply_chat_template(
             template_messages(body, template),

@@ -17,13 +17,16 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.engine_client import EngineStream
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 from loraplex.platform.inference import disconnect
 from loraplex.platform.inference.admission import Prepared
 from loraplex.platform.observability.metrics import FinishedRequest
+
+if TYPE_CHECKING:
+    from loraplex.platform.context import PlatformContext
 
 log = logging.getLogger("loraplex.platform.inference")
 
@@ -58,7 +61,7 @@ class RequestCancelled(PlatformError):
     code = "request_cancelled"
 
 
-async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
+async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Generation:
     try:
         stream = ctx.gateway.submit(
             prep.prompt_ids,
@@ -88,7 +91,7 @@ async def start(ctx: Any, prep: Prepared, *, streaming: bool) -> Generation:
 
 
 class Generation:
-    def __init__(self, ctx: Any, prep: Prepared, stream: EngineStream, streaming: bool) -> None:
+    def __init__(self, ctx: PlatformContext, prep: Prepared, stream: EngineStream, streaming: bool) -> None:
         self.ctx = ctx
         self.streaming = streaming
         self.prep = prep

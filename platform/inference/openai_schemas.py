@@ -53,7 +53,6 @@ HARMLESS = {
     "service_tier",
     "stream_options",
     "request_id",
-    "documents",
     "spaces_between_special_tokens",
     "echo_prompt",
     "safety_identifier",
@@ -272,6 +271,8 @@ class ChatRequest(_Common):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # vLLM's RAG documents: a template variable (a template that does not use them ignores them).
+    documents: Annotated[list[dict[str, str]], Field(max_length=1024)] | None = None
 
     def token_limit(self) -> int | None:
         """None: what is left of the context once the prompt is known (OpenAI's chat default)."""

@@ -6,7 +6,7 @@ is one admission and one billing path."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -16,6 +16,10 @@ from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRe
 from loraplex.platform.inference.responses import Shape, respond
 from loraplex.platform.inference.structured import Spec, response_spec
 from loraplex.platform.inference.tools import plan_tools
+
+if TYPE_CHECKING:
+    from loraplex.platform.auth.key_cache import TenantAuth
+    from loraplex.platform.context import PlatformContext
 
 
 def _extensions(body: _Common, tok: Any) -> dict:
@@ -68,8 +72,8 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: int | None, spec:
 
 
 async def _prepare_all(
-    ctx,
-    tenant,
+    ctx: PlatformContext,
+    tenant: TenantAuth,
     model: str,
     endpoint: str,
     prompts: list[tuple[list[str], Callable[[Any], list[int]]]],
@@ -92,7 +96,7 @@ async def _prepare_all(
     return preps
 
 
-async def completions(body: CompletionRequest, ctx: Any, tenant: Any):
+async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: TenantAuth):
     check_extra_fields(body)
     if body.best_of is not None and body.best_of != body.n:
         raise BadRequest("best_of other than n is not supported", param="best_of", code="unsupported_parameter")
@@ -128,7 +132,7 @@ async def completions(body: CompletionRequest, ctx: Any, tenant: Any):
     return await respond(ctx, preps, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), tok)
 
 
-async def chat(body: ChatRequest, ctx: Any, tenant: Any):
+async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth):
     check_extra_fields(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -139,7 +143,7 @@ async def chat(body: ChatRequest, ctx: Any, tenant: Any):
     if plan.spec is not None and response_spec(body) is not None:
         raise BadRequest("a required or named tool_choice cannot be combined with another output constraint")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    template = chat_prompt.server_template(settings.chat_template)
+    template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
 
     def tokenize(tok) -> list[int]:
         return chat_prompt.render(body, tok, plan, template)

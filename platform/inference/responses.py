@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -16,6 +16,9 @@ from loraplex.platform.errors import PlatformError
 from loraplex.platform.http_errors import error_body
 from loraplex.platform.inference import generation
 from loraplex.platform.inference.tools import ToolPlan, ToolStream, finish_reason, parse_output
+
+if TYPE_CHECKING:
+    from loraplex.platform.context import PlatformContext
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Shape:
     tools: ToolPlan | None = None
 
 
-async def respond(ctx, preps: list[generation.Prepared], shape: Shape, tokenizer: Any):
+async def respond(ctx: PlatformContext, preps: list[generation.Prepared], shape: Shape, tokenizer: Any):
     gens = await _start_all(ctx, preps, shape.stream)  # 4xx/503 here, before any byte of the response
     first = preps[0]
     rid = ("chatcmpl-" if shape.chat else "cmpl-") + first.request_id
@@ -42,7 +45,9 @@ async def respond(ctx, preps: list[generation.Prepared], shape: Shape, tokenizer
     return await _collect(gens, preps, shape, base, fmt)
 
 
-async def _start_all(ctx, preps: list[generation.Prepared], streaming: bool) -> list[generation.Generation]:
+async def _start_all(
+    ctx: PlatformContext, preps: list[generation.Prepared], streaming: bool
+) -> list[generation.Generation]:
     """Submit every prompt's request; if one is refused, end the started ones and give the rest back."""
     gens: list[generation.Generation] = []
     try:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.admission import chat_texts, check_text
-from loraplex.platform.inference.openai_schemas import ChatMessage
+from loraplex.platform.inference.openai_schemas import MAX_TOOLS, ChatMessage, Tool
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.store import QuotaView
@@ -28,6 +28,8 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    # As in a chat request: the tools the template shows (the tokens chat would bill).
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -54,16 +56,20 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
     texts = chat_texts(body.messages) if body.messages is not None else [body.prompt or ""]
     check_text(texts, "messages" if body.messages is not None else "prompt", ctx.gateway.max_prompt_chars())
     if body.messages is not None:
+        from loraplex.platform.inference import chat_prompt
         from loraplex.platform.inference.openai_schemas import ChatRequest
-        from loraplex.platform.inference.tools import template_messages
+        from loraplex.platform.inference.tools import plan_tools
 
-        chat = ChatRequest(model=body.model, messages=body.messages)
-        text = tok.apply_chat_template(
-            template_messages(chat, tok.chat_template or ""),
+        # Rendered exactly as a chat request renders it (the server's template, the tools).
+        chat = ChatRequest(
+            model=body.model,
+            messages=body.messages,
+            tools=body.tools,
             add_generation_prompt=body.add_generation_prompt,
-            tokenize=False,
         )
-        ids = tok.encode(text, add_special_tokens=False)
+        settings = ctx.settings.openai
+        template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
+        ids = chat_prompt.render(chat, tok, plan_tools(chat, settings.tool_call_parser), template)
     else:
         ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": ctx.gateway.max_model_len}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,6 +18,9 @@ from loraplex.platform.inference.responses_api import convert, store
 from loraplex.platform.inference.responses_api.events import translate
 from loraplex.platform.inference.responses_api.schemas import ResponsesRequest
 
+if TYPE_CHECKING:
+    from loraplex.platform.context import PlatformContext
+
 router = APIRouter(tags=["openai"])
 
 
@@ -25,7 +28,7 @@ def _missing(response_id: str) -> NotFound:
     return NotFound(f"no response with id {response_id!r}", param="response_id", code="response_not_found")
 
 
-def _history(ctx: Any, tenant_id: str, previous: str | None) -> list[dict[str, Any]]:
+def _history(ctx: PlatformContext, tenant_id: str, previous: str | None) -> list[dict[str, Any]]:
     if previous is None:
         return []
     with unit_of_work(ctx.sessions) as session:
@@ -36,7 +39,7 @@ def _history(ctx: Any, tenant_id: str, previous: str | None) -> list[dict[str, A
         return json.loads(row.conversation) + convert.output_as_messages(body["output"])
 
 
-def _save(ctx: Any, tenant_id: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+def _save(ctx: PlatformContext, tenant_id: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
     with unit_of_work(ctx.sessions) as session:
         store.put(session, tenant_id, response, conversation)
 
