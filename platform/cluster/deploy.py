@@ -47,7 +47,7 @@ class Ingress:
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
         ctx = PlatformContext.build(settings, client)
-        quotas = ActorQuotaStore(control)
+        quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
         ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
         client.attach(quotas, ctx.inflight)
@@ -71,6 +71,24 @@ def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
     return data
 
 
+# Serve's own checks of its HTTP proxy assume a quiet machine (ready within 5 s, healthy within
+# 10 s, three misses and it is killed): on a loaded 2-core box the proxy was killed and restarted
+# in a loop and the app never came up. Processes of a local Ray inherit the driver's environment;
+# an operator's own values win.
+SERVE_PATIENCE = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "10",
+}
+
+
+def ingress_lease_s(sync_interval_s: float) -> float:
+    """How long an ingress may stay silent before the control plane releases its reservations:
+    many of its snapshot ticks, so a stall on a loaded machine is not taken for a death (a live
+    ingress whose lease lapsed anyway hands its holds back at its next tick)."""
+    return max(20.0, 40 * sync_interval_s)
+
+
 def start(settings: Settings) -> Any:
     """Start (or join) Ray and deploy. Returns the control actor's handle."""
     import ray
@@ -83,6 +101,8 @@ def start(settings: Settings) -> Any:
     if cl.ray_address:
         init["address"] = cl.ray_address
     else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
+        for name, value in SERVE_PATIENCE.items():
+            os.environ.setdefault(name, value)
         need = max(cl.replicas, cl.max_replicas) * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
@@ -110,6 +130,7 @@ def start(settings: Settings) -> Any:
             dump["database_url"],
             replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
             store_root=str(Path(dump["data_dir"]) / "adapters"),
+            ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
         )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
