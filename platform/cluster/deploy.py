@@ -94,8 +94,6 @@ def start(settings: Settings) -> Any:
     import ray
     from ray import serve
 
-    from loraplex.platform.cluster import replica
-
     cl = settings.cluster
     init: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": True}
     if cl.ray_address:
@@ -107,7 +105,7 @@ def start(settings: Settings) -> Any:
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
             init["num_gpus"] = None  # let Ray detect them
-    ray.init(**init)
+    _init_ray(init)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and settings.db_url.startswith("sqlite"):
         ray.shutdown()
@@ -134,14 +132,7 @@ def start(settings: Settings) -> Any:
         )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
-    engine = replica.deployment(settings).bind(dump)
-    ingress = serve.deployment(
-        name="ingress",
-        num_replicas=cl.ingress_replicas,
-        max_ongoing_requests=1000,
-        ray_actor_options={"num_cpus": cl.ingress_num_cpus},
-    )(serve.ingress()(Ingress)).bind(dump, engine)
-    serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
+    deploy_app(settings, dump, generation=0)
     log.info(
         "loraplex is serving on http://%s:%d with %d engine replica(s)",
         settings.server.host,
@@ -149,6 +140,67 @@ def start(settings: Settings) -> Any:
         cl.replicas,
     )
     return control
+
+
+def _init_ray(init: dict[str, Any], attempts: int = 3) -> None:
+    """``ray.init``, made again when a local start timed out: Ray waits a fixed 30 s for its raylet
+    to register with the GCS, which a loaded 2-core box can exceed. The processes the failed
+    attempt started are killed before the next one (they are this process's children)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        before = _children()
+        try:
+            ray.init(**init)
+            return
+        except Exception as exc:
+            if "address" in init or "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("ray.init attempt %d: %s; starting Ray again", attempt, exc)
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - nothing was up to shut down
+                pass
+            _kill_new_children(before)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_new_children(before: set[int]) -> None:
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid not in before:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
+def deploy_app(settings: Settings, dump: dict[str, Any], generation: int) -> None:
+    """(Re)deploy the app. Both deployments carry explicit versions, so deploying again with the
+    next ``generation`` replaces the engine replicas only, as a rolling update: Serve stops one old
+    replica at a time (it takes no new request and finishes its streams, for up to
+    ``drain_timeout_s``) and starts its successor; the ingresses, and the streams through them,
+    stay."""
+    from ray import serve
+
+    from loraplex.platform.cluster import replica
+
+    cl = settings.cluster
+    engine = replica.deployment(settings, version=f"engine-{generation}").bind(dump)
+    ingress = serve.deployment(
+        name="ingress",
+        version="ingress-0",
+        num_replicas=cl.ingress_replicas,
+        max_ongoing_requests=1000,
+        ray_actor_options={"num_cpus": cl.ingress_num_cpus},
+    )(serve.ingress()(Ingress)).bind(dump, engine)
+    serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
 
 
 def prepare_once(settings: Settings) -> str | None:
@@ -179,17 +231,37 @@ def run(settings: Settings) -> None:
     from ray import serve
 
     control = start(settings)  # this reference keeps the control-plane actor alive
-    stop = threading.Event()
+    stop, wake = threading.Event(), threading.Event()
+    rollouts = [0]  # SIGHUPs received
+
+    def on_stop(*_: object) -> None:
+        stop.set()
+        wake.set()
+
+    def on_hup(*_: object) -> None:
+        rollouts[0] += 1
+        wake.set()
+
     # After ray.init, which installs its own SIGTERM handler in the driver (it would exit at once,
-    # cutting every stream): a signal here starts the drain instead.
+    # cutting every stream): a signal here starts the drain instead. SIGHUP: a rolling restart
+    # of the engine replicas (new code or weights on disk, a leaking replica), cutting nothing.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
     print(
         f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
         f"({settings.cluster.replicas} engine replicas on Ray Serve)",
         flush=True,
     )
-    stop.wait()
+    generation = 0
+    dump = cluster_settings_dump(settings)
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if rollouts[0] > generation and not stop.is_set():
+            generation = rollouts[0]
+            print(f"loraplex: rolling restart {generation} of the engine replicas", flush=True)
+            deploy_app(settings, dump, generation)
     try:
         drain(control, settings.cluster.drain_timeout_s, settings.cluster.sync_interval_s)
         serve.delete(APP_NAME)  # replicas first, the control plane they talk to last

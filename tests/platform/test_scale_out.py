@@ -43,6 +43,7 @@ replica_num_cpus = 0.5
 ingress_num_cpus = 0.25
 sync_interval_s = 0.5
 chunk_timeout_s = 10
+drain_timeout_s = 600
 """
 
 
@@ -476,6 +477,39 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
     while _post(cluster.url, key, {"model": "demo", "prompt": "again", "max_tokens": 2}).status_code != 200:
         assert time.time() < deadline, "concurrency slots were not returned after the restart"
         time.sleep(0.5)
+
+
+def test_rolling_restart_of_the_engine_replicas_cuts_no_stream(cluster):
+    """SIGHUP to the driver: Serve replaces the engine replicas one at a time, each old one taking
+    no new request and finishing its streams before it stops. Four long streams in flight (on
+    both replicas) all end with every token, billed exactly; requests sent meanwhile are answered;
+    at the end both replicas are new processes."""
+    tid, key = new_tenant(cluster.url, "rolling")
+    old = {r["replica"]: r["pid"] for r in cluster.replicas()}
+    assert len(old) == 2
+    results, threads = _hold_streams(cluster.url, key, 4, 1000, "Roll")
+    cluster.proc.send_signal(signal.SIGHUP)
+    assert all(t.is_alive() for t in threads), "the streams ended before the restart began"
+    during: list[int] = []
+    while any(t.is_alive() for t in threads):
+        during.append(_post(cluster.url, key, {"model": "demo", "prompt": "during", "max_tokens": 2}).status_code)
+        time.sleep(1.0)  # pacing only
+    for t in threads:
+        t.join(2 * WAIT_S)
+    assert during and set(during) == {200}, during
+    deadline = time.time() + 3 * WAIT_S  # Serve starts the successors (a minute each on a loaded box)
+    while True:
+        now = {r["replica"]: r["pid"] for r in cluster.replicas()}
+        if len(now) == 2 and not set(now) & set(old) and not set(now.values()) & set(old.values()):
+            break
+        assert time.time() < deadline, f"the replicas were not all replaced: {old} -> {now}"
+        time.sleep(1.0)
+    rows = usage_rows(cluster.url, tid)
+    for r in results:
+        assert r.finish_reason == "length" and not r.error and r.done, r
+        assert r.usage["completion_tokens"] == 1000 == rows[r.request_id]["completion_tokens"]
+        assert rows[r.request_id]["status"] == "ok"
+    assert _post(cluster.url, key, {"model": "demo", "prompt": "after", "max_tokens": 2}).status_code == 200
 
 
 def _ingress_pids(cluster) -> list[int]:
