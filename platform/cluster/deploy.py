@@ -192,15 +192,28 @@ def deploy_app(settings: Settings, dump: dict[str, Any], generation: int) -> Non
     from loraplex.platform.cluster import replica
 
     cl = settings.cluster
-    engine = replica.deployment(settings, version=f"engine-{generation}").bind(dump)
+    engine = _versioned(replica.deployment(settings), f"engine-{generation}").bind(dump)
     ingress = serve.deployment(
         name="ingress",
-        version="ingress-0",
         num_replicas=cl.ingress_replicas,
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": cl.ingress_num_cpus},
-    )(serve.ingress()(Ingress)).bind(dump, engine)
-    serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
+        # a rolling restart without fixed versions would restart the ingresses too: their
+        # streams get as long as the engine replicas' to finish
+        graceful_shutdown_timeout_s=cl.drain_timeout_s,
+    )(serve.ingress()(Ingress))
+    serve.run(_versioned(ingress, "ingress-0").bind(dump, engine), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def _versioned(deployment: Any, version: str) -> Any:
+    """Serve removed the public ``version`` option: it gives every deployment a new random version
+    at each ``serve.run``, so a redeploy would restart every replica, the ingresses too. With a
+    fixed version per deployment a redeploy replaces only the one whose version changed;
+    ``_internal`` is how Serve's own config path still sets it (without it: the random default)."""
+    try:
+        return deployment.options(version=version, _internal=True)
+    except (TypeError, ValueError):
+        return deployment
 
 
 def prepare_once(settings: Settings) -> str | None:

@@ -203,15 +203,13 @@ class EngineReplica:
         self.gateway.shutdown()
 
 
-def deployment(settings: Settings, version: str = "engine-0") -> Any:
-    """The Serve deployment of ``EngineReplica`` configured from ``[cluster]``; a new ``version``
-    replaces the replicas as a rolling update (``deploy.deploy_app``)."""
+def deployment(settings: Settings) -> Any:
+    """The Serve deployment of ``EngineReplica`` configured from ``[cluster]``."""
     from ray import serve
 
     cl = settings.cluster
     options: dict[str, Any] = {
         "name": "engine",
-        "version": version,
         "ray_actor_options": {"num_cpus": cl.replica_num_cpus, "num_gpus": cl.replica_num_gpus},
         # the engine batches: let it see its whole batch plus a queue, not Serve's default of 5
         "max_ongoing_requests": max(16, 2 * _batch_size(settings)),
