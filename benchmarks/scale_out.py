@@ -23,9 +23,6 @@ import io
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +30,9 @@ import zipfile
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the shared test harness
+from harness.ray import ServeCluster  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ADMIN_KEY = "lpx-admin-benchmark-key-0123456789"
@@ -43,17 +43,6 @@ CONFIGS = {  # name: (replicas, routing)
     "load-2": (2, "load"),
 }
 COUNTERS = ("disk_loads", "slot_loads", "slot_evictions", "cpu_evictions")
-
-
-def _port() -> int:  # below the ephemeral range Ray's processes draw from (see tests/platform/test_scale_out.py)
-    while True:
-        port = random.randint(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -84,14 +73,10 @@ def build_adapters(model: Path, out: Path, n: int) -> list[bytes]:
     return archives
 
 
-class Server:
-    headers = H
-
-    def __init__(self, root: Path, model: Path, replicas: int, routing: str, args, extra: str = "") -> None:
-        self.url = f"http://127.0.0.1:{(port := _port())}"
-        self.root = root
-        cfg = root / "bench.toml"
-        cfg.write_text(f"""
+def Server(root: Path, model: Path, replicas: int, routing: str, args, extra: str = "") -> ServeCluster:
+    """A real ``loraplex serve`` through the tests' harness (own ports, temp dir, process group):
+    ``--replicas 1`` is the plain process, 2 and more Ray Serve."""
+    config = f"""
 [engine]
 kv_cache_memory_gb = 0.1
 max_num_seqs = {getattr(args, "max_num_seqs", 32)}
@@ -104,62 +89,14 @@ routing = "{routing}"
 replica_num_cpus = 0.5
 ingress_num_cpus = 0.25
 {extra}
-""")
-        env = {
-            **os.environ,
-            "LORAPLEX_ENGINE__MODEL": str(model),
-            "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        self.log = root / "serve.log"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loraplex.platform.cli",
-                "serve",
-                "--config",
-                str(cfg),
-                "--data-dir",
-                str(root / "data"),
-                "--port",
-                str(port),
-            ],
-            stdout=open(self.log, "w"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("serve exited:\n" + self.log.read_text()[-3000:])
-            try:
-                eng = httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=2).json()
-                if eng.get("replica_count", 1) >= replicas and "scheduler" in eng:
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(1)
-        raise RuntimeError("serve did not come up:\n" + self.log.read_text()[-3000:])
+"""
+    return ServeCluster(root, model, config, replicas=replicas, admin_key=ADMIN_KEY, start_timeout=600)
 
-    def counters(self) -> dict[str, int]:
-        eng = httpx.get(self.url + "/admin/v1/engine", headers=H, timeout=10).json()
-        reps = eng.get("replicas") or [eng]
-        return {c: sum(int(r["lora"].get(c, 0)) for r in reps) for c in COUNTERS}
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def counters(server: ServeCluster) -> dict[str, int]:
+    eng = httpx.get(server.url + "/admin/v1/engine", headers=H, timeout=30).json()
+    reps = eng.get("replicas") or [eng]
+    return {c: sum(int(r["lora"].get(c, 0)) for r in reps) for c in COUNTERS}
 
 
 def zipf_choices(n_adapters: int, n: int, s: float, seed: int) -> list[int]:
@@ -240,10 +177,10 @@ def run_config(name: str, model: Path, archives: list[bytes], args) -> dict:
         warm = zipf_choices(len(models), args.warmup, args.zipf, seed=1)
         asyncio.run(drive(server.url, key, models, warm, args.concurrency, args.max_tokens))
         time.sleep(2.0)  # Serve's routers learn which replica holds what
-        before = server.counters()
+        before = counters(server)
         order = zipf_choices(len(models), args.requests, args.zipf, seed=2)
         res = asyncio.run(drive(server.url, key, models, order, args.concurrency, args.max_tokens))
-        after = server.counters()
+        after = counters(server)
         per_k = 1000 / args.requests
         res.update({f"{c}_per_1k": (after[c] - before[c]) * per_k for c in COUNTERS})
         res.update({"config": name, "replicas": replicas, "routing": routing})

@@ -12,6 +12,12 @@ It holds three facts that must mean the same thing on every replica:
 - the replica registry: each engine replica reports its pid and live stats (heartbeats), which
   ``/admin/v1/engine`` shows.
 
+Every reservation belongs to the ingress that made it and is held on a lease that the ingress's
+calls renew (its snapshot tick, its reserves). An ingress that stops calling (killed, its node
+gone) loses its holds after ``ingress_lease_s``: the tenant's concurrency slots and tokens come back
+without anyone restarting the actor. A live ingress that was merely silent that long (a stall) is
+told so at its next snapshot (``readopt``) and hands its live reservations back, as after a restart.
+
 Why an actor and not the database: see docs/scale-out.md.
 """
 
@@ -38,12 +44,19 @@ class ControlPlane:
     database, the replica registry from the replicas' next heartbeats, and the live reservations
     from the ingresses, which notice the new ``epoch`` and ``adopt`` theirs back."""
 
-    def __init__(self, db_url: str, replica_ttl_s: float = 5.0, store_root: str | None = None) -> None:
+    def __init__(
+        self, db_url: str, replica_ttl_s: float = 5.0, store_root: str | None = None, ingress_lease_s: float = 30.0
+    ) -> None:
         self._db_url = db_url
         self._store_root = store_root
         self._sessions: Any = None
         self._quotas = InProcessQuotaStore(self._tokens_since)
         self._reservations: dict[str, Reservation] = {}
+        self._owner: dict[str, str] = {}  # reservation key -> the ingress holding it ("": no lease)
+        self._leases: dict[str, float] = {}  # ingress -> when it last called (monotonic)
+        self._lapsed: set[str] = set()  # ingresses whose holds expired: told at their next snapshot
+        self._lease_s = ingress_lease_s
+        self._lease_released = 0  # holds released because their ingress went silent (admin view)
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
@@ -96,13 +109,20 @@ class ControlPlane:
             return _refusal(exc)
         return None
 
-    def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> dict[str, Any]:
-        try:
-            res = self._quotas.reserve(tenant_id, quota, tokens)
-        except RateLimited as exc:
-            return {"refused": _refusal(exc)}
-        key = uuid.uuid4().hex
-        self._reservations[key] = res
+    def reserve(
+        self, tenant_id: str, quota: QuotaView, tokens: int, owner: str = "", key: str | None = None
+    ) -> dict[str, Any]:
+        """Check every limit and hold. ``key`` (chosen by the caller) makes a repeated call a
+        no-op that answers the same hold: an ingress may send it again after a lost answer."""
+        self._renew(owner)
+        key = key or uuid.uuid4().hex
+        res = self._reservations.get(key)
+        if res is None:
+            try:
+                res = self._quotas.reserve(tenant_id, quota, tokens)
+            except RateLimited as exc:
+                return {"refused": _refusal(exc)}
+            self._hold(key, res, owner)
         return {
             "key": key,
             "tokens": res.tokens,
@@ -111,21 +131,58 @@ class ControlPlane:
             "epoch": self.epoch,
         }
 
+    def reserve_many(self, owner: str, items: list[tuple[str, str, QuotaView, int]]) -> list[dict[str, Any]]:
+        """Several ``reserve`` calls of one ingress in one actor call, in order: (key, tenant,
+        quota, tokens) each. An ingress batches the admissions that arrive while its previous
+        batch is in flight, so a burst costs the actor a few calls, not one per request."""
+        return [self.reserve(tenant, quota, tokens, owner, key) for key, tenant, quota, tokens in items]
+
+    def _hold(self, key: str, res: Reservation, owner: str) -> None:
+        self._reservations[key] = res
+        if owner:
+            self._owner[key] = owner
+
     def settle(self, key: str, used_tokens: int) -> None:
         res = self._reservations.pop(key, None)
+        self._owner.pop(key, None)
         if res is not None:
             self._quotas.settle(res, used_tokens)
 
     def cancel(self, key: str) -> None:
         res = self._reservations.pop(key, None)
+        self._owner.pop(key, None)
         if res is not None:
             self._quotas.cancel(res)
 
     def running(self, tenant_id: str) -> int:
+        self._expire_leases()
         return self._quotas.running(tenant_id)
 
     def usage_now(self, tenant_id: str) -> dict[str, int]:
+        self._expire_leases()
         return self._quotas.usage_now(tenant_id)
+
+    # -- leases: the holds of an ingress that stopped calling go back --------------------------
+    def _renew(self, owner: str) -> None:
+        if owner:
+            self._leases[owner] = time.monotonic()
+        self._expire_leases()
+
+    def _expire_leases(self) -> int:
+        """Release the holds of every ingress silent for longer than the lease: settled as
+        serving nothing (slot and held tokens back; the request still counts against rpm: it
+        was made). What it did deliver is in the usage ledger, recovered as interrupted."""
+        now = time.monotonic()
+        gone = [o for o, seen in self._leases.items() if now - seen > self._lease_s]
+        released = 0
+        for owner in gone:
+            del self._leases[owner]
+            self._lapsed.add(owner)
+            for key in [k for k, o in self._owner.items() if o == owner]:
+                self.settle(key, 0)
+                released += 1
+        self._lease_released += released
+        return released
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         """Tokens already billed this budget period (read once per tenant and period)."""
@@ -134,9 +191,12 @@ class ControlPlane:
         with self._session_factory()() as session:
             return int(tokens_since(session, tenant_id, since))
 
-    def adopt(self, held: list[dict[str, Any]]) -> int:
-        """Live reservations an ingress held with the previous instance, re-held here under their
-        keys (no limit checked: they were admitted already). Returns how many were new here."""
+    def adopt(self, held: list[dict[str, Any]], owner: str = "") -> int:
+        """Live reservations an ingress held with the previous instance (or before its lease
+        lapsed), re-held here under their keys (no limit checked: they were admitted already).
+        Returns how many were new here."""
+        self._renew(owner)
+        self._lapsed.discard(owner)
         adopted = 0
         for h in held:
             if h["key"] in self._reservations:
@@ -145,7 +205,7 @@ class ControlPlane:
             view = (
                 QuotaView(token_budget=2**62, budget_period=h["budget_period"]) if h["budget_period"] else QuotaView()
             )
-            self._reservations[h["key"]] = self._quotas.reserve(h["tenant_id"], view, int(h["tokens"]))
+            self._hold(h["key"], self._quotas.reserve(h["tenant_id"], view, int(h["tokens"])), owner)
             adopted += 1
         return adopted
 
@@ -182,6 +242,7 @@ class ControlPlane:
         """A replica's heartbeat, with its cumulative fair-share service per tenant. Answers the
         state version and the service every OTHER replica gave each tenant (global VTC: the
         replica charges the growth of that to its own counters)."""
+        self._expire_leases()  # ticks even when no ingress is left to call
         self._replicas[replica] = {**info, "replica": replica, "seen": time.time()}
         if service is not None:
             self._service[replica] = service
@@ -204,13 +265,24 @@ class ControlPlane:
     # -- what every ingress polls: registry, draining, admin aborts ---------------------------
     def snapshot(self, ingress: str, in_flight: int, abort_seq: int) -> dict[str, Any]:
         """One call per ingress tick: it reports its in-flight count and gets the replicas, the
-        instance epoch, whether the deployment is draining, and the admin aborts after ``abort_seq``."""
+        instance epoch, whether the deployment is draining, and the admin aborts after ``abort_seq``;
+        the call renews the ingress's lease on its reservations (``readopt``: it had lapsed)."""
+        self._renew(ingress)
+        readopt = ingress in self._lapsed
+        self._lapsed.discard(ingress)
         # draining_seen: this ingress has been told (the driver waits for every one before it
         # takes the app down, so a new request meets a 503, never a vanished route).
         self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time(), "draining_seen": self._draining}
         return {
             "epoch": self.epoch,
-            "control": {"pid": self.pid, "epoch": self.epoch, "live_reservations": len(self._reservations)},
+            "readopt": readopt,
+            "control": {
+                "pid": self.pid,
+                "epoch": self.epoch,
+                "live_reservations": len(self._reservations),
+                "ingresses": sorted(self._leases),
+                "released_by_lease": self._lease_released,
+            },
             "version": self._version,
             "replicas": self.replicas(),
             "draining": self._draining,
@@ -234,7 +306,9 @@ class ControlPlane:
         return all(i["draining_seen"] for i in live)
 
     def live_reservations(self) -> int:
-        """Admitted requests not settled yet, over every ingress (what a drain waits for)."""
+        """Admitted requests not settled yet, over every ingress (what a drain waits for; a dead
+        ingress's holds leave with its lease)."""
+        self._expire_leases()
         return len(self._reservations)
 
     def in_flight(self) -> int:

@@ -47,7 +47,7 @@ class Ingress:
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
         ctx = PlatformContext.build(settings, client)
-        quotas = ActorQuotaStore(control)
+        quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
         ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
         client.attach(quotas, ctx.inflight)
@@ -71,18 +71,36 @@ def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
     return data
 
 
+# Serve's own checks of its HTTP proxy assume a quiet machine (ready within 5 s, healthy within
+# 10 s, three misses and it is killed): on a loaded 2-core box the proxy was killed and restarted
+# in a loop and the app never came up. Processes of a local Ray inherit the driver's environment;
+# an operator's own values win.
+SERVE_PATIENCE = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "10",
+}
+
+
+def ingress_lease_s(sync_interval_s: float) -> float:
+    """How long an ingress may stay silent before the control plane releases its reservations:
+    many of its snapshot ticks, so a stall on a loaded machine is not taken for a death (a live
+    ingress whose lease lapsed anyway hands its holds back at its next tick)."""
+    return max(20.0, 40 * sync_interval_s)
+
+
 def start(settings: Settings) -> Any:
     """Start (or join) Ray and deploy. Returns the control actor's handle."""
     import ray
     from ray import serve
-
-    from loraplex.platform.cluster import replica
 
     cl = settings.cluster
     init: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": True}
     if cl.ray_address:
         init["address"] = cl.ray_address
     else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
+        for name, value in SERVE_PATIENCE.items():
+            os.environ.setdefault(name, value)
         need = max(cl.replicas, cl.max_replicas) * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
@@ -92,7 +110,7 @@ def start(settings: Settings) -> Any:
         # machine (a neighbour's process, a test's CPU burner) takes ~97% of a contended core from
         # them. The raylet reads this from its environment when ray.init starts it.
         os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(**init)
+    _init_ray(init)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and settings.db_url.startswith("sqlite"):
         ray.shutdown()
@@ -115,17 +133,11 @@ def start(settings: Settings) -> Any:
             dump["database_url"],
             replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
             store_root=str(Path(dump["data_dir"]) / "adapters"),
+            ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
         )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
-    engine = replica.deployment(settings).bind(dump)
-    ingress = serve.deployment(
-        name="ingress",
-        num_replicas=cl.ingress_replicas,
-        max_ongoing_requests=1000,
-        ray_actor_options={"num_cpus": cl.ingress_num_cpus},
-    )(serve.ingress()(Ingress)).bind(dump, engine)
-    serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
+    deploy_app(settings, dump, generation=0)
     log.info(
         "loraplex is serving on http://%s:%d with %d engine replica(s)",
         settings.server.host,
@@ -133,6 +145,80 @@ def start(settings: Settings) -> Any:
         cl.replicas,
     )
     return control
+
+
+def _init_ray(init: dict[str, Any], attempts: int = 3) -> None:
+    """``ray.init``, made again when a local start timed out: Ray waits a fixed 30 s for its raylet
+    to register with the GCS, which a loaded 2-core box can exceed. The processes the failed
+    attempt started are killed before the next one (they are this process's children)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        before = _children()
+        try:
+            ray.init(**init)
+            return
+        except Exception as exc:
+            if "address" in init or "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("ray.init attempt %d: %s; starting Ray again", attempt, exc)
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - nothing was up to shut down
+                pass
+            _kill_new_children(before)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_new_children(before: set[int]) -> None:
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid not in before:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
+def deploy_app(settings: Settings, dump: dict[str, Any], generation: int) -> None:
+    """(Re)deploy the app. Both deployments carry explicit versions, so deploying again with the
+    next ``generation`` replaces the engine replicas only, as a rolling update: Serve stops one old
+    replica at a time (it takes no new request and finishes its streams, for up to
+    ``drain_timeout_s``) and starts its successor; the ingresses, and the streams through them,
+    stay."""
+    from ray import serve
+
+    from loraplex.platform.cluster import replica
+
+    cl = settings.cluster
+    engine = _versioned(replica.deployment(settings), f"engine-{generation}").bind(dump)
+    ingress = serve.deployment(
+        name="ingress",
+        num_replicas=cl.ingress_replicas,
+        max_ongoing_requests=1000,
+        ray_actor_options={"num_cpus": cl.ingress_num_cpus},
+        # a rolling restart without fixed versions would restart the ingresses too: their
+        # streams get as long as the engine replicas' to finish
+        graceful_shutdown_timeout_s=cl.drain_timeout_s,
+    )(serve.ingress()(Ingress))
+    serve.run(_versioned(ingress, "ingress-0").bind(dump, engine), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def _versioned(deployment: Any, version: str) -> Any:
+    """Serve removed the public ``version`` option: it gives every deployment a new random version
+    at each ``serve.run``, so a redeploy would restart every replica, the ingresses too. With a
+    fixed version per deployment a redeploy replaces only the one whose version changed;
+    ``_internal`` is how Serve's own config path still sets it (without it: the random default)."""
+    try:
+        return deployment.options(version=version, _internal=True)
+    except (TypeError, ValueError):
+        return deployment
 
 
 def prepare_once(settings: Settings) -> str | None:
@@ -163,17 +249,37 @@ def run(settings: Settings) -> None:
     from ray import serve
 
     control = start(settings)  # this reference keeps the control-plane actor alive
-    stop = threading.Event()
+    stop, wake = threading.Event(), threading.Event()
+    rollouts = [0]  # SIGHUPs received
+
+    def on_stop(*_: object) -> None:
+        stop.set()
+        wake.set()
+
+    def on_hup(*_: object) -> None:
+        rollouts[0] += 1
+        wake.set()
+
     # After ray.init, which installs its own SIGTERM handler in the driver (it would exit at once,
-    # cutting every stream): a signal here starts the drain instead.
+    # cutting every stream): a signal here starts the drain instead. SIGHUP: a rolling restart
+    # of the engine replicas (new code or weights on disk, a leaking replica), cutting nothing.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
     print(
         f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
         f"({settings.cluster.replicas} engine replicas on Ray Serve)",
         flush=True,
     )
-    stop.wait()
+    generation = 0
+    dump = cluster_settings_dump(settings)
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if rollouts[0] > generation and not stop.is_set():
+            generation = rollouts[0]
+            print(f"loraplex: rolling restart {generation} of the engine replicas", flush=True)
+            deploy_app(settings, dump, generation)
     try:
         drain(control, settings.cluster.drain_timeout_s, settings.cluster.sync_interval_s)
         serve.delete(APP_NAME)  # replicas first, the control plane they talk to last

@@ -5,20 +5,29 @@ Calls ride out an actor restart (``actor_calls``). The store remembers its live 
 when the actor comes back as a new instance (a new epoch) it hands them back (``adopt``): the
 requests still running keep their concurrency slot and their tokens in the window.
 
-One actor round trip per admitted request: ``precheck`` (the cheap refusal before tokenizing)
-answers from this ingress's memory of the tenant's last refusal, for at most ``REFUSAL_MEMORY_S``,
-instead of asking the actor; ``reserve`` checks every limit atomically there anyway. A tenant
-hammering past its limit then costs the actor one call per ingress per interval, not one per
-request."""
+No request thread waits in ``ray.get``: ``reserve`` (called from the admission's worker thread)
+hands its call to this store's own event loop (``ActorLoop``) and waits on a plain future; the
+loop gathers the reserves that arrive while its previous call is in flight into ONE
+``reserve_many`` call, so a burst of 40 admissions costs the actor a handful of calls and a busy
+machine no thread storm. Keys are chosen here, so a call sent again after a lost answer is
+answered with the same hold, never a second one. ``precheck`` (the cheap refusal before
+tokenizing) answers from this ingress's memory of the tenant's last refusal, for at most
+``REFUSAL_MEMORY_S``, instead of asking the actor; ``reserve`` checks every limit atomically there
+anyway.
+
+The store names its ingress (``owner``): the actor holds its reservations on a lease that the
+ingress's calls renew, and releases them if the ingress dies (``control.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.platform.cluster.actor_calls import call_actor
+from loraplex.platform.cluster.actor_calls import RETRY_BUDGET_S, ActorLoop, call_actor, call_actor_async
 from loraplex.platform.cluster.control import raise_refusal
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
@@ -32,8 +41,12 @@ class ActorReservation(Reservation):
 
 
 class ActorQuotaStore:
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, owner: str = "") -> None:
         self._actor = actor
+        self._owner = owner
+        self._calls = ActorLoop("loraplex-quota-calls")
+        self._queue: list[tuple[tuple[str, str, QuotaView, int], asyncio.Future[dict[str, Any]]]] = []
+        self._sending = False  # a reserve_many is in flight (only the loop's thread reads this)
         self._lock = threading.Lock()
         self._live: dict[str, ActorReservation] = {}
         self._epoch: str | None = None
@@ -53,9 +66,12 @@ class ActorQuotaStore:
                 self._refused = {t: v for t, v in self._refused.items() if v[0] > now}
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
-        got: Any = call_actor(
-            lambda: self._actor.reserve.remote(tenant_id, quota, tokens), what="the quota coordinator"
-        )
+        key = uuid.uuid4().hex
+        try:
+            got = self._calls.run(self._reserve((key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10)
+        except BaseException:
+            self._actor.cancel.remote(key)  # sent after the reserve: undoes it if it lands after all
+            raise
         if "refused" in got:
             self._remember(tenant_id, got["refused"])
             raise_refusal(got["refused"])
@@ -67,6 +83,36 @@ class ActorQuotaStore:
             self._live[res.key] = res
         self.saw_epoch(got["epoch"])
         return res
+
+    async def _reserve(self, item: tuple[str, str, QuotaView, int]) -> dict[str, Any]:
+        """Queue one reserve; the first in an idle moment starts the sender (on the store's loop)."""
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, answer))
+        if not self._sending:
+            self._sending = True
+            asyncio.ensure_future(self._send())
+        return await answer
+
+    async def _send(self) -> None:
+        """One ``reserve_many`` at a time, each carrying every reserve queued meanwhile."""
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    answers = await _await_actor(
+                        lambda b=batch: self._actor.reserve_many.remote(self._owner, [i for i, _ in b]),
+                        what="the quota coordinator",
+                    )
+                except Exception as exc:  # noqa: BLE001 - each waiting caller gets the error
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), got in zip(batch, answers):
+                    if not fut.done():
+                        fut.set_result(got)
+        finally:
+            self._sending = False
 
     # settle/cancel run on the event loop at a request's end: fire and forget (an actor executes
     # one caller's calls in submission order, so a later reserve sees this release; Ray retries
@@ -90,20 +136,22 @@ class ActorQuotaStore:
         return dict(call_actor(lambda: self._actor.usage_now.remote(tenant_id)))  # type: ignore[call-overload]
 
     # -- healing -------------------------------------------------------------------------------
-    def saw_epoch(self, epoch: str) -> None:
-        """The actor instance that answered. A new one (restarted) gets this store's live
-        reservations back; calls from one caller run in order, so a settle sent after this
-        adopt finds its key there, and one sent before it was not adopted (already forgotten)."""
+    def saw_epoch(self, epoch: str, readopt: bool = False) -> None:
+        """The actor instance that answered. A new one (restarted), or the same one that let this
+        ingress's lease lapse (``readopt``), gets this store's live reservations back; calls from
+        one caller run in order, so a settle sent after this adopt finds its key there, and one
+        sent before it was not adopted (already forgotten)."""
         with self._lock:
-            if self._epoch == epoch:
+            if self._epoch == epoch and not readopt:
                 return
-            first, self._epoch = self._epoch is None, epoch
+            first = self._epoch is None and not readopt
+            self._epoch = epoch
             held = [
                 {"key": r.key, "tenant_id": r.tenant_id, "tokens": r.tokens, "budget_period": r.period}
                 for r in self._live.values()
             ]
             if not first and held:
-                self._actor.adopt.remote(held)
+                self._actor.adopt.remote(held, self._owner)
 
     def live_count(self) -> int:
         with self._lock:
@@ -116,6 +164,10 @@ class ActorQuotaStore:
             reservation.done = True
             self._live.pop(_key(reservation), None)
             return True
+
+
+async def _await_actor(submit: Any, what: str) -> Any:  # the seam a test without Ray replaces
+    return await call_actor_async(submit, what=what)
 
 
 def _key(reservation: Reservation) -> str:

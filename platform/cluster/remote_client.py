@@ -99,7 +99,7 @@ class RemoteEngineClient:
         view.replicas, view.draining, view.epoch = snap["replicas"], snap["draining"], snap["epoch"]
         view.control = snap["control"]
         if self._quotas is not None:
-            self._quotas.saw_epoch(snap["epoch"])
+            self._quotas.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))
         for abort in snap["aborts"]:
             if self._inflight is not None:
                 m = abort["match"]

@@ -216,7 +216,9 @@ def deployment(settings: Settings) -> Any:
         "graceful_shutdown_timeout_s": cl.drain_timeout_s,  # scale-down drains
         "graceful_shutdown_wait_loop_s": 1.0,
         "health_check_period_s": 2.0,
-        "health_check_timeout_s": 10.0,
+        # check_health is a flag read; a loaded box can still take many seconds to answer it, and
+        # three misses replace the replica (its streams cut)
+        "health_check_timeout_s": 30.0,
     }
     if cl.routing == "prefix":
         options["request_router_config"] = {  # Serve's RequestRouterConfig fields

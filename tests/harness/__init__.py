@@ -4,7 +4,8 @@
     postgres.create_database / drop_database
                           a throw-away database on a shared server (each test its own)
     serve.ServeProcess    ``loraplex serve`` in its own process (own port, data dir, log)
-    serve.ServeCluster    ``loraplex serve --replicas N`` on a local Ray of its own
+    ray.ServeCluster      ``loraplex serve --replicas N`` on a local Ray of its own (own ports, temp dir,
+                          process group; stopped with everything it started)
     net                   free ports and raw-socket HTTP probes (one keep-alive connection, early refusals)
 
 Tests import it as ``harness`` (``tests/`` is on ``sys.path`` through the root conftest); a benchmark

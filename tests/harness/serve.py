@@ -2,9 +2,8 @@
 
 ``ServeProcess`` starts the CLI on a free loopback port with its own data dir and log, waits (a
 generous deadline, polling) until ``/health`` answers, and can be killed (SIGKILL: what a crash
-looks like) or stopped (SIGINT: a clean shutdown). ``ServeCluster`` is the same process with
-``--replicas N``: a local Ray of its own, started in a new process group so that every Ray process
-of this run (and only those) goes when it stops.
+looks like) or stopped (SIGINT: a clean shutdown). ``harness.ray.ServeCluster`` is the same
+process with ``--replicas N`` on a local Ray of its own.
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from harness import HarnessError
-from harness.net import free_port, free_port_below_ephemeral
+from harness.net import free_port
 
 SMALL_KV = "[engine]\nkv_cache_memory_gb = 0.1\n"  # several servers share the machine
 
@@ -108,42 +106,3 @@ class ServeProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-class ServeCluster(ServeProcess):
-    """``loraplex serve`` with ``[cluster] replicas >= 2`` in ``config``: a local Ray of its own.
-    Ready when the CLI says it serves and ``ready()`` (e.g. "two replicas report") holds."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        model_dir: Path,
-        config: str,
-        *,
-        ready: Callable[[ServeCluster], bool] = lambda c: True,
-        admin_key: str | None = None,
-        env: dict[str, str] | None = None,
-        start_timeout: float = 180,
-    ) -> None:
-        self._ready = ready
-        cluster_env = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
-        super().__init__(
-            data_dir,
-            model_dir,
-            admin_key=admin_key,
-            env=cluster_env,
-            port=free_port_below_ephemeral(),  # Ray's own processes take ephemeral ports meanwhile
-            config=config,
-            start_timeout=start_timeout,
-            new_session=True,
-        )
-
-    def is_ready(self) -> bool:
-        return "loraplex serving on" in self.output() and self._ready(self)
-
-    def stop(self, timeout: float = 60) -> None:
-        super().stop(timeout)
-        try:  # whatever is left of this run's Ray processes (its process group, not other runs')
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -92,7 +92,10 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     store = ActorQuotaStore(handle)
     import loraplex.platform.cluster.quota_store as qs
 
-    monkeypatch.setattr(qs, "call_actor", lambda submit, what="": submit())  # no Ray: the value is the answer
+    async def direct(submit, what=""):  # no Ray: the value is the answer
+        return submit()
+
+    monkeypatch.setattr(qs, "_await_actor", direct)
     q = QuotaView(max_concurrent=2, tpm=1000)
     a = store.reserve("t", q, 100)
     b = store.reserve("t", q, 100)
@@ -114,6 +117,99 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     store.settle(a, 10)
     store.settle(c, 10)
     assert new.running("t") == 0 and new.live_reservations() == 0
+
+
+class _Direct:
+    """The actor handle's shape (``handle.method.remote(...)``), calling the object in this thread."""
+
+    def __init__(self, target):
+        self.target = target
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        def call(*a, **k):
+            self.calls.append(name)
+            return getattr(self.target, name)(*a, **k)
+
+        return type("M", (), {"remote": staticmethod(call)})
+
+
+def test_a_silent_ingress_loses_its_holds_after_the_lease_and_a_stalled_one_readopts():
+    """Ingress A holds two reservations and stops calling (killed); ingress B keeps ticking. After
+    the lease the actor has released A's holds: the tenant's concurrency slots and tpm are free
+    again (the oracle: fresh reservations that fill both exactly), the rpm requests still count.
+    A stalled A that comes back is told at its snapshot and adopts its live holds again."""
+    cp = ControlPlane("sqlite://", ingress_lease_s=0.3)
+    q = QuotaView(rpm=10, tpm=200, max_concurrent=2)
+    a1 = cp.reserve_many("ingress-a", [("k1", "t", q, 100), ("k2", "t", q, 100)])
+    assert [a["key"] for a in a1] == ["k1", "k2"]
+    assert cp.reserve_many("ingress-b", [("k3", "t", q, 1)])[0]["refused"]["message"].startswith("too many")
+    # the same key again (an answer lost, the call sent again) is the same hold, not a second one
+    assert cp.reserve_many("ingress-a", [("k1", "t", q, 100)])[0]["key"] == "k1" and cp.running("t") == 2
+    deadline = time.monotonic() + 30
+    while cp.running("t") and time.monotonic() < deadline:
+        cp.snapshot("ingress-b", 0, 0)  # B renews its lease; A is silent
+        time.sleep(0.05)
+    assert cp.running("t") == 0 and cp.live_reservations() == 0
+    assert cp.snapshot("ingress-b", 0, 0)["control"]["released_by_lease"] == 2
+    b = cp.reserve_many("ingress-b", [("k4", "t", q, 100), ("k5", "t", q, 100)])
+    assert all("key" in x for x in b), b  # both slots and all 200 tokens of the window are back
+    assert cp.usage_now("t")["requests_last_minute"] == 4  # k1, k2 were made (released, still counted), k4, k5
+    cp.settle("k4", 0)
+    cp.settle("k5", 0)
+    # A was only stalled: its next snapshot says so, and it hands back what it still holds
+    snap = cp.snapshot("ingress-a", 1, 0)
+    assert snap["readopt"] is True and cp.snapshot("ingress-a", 1, 0)["readopt"] is False
+    assert cp.adopt([{"key": "k1", "tenant_id": "t", "tokens": 100, "budget_period": None}], "ingress-a") == 1
+    assert cp.running("t") == 1
+    cp.settle("k1", 40)
+    assert cp.running("t") == 0 and cp.live_reservations() == 0
+
+
+def test_the_ingress_store_batches_concurrent_reserves_into_few_actor_calls(monkeypatch):
+    """20 admissions from 20 request threads at once: the first reserve_many is held until the
+    other 19 are queued, so they travel in ONE second call; the cap is exact (the oracle: the
+    plain actor object's counters), keys are distinct, and every refusal is the cap's."""
+    import asyncio
+    import threading
+
+    import loraplex.platform.cluster.quota_store as qs
+    from loraplex.platform.cluster.quota_store import ActorQuotaStore
+
+    cp = ControlPlane("sqlite://")
+    handle = _Direct(cp)
+    store = ActorQuotaStore(handle, owner="ingress-x")
+
+    async def held_first(submit, what=""):
+        if handle.calls.count("reserve_many") == 0:
+            deadline = time.monotonic() + 60
+            while len(store._queue) < 19 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        return submit()
+
+    monkeypatch.setattr(qs, "_await_actor", held_first)
+    q = QuotaView(max_concurrent=5)
+    got: list[object] = []
+
+    def admit():
+        try:
+            got.append(store.reserve("t", q, 10))
+        except RateLimited as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=admit) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    held = [r for r in got if not isinstance(r, RateLimited)]
+    assert len(got) == 20 and len(held) == 5 == cp.running("t")
+    assert len({r.key for r in held}) == 5
+    assert {r.message for r in got if isinstance(r, RateLimited)} == {"too many concurrent requests (max_concurrent=5)"}
+    assert handle.calls.count("reserve_many") == 2
+    for r in held:
+        store.settle(r, 3)
+    assert cp.running("t") == 0 and store.live_count() == 0
 
 
 def test_admin_aborts_and_draining_reach_every_ingress_snapshot():

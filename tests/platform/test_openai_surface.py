@@ -18,8 +18,8 @@ import openai
 import pytest
 import torch
 from billing_helpers import H
-from cluster_helpers import Cluster
-from platform_helpers import zip_bytes
+from harness.ray import ServeCluster
+from platform_helpers import ADMIN_KEY, zip_bytes
 
 PERSON = {
     "type": "object",
@@ -72,7 +72,7 @@ class _ClusterCtx:
 def default_cluster(demo_model_dir, tmp_path_factory):
     """``loraplex serve --replicas 2``, no config file: the default [engine] and [cluster]."""
     pytest.importorskip("ray.serve", reason="the --replicas 2 surface needs loraplex[ray]")
-    c = Cluster(tmp_path_factory.mktemp("surface-cluster"), demo_model_dir, None)
+    c = ServeCluster(tmp_path_factory.mktemp("surface-cluster"), demo_model_dir, None, admin_key=ADMIN_KEY)
     yield c
     c.stop()
 
