@@ -136,7 +136,9 @@ def test_langchain_openai(live):
     assert final.type == "ai" and CALLS
     greedy = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=80, temperature=0, max_retries=0)
     pieces = [c.content for c in greedy.stream("Hi", response_format=ASCII)]
-    assert len([p for p in pieces if p]) > 1
+    # It streams (an iterator of chunks); how many depends on how far the client lags the engine,
+    # which coalesces its deltas for a slow reader: one chunk is legal on a loaded machine.
+    assert [p for p in pieces if p]
     assert "".join(pieces) == greedy.invoke("Hi", response_format=ASCII).content  # type: ignore[operator]
 
 
