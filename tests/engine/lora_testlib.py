@@ -83,3 +83,23 @@ def make_prompts(
 ) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(5, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def make_small_draft(path: Path) -> str:
+    """A one-layer random checkpoint sharing the tiny target's tokenizer but not its shapes: the
+    draft model of the speculative tests (proposes, is mostly rejected, never changes the output)."""
+    from loraplex.engine.demo_model import create_random_checkpoint
+
+    return str(
+        create_random_checkpoint(
+            path,
+            preset="demo",
+            seed=11,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            initializer_range=0.1,
+        )
+    )

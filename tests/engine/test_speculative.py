@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from lora_testlib import make_peft_adapter
+from lora_testlib import make_peft_adapter, make_small_draft
 
 from loraplex.engine import LLM, EngineConfig, SamplingParams
 from loraplex.engine.demo_model import create_random_checkpoint
@@ -37,18 +37,8 @@ def setup(tiny_llama, tmp_path_factory):
     adapters = {
         n: make_peft_adapter(tiny_llama, root / n, seed=i + 1, **kw) for i, (n, kw) in enumerate(ADAPTERS.items())
     }
-    draft = create_random_checkpoint(
-        root / "draft",
-        preset="demo",
-        seed=11,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        initializer_range=0.1,
-    )
-    return tiny_llama, adapters, str(draft)
+    draft = make_small_draft(root / "draft")
+    return tiny_llama, adapters, draft
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:

@@ -15,10 +15,9 @@ import random
 import shutil
 
 import pytest
-from lora_testlib import PeftOracle, make_peft_adapter
+from lora_testlib import PeftOracle, make_peft_adapter, make_small_draft
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.engine.demo_model import create_random_checkpoint
 from loraplex.engine.sampling_params import StructuredOutputSpec
 
 ADAPTERS = {
@@ -35,20 +34,10 @@ def setup(tiny_llama, tmp_path_factory):
     adapters = {
         n: make_peft_adapter(tiny_llama, root / n, seed=i + 1, **kw) for i, (n, kw) in enumerate(ADAPTERS.items())
     }
-    small = create_random_checkpoint(
-        root / "small",
-        preset="demo",
-        seed=11,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        initializer_range=0.1,
-    )
+    small = make_small_draft(root / "small")
     copy = root / "target-copy"  # the target's weights under another directory: not shared, mirrored
     shutil.copytree(tiny_llama, copy)
-    return tiny_llama, adapters, str(small), str(copy)
+    return tiny_llama, adapters, small, str(copy)
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
