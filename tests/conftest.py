@@ -59,20 +59,17 @@ SLOW_TESTS = (
 )
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    """Which tests share a pytest-xdist worker (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``)."""
-    node = item.nodeid
-    if "cluster" in getattr(item, "fixturenames", ()) or "replicas-2" in node or "scale_out" in node:
-        return "ray"  # one Ray cluster at a time on a 2-core machine
-    if node.startswith("tests/demo/"):
-        return "demo"  # one copy of the real 135M model and its trained adapters in memory
-    return node.split("::", 1)[0]  # a module stays together: its module-scoped servers start once
+@pytest.hookimpl(optionalhook=True)  # xdist may be absent (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Our groups decide which tests share a worker (tests/harness/xdist_groups.py says why)."""
+    from harness.xdist_groups import GroupScheduling
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith("tests/demo/"):

@@ -1,0 +1,71 @@
+"""Which tests share a pytest-xdist worker, and which groups start first.
+
+``scripts/test.sh`` runs the suite on two xdist workers. A group of tests always runs on one worker,
+in collection order, so that a module's module-scoped servers start once, only one Ray cluster
+runs at a time, and one copy of the real demo model is in memory.
+
+Why a scheduler of our own rather than ``--dist loadgroup`` with ``xdist_group`` marks: with
+pytest 9.2 and pytest-xdist 3.8, loadgroup's worker-side renaming of node ids (``test@group``)
+no longer takes effect (pytest-xdist issue #1386), so every group was silently spread over both
+workers: both started every module server and both started Ray clusters. Here the grouping is a
+pure function of the node id, computed where the work is scheduled.
+
+Order matters on two workers: the longest groups go first (longest-processing-time first), so the
+Ray group and the demo model start at once on the two workers and the many short modules fill in
+around them instead of queuing behind them at the end.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from xdist.scheduler import LoadScopeScheduling
+
+RAY = "ray"
+DEMO = "demo"
+
+# Groups that run for minutes whatever their test count (process starts, clusters, the real model):
+# measured whole-suite seconds on the shared 2-core machine, rounded. Everything else is costed by
+# its number of tests, which is what xdist's own reordering uses.
+HEAVY_SECONDS = {
+    RAY: 900,
+    DEMO: 400,
+    "tests/platform/test_faults_processes.py": 150,
+    "tests/platform/test_instances_processes.py": 150,
+    "tests/platform/test_api_fuzz.py": 120,
+}
+
+
+def test_group(nodeid: str) -> str:
+    """The group of one test, from its node id alone."""
+    nodeid = nodeid.split("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid  # an xdist_group suffix
+    if "replicas-2" in nodeid or nodeid.startswith("tests/platform/test_scale_out.py"):
+        return RAY  # one Ray cluster at a time on a 2-core machine
+    if nodeid.startswith("tests/demo/"):
+        return DEMO
+    return nodeid.split("::", 1)[0]  # a module stays together: its module-scoped servers start once
+
+
+def _cost(group: str, size: int) -> float:
+    return HEAVY_SECONDS.get(group, float(size))
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with our groups as the scopes, the costliest queued first."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return test_group(nodeid)
+
+    def schedule(self) -> None:
+        if self.collection is None:  # the first call: build the queue in our order
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(next(iter(self.registered_collections.values())))
+            units: OrderedDict[str, dict[str, bool]] = OrderedDict()
+            for nodeid in self.collection:
+                units.setdefault(test_group(nodeid), {})[nodeid] = False
+            for group in sorted(units, key=lambda g: -_cost(g, len(units[g]))):
+                self.workqueue[group] = units[group]
+        # the collection is known: the parent hands each idle worker its next unit
+        super().schedule()
