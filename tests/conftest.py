@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-# Make CPU thread use predictable on the 2-core CI machine.
+# Make CPU thread use predictable on the 2-core CI machine (one xdist worker: see pytest_configure).
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,6 +57,18 @@ SLOW_TESTS = (
     "tests/engine/test_prefix_cache.py::test_outputs_with_caching_equal_without_mid_block_prefixes[qwen2_bias]",
     "tests/engine/test_step_combinations.py::test_speculation_changes_nothing_in_a_batch_of_every_feature[5]",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        # Two xdist workers (scripts/test.sh) keep both cores busy, so each worker, and every server
+        # it starts, computes on one thread: two threads each would oversubscribe the cores and every
+        # OpenMP barrier would wait for a descheduled thread. (torch is already imported above.)
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist may be absent (-p no:xdist)
