@@ -103,3 +103,52 @@ def test_hermes_call_cut_by_max_tokens_stays_a_call_in_the_stream():
     assert content == "Let me check. "
     assert calls[0]["function"]["name"] == "get_weather"
     assert "".join(tc["function"].get("arguments", "") for tc in calls) == '{"city": "Pa'
+
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is the weather?"}]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"tools": [WEATHER]},
+        {"add_generation_prompt": False},
+        {"chat_template_kwargs": {"note": "x"}},
+        {"documents": [{"title": "t", "text": "some document text"}]},
+        # /tokenize ignored this one: it counted the closed assistant turn (2 tokens more than billed)
+        {
+            "messages": [*MESSAGES, {"role": "assistant", "content": "It is"}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    ],
+    ids=["plain", "tools", "no-generation-prompt", "template-kwargs", "documents", "continue-final-message"],
+)
+def test_tokenize_counts_the_prompt_a_chat_request_is_billed(live, fields):
+    """vLLM's /tokenize takes the chat template controls; a client sizing a request with it must get
+    the prompt_tokens the same chat request is billed."""
+    _, key = new_tenant(live.url, "count")
+    body = {"model": live.ctx.gateway.model_name, "messages": MESSAGES, **fields}
+    auth = {"Authorization": f"Bearer {key}"}
+    counted = httpx.post(live.url + "/tokenize", headers=auth, json=body, timeout=60)
+    assert counted.status_code == 200, counted.text
+    billed = httpx.post(live.url + "/v1/chat/completions", headers=auth, json={**body, "max_tokens": 1}, timeout=120)
+    assert billed.status_code == 200, billed.text
+    assert counted.json()["count"] == billed.json()["usage"]["prompt_tokens"]
+
+
+def test_tokenize_refuses_what_chat_refuses_in_template_controls(live):
+    _, key = new_tenant(live.url, "refuse")
+    auth = {"Authorization": f"Bearer {key}"}
+    model = live.ctx.gateway.model_name
+    for fields, param in [
+        ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),  # per-request templates are off by default
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ]:
+        r = httpx.post(
+            live.url + "/tokenize", headers=auth, json={"model": model, "messages": MESSAGES, **fields}, timeout=60
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
