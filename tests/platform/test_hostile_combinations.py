@@ -152,3 +152,29 @@ def test_tokenize_refuses_what_chat_refuses_in_template_controls(live):
         )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param
+
+
+def test_every_token_id_field_has_the_tokenizers_vocabulary(live):
+    """The demo model's embedding has padding rows past the tokenizer (704 vs 663): logit_bias and
+    prompt token ids were checked against the embedding, so a bias of +100 on a padding id made the
+    whole answer empty text (billed), while allowed_token_ids, stop_token_ids and /detokenize
+    refused the same id."""
+    _, key = new_tenant(live.url, "vocab")
+    auth = {"Authorization": f"Bearer {key}"}
+    model = live.ctx.gateway.model_name
+    vocab = len(live.ctx.gateway.tokenizer)
+    pad = vocab  # the first id past the tokenizer: a padding row of the demo model's embedding
+    chat = {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for path, body, param in [
+        ("/v1/chat/completions", {**chat, "logit_bias": {str(pad): 100}}, "logit_bias"),
+        ("/v1/chat/completions", {**chat, "logit_bias": {str(pad): 100}, "stream": True}, "logit_bias"),
+        ("/v1/completions", {"model": model, "prompt": [5, pad], "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"model": model, "prompt": [[5], [pad]], "max_tokens": 2}, "prompt"),
+        ("/v1/chat/completions", {**chat, "allowed_token_ids": [pad]}, "allowed_token_ids"),
+        ("/detokenize", {"model": model, "tokens": [pad]}, "tokens"),
+    ]:
+        r = httpx.post(live.url + path, headers=auth, json=body, timeout=60)
+        assert r.status_code == 400, (path, body, r.text)
+        assert r.json()["error"]["param"] == param
+    ok = httpx.post(live.url + "/v1/chat/completions", headers=auth, json={**chat, "logit_bias": {str(vocab - 1): 5}})
+    assert ok.status_code == 200, ok.text
