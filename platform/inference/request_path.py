@@ -30,9 +30,14 @@ def _extensions(body: _Common, tok: Any) -> dict:
             param="priority",
             code="unsupported_parameter",
         )
+    # The tokenizer's vocabulary, for every token-id field: the model's embedding may have more rows
+    # (padding), ids that decode to no text (a logit_bias on one made the answer empty).
     vocab = len(tok)
-    for name in ("allowed_token_ids", "stop_token_ids"):
-        ids = getattr(body, name) or []
+    for name, ids in (
+        ("allowed_token_ids", body.allowed_token_ids or []),
+        ("stop_token_ids", body.stop_token_ids or []),
+        ("logit_bias", list(body.bias() or {})),
+    ):
         if any(t >= vocab for t in ids):
             raise BadRequest(f"{name} holds a token id outside the vocabulary [0, {vocab})", param=name)
     words: list[list[int]] = []
@@ -118,6 +123,11 @@ async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: Ten
         return tokenize
 
     sampling = _sampling(body, body.max_tokens, body.logprobs, response_spec(body), ctx.gateway.tokenizer)
+    vocab = len(ctx.gateway.tokenizer)
+    for p in prompts:
+        if isinstance(p, list) and any(t >= vocab for t in p):
+            bad = next(t for t in p if t >= vocab)
+            raise BadRequest(f"prompt token ids must be in the vocabulary [0, {vocab}), got {bad}", param="prompt")
     preps = await _prepare_all(
         ctx,
         tenant,

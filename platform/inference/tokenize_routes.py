@@ -5,7 +5,7 @@ model shares its tokenizer, so the adapter is checked for access and the base to
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,8 +28,13 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-    # As in a chat request: the tools the template shows (the tokens chat would bill).
+    # As in a chat request: the tools the template shows (the tokens chat would bill), and vLLM's
+    # template controls, so the count is the prompt a chat request with the same fields is billed.
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    continue_final_message: bool = False
+    chat_template: Annotated[str, Field(max_length=256 * 1024)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: Annotated[list[dict[str, str]], Field(max_length=1024)] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -66,8 +71,13 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
             messages=body.messages,
             tools=body.tools,
             add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            chat_template=body.chat_template,
+            chat_template_kwargs=body.chat_template_kwargs,
+            documents=body.documents,
         )
         settings = ctx.settings.openai
+        chat_prompt.check_request(chat, settings.trust_request_chat_template)
         template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
         ids = chat_prompt.render(chat, tok, plan_tools(chat, settings.tool_call_parser), template)
     else:

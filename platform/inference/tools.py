@@ -194,6 +194,11 @@ class ToolStream:
         if not text and not final:
             return None, None
         scan = self.plan.parser.scan("".join(self._text), final, self._memo)
+        if final and len(_usable(self.plan, scan.calls)) < len(self._calls):
+            # Cut off (max_tokens) inside a call already streamed: the final scan turns that call's
+            # text back into content, but the client has it as a call: nothing can be taken back,
+            # so it stays a call (arguments incomplete) and is not sent a second time as content.
+            scan = self.plan.parser.scan("".join(self._text), False, self._memo)
         d: dict[str, Any] = {}
         if len(scan.content) > self._content_sent:
             d["content"] = scan.content[self._content_sent :]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Query
-from pydantic import AwareDatetime, BaseModel
+from fastapi import APIRouter
+from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from loraplex.platform.deps import AdminDep, SessionDep
 from loraplex.platform.usage.models import UsageRecord
 from loraplex.platform.usage.repository import _bucket
+from loraplex.platform.usage.routes import Since, Until
 
 router = APIRouter(tags=["usage"])
 
@@ -66,8 +67,8 @@ def usage_series(
     bucket: Literal["hour", "day"] = "hour",
     by: Literal["tenant", "adapter"] = "tenant",
     tenant_id: str | None = None,
-    since: Annotated[AwareDatetime | None, Query(description="Inclusive, with a time zone")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="Exclusive, with a time zone")] = None,
+    since: Since = None,  # the report's validated bounds: a time with no UTC equivalent is a 422, not a 500
+    until: Until = None,
 ) -> UsageSeries:
     """Requests and tokens per time bucket, one series per tenant or per adapter."""
     return UsageSeries(bucket=bucket, by=by, data=series(session, bucket, by, tenant_id, since, until))

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.db.session import unit_of_work
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from loraplex.platform.context import PlatformContext
 
 router = APIRouter(tags=["openai"])
+log = logging.getLogger(__name__)
 
 
 def _missing(response_id: str) -> NotFound:
@@ -58,7 +61,14 @@ async def create_response(body: ResponsesRequest, ctx: ContextDep, tenant: Tenan
             body, rid, status="completed", output=output, usage_=convert.usage(chat_usage), finish_reason=reason
         )
         if body.store:
-            await run_in_threadpool(_save, ctx, tenant.tenant_id, final, conversation)
+            try:
+                await run_in_threadpool(_save, ctx, tenant.tenant_id, final, conversation)
+            except SQLAlchemyError as exc:
+                # The answer was generated and billed (the usage ledger spools through an outage):
+                # a failed store must not turn it into a 503 or cut the stream before
+                # response.completed. It is delivered, saying it was not stored.
+                log.warning("response %s not stored: %s", rid, str(exc).splitlines()[0][:200])
+                final["store"] = False
         return final
 
     if isinstance(result, StreamingResponse):
