@@ -44,12 +44,53 @@ def cleanup_store(session: Session, store: AdapterStore, *, min_age_s: float = 0
             else:
                 entry.unlink(missing_ok=True)
             removed.append(f".staging/{entry.name}")
+    if not _store_belongs_to(session, store):
+        return removed
     in_use = repository.stored_paths_in_use(session)
     for relative in store.stored_paths():
         if relative not in in_use and _old_enough(store.path_of(relative), min_age_s):
             store.remove(relative)
             removed.append(relative)
     return removed
+
+
+OWNER_FILE = ".database"
+
+
+def _database_identity(session: Session) -> str:
+    """The database this server writes to, as its URL without the password (a SQLite file by its
+    absolute path)."""
+    url = session.get_bind().url.set(password=None)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        url = url.set(database=str(Path(url.database).resolve()))
+    return url.render_as_string(hide_password=False)
+
+
+def _store_belongs_to(session: Session, store: AdapterStore) -> bool:
+    """Whether the stored folders are this database's to sweep. A store records the database that
+    first swept it; a start on the same data dir with another database (an operator's wrong URL)
+    sees every folder unreferenced, and must not delete the real database's adapters. Such a start
+    leaves the folders alone and says so; the same database reached through another URL only
+    keeps its leftovers until an operator removes the marker."""
+    marker = store.root / OWNER_FILE
+    identity = _database_identity(session)
+    try:
+        owner = marker.read_text().strip()
+    except FileNotFoundError:
+        store.root.mkdir(parents=True, exist_ok=True)
+        marker.write_text(identity + "\n")
+        return True
+    if owner == identity:
+        return True
+    log.warning(
+        "the adapter store %s belongs to another database (%s); its folders are not swept. "
+        "Remove %s to let this database (%s) own it.",
+        store.root,
+        owner,
+        marker,
+        identity,
+    )
+    return False
 
 
 async def sweep_periodically(ctx: PlatformContext, interval_s: float) -> None:
