@@ -1,7 +1,7 @@
 """Chaos soak (the companion of soak.py): mixed request kinds against real ``loraplex serve``
 processes on one private PostgreSQL database while faults happen, then a per-request reconciliation.
 
-    .venv/bin/python benchmarks/soak_chaos.py --seconds 480 --clients 8      # needs root (private PG)
+    .venv/bin/python benchmarks/soak_chaos.py --seconds 480 --clients 8 --complete-between 60  # root (private PG)
 
 Request kinds (soak_kinds.py, round robin per client): streaming (n=1 and n=2), non-streaming,
 n=3, a prompt list, chat with tools, chat with a json_schema, a client that gives up mid-answer,
@@ -9,10 +9,13 @@ hostile bodies (lone surrogates in ``user`` and in tool-call arguments, int over
 in the model name, a malformed tool: each must be a 4xx). Three tenants: one with a tpm limit, one
 with a daily token budget, one with max_concurrent only; the limits are small enough to be reached.
 
-Faults, at fractions of --seconds (each waits for the previous one; a server start is not bounded
-by the plan, only by --start-timeout): kill -9 of server A (restarted on its data dir), server B
-started on the same database (clients alternate), PostgreSQL stopped for --outage seconds, SIGTERM
-of A while it serves (a rolling restart: B serves on), A started again next to B.
+Faults, at fractions of --seconds and each only once --complete-between more requests completed
+since the previous one (so a slow machine still completes hundreds of requests between faults; a
+server start is bounded only by --start-timeout): server B started on the same database next to A
+(clients alternate), kill -9 of A (restarted on its data dir while B serves on), PostgreSQL stopped
+for --outage seconds, SIGTERM of A while it serves (a rolling restart: B serves on), A started
+again next to B. After the plan the run goes on until --seconds and --complete-between more
+completions.
 
 Reconciliation from the final export of the usage ledger:
 - records lost: a complete response without an ``ok`` record
@@ -162,14 +165,20 @@ def run(args) -> dict:
         t0 = time.monotonic()
         threading.Thread(target=watch_pauses, args=(chaos,), daemon=True).start()
         plan = [
-            (0.15, "kill -9 A"),
-            (0.3, "start B"),
+            (0.1, "start B"),
+            (0.3, "kill -9 A"),
             (0.5, "PostgreSQL outage"),
             (0.65, "SIGTERM A"),
             (0.8, "start A"),
         ]
+
+        def completed() -> int:
+            with chaos.lock:
+                return sum(o.complete for o in chaos.outcomes)
+
         for at, fault in plan:
-            while chaos.active_s < at * args.seconds:
+            floor = completed() + args.complete_between
+            while chaos.active_s < at * args.seconds or (completed() < floor and chaos.active_s < 3 * args.seconds):
                 time.sleep(0.5)
             try:
                 fault_once(fault, servers, chaos, pg, root, model, env, port_a, args)
@@ -177,7 +186,8 @@ def run(args) -> dict:
             except Exception as exc:  # a fault that went wrong is reported, the soak goes on
                 errors.append(f"{fault}: {type(exc).__name__}: {exc}")
                 traceback.print_exc()
-        while chaos.active_s < args.seconds:
+        floor = completed() + args.complete_between
+        while chaos.active_s < args.seconds or (completed() < floor and chaos.active_s < 3 * args.seconds):
             time.sleep(0.5)
         chaos.stop.set()
         for t in threads:
@@ -207,9 +217,11 @@ def run(args) -> dict:
 
 
 def fault_once(fault: str, servers: dict, chaos: Chaos, pg, root, model, env, port_a, args) -> None:
-    if fault == "kill -9 A":
+    if fault == "kill -9 A":  # B serves on while A restarts on its data dir
+        chaos.urls = [servers["b"].url]
         servers["a"].kill()
         servers["a"] = _start(root, "a", model, env, port_a, args)
+        chaos.urls = [servers["a"].url, servers["b"].url]
     elif fault == "start B":
         servers["b"] = _start(root, "b", model, env, _free_port(), args)
         chaos.urls = [servers["a"].url, servers["b"].url]
@@ -292,6 +304,7 @@ def main() -> int:
     ap.add_argument("--tpm", type=int, default=2000)
     ap.add_argument("--budget", type=int, default=4000)
     ap.add_argument("--outage", type=float, default=4.0)
+    ap.add_argument("--complete-between", type=int, default=60, help="completed requests between two faults")
     ap.add_argument("--start-timeout", type=float, default=900, help="a loaded 2-core box starts a server slowly")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs and server logs")
     args = ap.parse_args()

@@ -67,6 +67,7 @@ def serve(
     import uvicorn
 
     from loraplex.platform.app import create_app
+    from loraplex.platform.head_deadline import RequestHeadDeadline
 
     # Flags override the file and the environment, field by field.
     engine = {"model": model} if model is not None else None
@@ -104,6 +105,8 @@ def serve(
         port=settings.server.port,
         log_level="info",
         timeout_keep_alive=max(1, int(settings.limits.idle_timeout_s)),  # an idle socket is closed
+        # a socket that sends nothing, or stalls inside its headers, is closed too
+        http=RequestHeadDeadline.with_timeout(settings.limits.header_timeout_s),
         **kwargs,
     )
     uv_server = uvicorn.Server(uv_config)  # config.load() (in run) configures logging; the filter goes after

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.adapters.sources.resolver import AdapterResolver
@@ -15,13 +14,13 @@ from loraplex.platform.adapters.sources.serving import ServedReferences
 from loraplex.platform.adapters.store import AdapterStore
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
-from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.inference.inflight import InflightRegistry
 from loraplex.platform.observability.metrics import Metrics
 from loraplex.platform.observability.requests import RequestObserver, make_tracer
-from loraplex.platform.quotas.store import WINDOW_S, InProcessQuotaStore, Others, QuotaStore
+from loraplex.platform.quotas.shared import LedgerAdmission
+from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaStore
 from loraplex.platform.settings import Settings
 from loraplex.platform.usage.ledger import UsageLedger
 
@@ -52,7 +51,6 @@ class PlatformContext:
             Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
         )
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        self.quotas = InProcessQuotaStore(self._tokens_since, others=self._others)
         self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), lambda: self.gateway)
         self.ledger = UsageLedger(
             self.sessions,
@@ -60,25 +58,9 @@ class PlatformContext:
             replay_interval_s=self.settings.ledger.replay_interval_s,
             lease_ttl_s=self.settings.ledger.lease_ttl_s,
         )
-
-    def _others(self, tenant_id: str, period_start: datetime | None) -> Others:
-        """What the tenant's requests on other servers of this database (and on earlier runs of
-        this one) admitted: the quota windows and budget hold across servers and restarts."""
-        from loraplex.platform.usage.repository import others_usage
-
-        try:
-            with self.sessions() as session:
-                requests, tokens, budget = others_usage(
-                    session,
-                    tenant_id,
-                    self.ledger.instance_id,
-                    utcnow() - timedelta(seconds=WINDOW_S),
-                    period_start,
-                )
-        except SQLAlchemyError as exc:  # the database is down: admission is refused elsewhere anyway
-            log.debug("quota: other servers' usage unavailable: %s", exc)
-            return Others()
-        return Others(requests, tokens, budget)
+        # what other servers on this database admitted, read and added to under a per-tenant lock
+        shared = LedgerAdmission(self.sessions, self.ledger)
+        self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared)
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         from loraplex.platform.usage.repository import tokens_since

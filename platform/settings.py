@@ -130,6 +130,9 @@ class LimitsSettings(_Table):
     body_timeout_s: float = Field(30.0, gt=0)
     # An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
     idle_timeout_s: float = Field(15.0, gt=0)
+    # A request line and headers must arrive whole within this long (checked every this long, so
+    # a silent or stalled connection is closed after one to two of it; platform/head_deadline.py).
+    header_timeout_s: float = Field(20.0, gt=0)
 
 
 class OpenAISettings(_Table):

@@ -152,5 +152,6 @@ def prepare(
         params,
         reservation,
         float(timeout_s),
+        request_id=reservation.request_id,  # its quota hold (if any) is written under this id
         admission_s=time.monotonic() - t0,
     )

@@ -8,10 +8,10 @@ generate. A refusal is a 429 with Retry-After and x-ratelimit-* headers.
 
 ``QuotaStore`` is the seam: ``InProcessQuotaStore`` is exact within one server process. Servers
 on one database (side by side, or a restart within the minute) also count each other through the
-usage ledger (``others``: what every other instance admitted in the last minute and the budget
-period, read at each reservation of a limited tenant), so the rpm, tpm and budget limits hold
-across them, up to the requests another server admits in the moment before its admission record
-is written (docs/quotas.md). ``max_concurrent`` stays per server.
+usage ledger (``shared``: what every other instance admitted in the last minute and the budget
+period, read at each reservation of a limited tenant under a per-tenant database lock, and this
+admission's hold written before the lock is released), so the rpm, tpm and budget limits hold
+across them exactly (docs/billing.md). ``max_concurrent`` stays per server.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -66,6 +68,24 @@ class Reservation:
     done: bool = False
     # A second hold released with this one (an API key's own limits: platform/auth/key_scopes.py).
     linked: Reservation | None = None
+    # The engine request's id: a shared window (platform/quotas/shared.py) writes the hold under it.
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    held_in_db: bool = False
+
+
+class SharedWindow(Protocol):
+    """Admission made atomic across the servers on one database (``quotas/shared.py``)."""
+
+    def window(self, tenant_id: str, period_start: datetime | None) -> AbstractContextManager[SharedAdmission]: ...
+
+    def drop(self, request_id: str) -> None: ...
+
+
+class SharedAdmission(Protocol):
+    others: Others
+    held: bool  # after the window closed: the hold is in the database
+
+    def hold(self, request_id: str, tokens: int) -> None: ...
 
 
 class QuotaStore(Protocol):
@@ -118,11 +138,15 @@ class InProcessQuotaStore:
         clock=time.monotonic,
         wall=lambda: datetime.now(timezone.utc),
         others: Callable[[str, datetime | None], Others] | None = None,
+        shared: SharedWindow | None = None,
     ) -> None:
         # Tokens already in the ledger for a period, read once per tenant and period (a DB query);
         # unused with ``others``, which reads the other servers' share at every reservation.
         self._budget_used_since = budget_used_since
         self._others = others
+        # Servers on one database: the others' usage is read and this admission's hold written
+        # under one per-tenant lock, so two servers cannot both pass a limit at the same moment.
+        self._shared = shared
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
@@ -136,12 +160,25 @@ class InProcessQuotaStore:
             self._check_slots(st, quota, now)
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
-        now, wall = self._clock(), self._wall()
+        wall = self._wall()
         start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
-        used_before: int | None = None
         limited = quota.rpm is not None or quota.tpm is not None or quota.token_budget is not None
-        ext = self._others(tenant_id, start) if self._others is not None and limited else NO_OTHERS
-        if start is not None and self._others is not None:
+        if self._shared is None or not limited:
+            ext = self._others(tenant_id, start) if self._others is not None and limited else NO_OTHERS
+            return self._reserve(tenant_id, quota, tokens, wall, start, ext)
+        with self._shared.window(tenant_id, start) as win:  # a refusal raises: nothing is held
+            res = self._reserve(tenant_id, quota, tokens, wall, start, win.others)
+            win.hold(res.request_id, tokens)
+        res.held_in_db = win.held  # False if the database failed: this server's counters decided
+        return res
+
+    def _reserve(
+        self, tenant_id: str, quota: QuotaView, tokens: int, wall: datetime, start: datetime | None, ext: Others
+    ) -> Reservation:
+        now = self._clock()
+        used_before: int | None = None
+        shared = self._others is not None or self._shared is not None
+        if start is not None and shared:
             used_before = 0  # this process's own share starts at zero: the rest is in ``ext.budget``
         elif start is not None:
             with self._lock:
@@ -209,7 +246,10 @@ class InProcessQuotaStore:
             self.settle(reservation.linked, used_tokens)
 
     def cancel(self, reservation: Reservation) -> None:
+        first = not reservation.done
         self._release(reservation, 0, refund_request=True)
+        if first and reservation.held_in_db and self._shared is not None:
+            self._shared.drop(reservation.request_id)  # the others stop counting it
         if reservation.linked is not None:
             self.cancel(reservation.linked)
 

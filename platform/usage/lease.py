@@ -1,6 +1,12 @@
 """A server's lease on the usage ledger: a heartbeat row in ``server_instances``. Start-up recovery
 closes the running records only of servers whose lease expired (they are dead), never those of a
-live neighbour on the same database (a rolling restart, blue-green, two servers side by side)."""
+live neighbour on the same database (a rolling restart, blue-green, two servers side by side).
+
+The heartbeat has a thread and a database connection of its own: a server whose request handlers
+hold every pooled connection, or whose event loop is busy, still renews on time. A lease expires
+only after ``BEATS_PER_TTL`` missed renewals. Should it lapse anyway (a machine stopped for longer
+than the ttl), a peer may close this server's running rows as ``interrupted``; this server's own
+later writes win over that close (``repository.upsert``), so billing stays what the client got."""
 
 from __future__ import annotations
 
@@ -11,15 +17,18 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.base import utcnow
-from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.db.session import make_db_engine, make_session_factory, unit_of_work
 from loraplex.platform.usage.models import ServerInstance
 
 log = logging.getLogger("loraplex.platform.usage")
+
+# Renewals per ttl: a lease is taken for dead only after this many beats in a row were missed.
+BEATS_PER_TTL = 5
 
 
 class InstanceLease:
@@ -30,7 +39,7 @@ class InstanceLease:
         ttl_s: float,
         on_beat: Callable[[], object] | None = None,
     ) -> None:
-        self._sessions = sessions
+        self._sessions, self._engine = _own_sessions(sessions)
         self._on_beat = on_beat  # run after each renewal: close the records of servers that died since
         self.instance_id = instance_id
         self.ttl_s = ttl_s
@@ -60,7 +69,7 @@ class InstanceLease:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
+        while not self._stop.wait(self.ttl_s / BEATS_PER_TTL):
             try:
                 self.beat()
                 if self._on_beat is not None:
@@ -79,6 +88,21 @@ class InstanceLease:
                 session.execute(delete(ServerInstance).where(ServerInstance.instance_id == self.instance_id))
         except Exception as exc:  # expires on its own
             log.warning("could not release the server lease: %s", str(exc).splitlines()[0][:200])
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+def _own_sessions(shared: sessionmaker[Session]) -> tuple[sessionmaker[Session], Engine | None]:
+    """Sessions on an engine of the lease's own (one connection, never queued behind requests),
+    except for an in-memory SQLite database, which another engine would not see."""
+    bind = shared.kw.get("bind")
+    if not isinstance(bind, Engine):
+        return shared, None
+    url = bind.url
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return shared, None
+    engine = make_db_engine(url.render_as_string(hide_password=False))
+    return make_session_factory(engine), engine
 
 
 def live_instances(session: Session, *, ttl_s: float, now: datetime) -> list[str]:

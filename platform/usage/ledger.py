@@ -110,6 +110,15 @@ class UsageLedger:
             self._drain_once()
         return op.done
 
+    def discard(self, request_id: str) -> None:
+        """A quota hold (``quotas/shared.py``) whose request was refused after reserving: delete
+        its admission row, in queue order with the other writes. Only a row of this server that
+        the request never recorded (``running``, no prompt tokens) goes; with the database
+        unreachable it stays, and the next start closes it as interrupted with no tokens."""
+        with self._cond:
+            self._queue.append(_Op({_DISCARD: request_id}))
+            self._cond.notify_all()
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything queued so far is durable (tests, budget reads, shutdown)."""
         deadline = time.monotonic() + timeout
@@ -220,6 +229,12 @@ class UsageLedger:
     def _write_batch(self, rows: list[dict]) -> None:
         """Commit, or spool (database unreachable), or commit row by row (anything else: a row the
         database or the driver refuses, whatever the exception, must not take the others with it)."""
+        discards = [r[_DISCARD] for r in rows if _DISCARD in r]
+        if discards:
+            rows = [r for r in rows if _DISCARD not in r]
+            self._discard(discards)
+            if not rows:
+                return
         was_spooling = self.spool.has_pending()
         try:
             if was_spooling:  # keep order: nothing overtakes spooled records
@@ -244,6 +259,13 @@ class UsageLedger:
                 self.spool.active,
                 str(exc).splitlines()[0][:200] if exc is not None and str(exc) else "",
             )
+
+    def _discard(self, request_ids: list[str]) -> None:
+        try:
+            with unit_of_work(self._sessions) as session:
+                repository.discard_holds(session, request_ids, instance_id=self.instance_id)
+        except Exception as exc:  # the row stays running: closed (no tokens) at this server's next start
+            log.warning("could not drop %d quota holds: %s", len(request_ids), str(exc).splitlines()[0][:200])
 
     def _commit(self, rows: list[dict]) -> None:
         with unit_of_work(self._sessions) as session:
@@ -283,6 +305,9 @@ class UsageLedger:
             Spool.done(path)
             self.stats.replayed += len(rows)
             log.warning("replayed %d spooled usage records", len(rows))
+
+
+_DISCARD = "__discard__"  # a queued op that deletes a quota hold instead of writing a row
 
 
 class _SpoolFirst(Exception):

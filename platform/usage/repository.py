@@ -4,19 +4,39 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, func, literal, select, update
+from sqlalchemy import CursorResult, case, delete, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from loraplex.platform.usage.models import UsageRecord
 
 # Columns a later write of the same request may change (the rest are fixed at admission).
-_MUTABLE = ("completion_tokens", "prompt_tokens", "ttft_ms", "latency_ms", "status", "updated_at")
+# A quota hold (platform/quotas/shared.py) is the admission row written early, without these: the
+# ledger's admission record completes it.
+_MUTABLE = (
+    "completion_tokens",
+    "prompt_tokens",
+    "ttft_ms",
+    "latency_ms",
+    "status",
+    "updated_at",
+    "api_key_id",
+    "adapter_id",
+    "adapter_name",
+    "endpoint",
+    "user",
+    "reserved_tokens",
+)
 
 
 def upsert(session: Session, rows: list[dict]) -> None:
     """Insert records or advance them, by request id. A final record is never changed again, so a
-    replayed or duplicated write is harmless (idempotent)."""
+    replayed or duplicated write is harmless (idempotent).
+
+    One exception: a record a peer closed as ``interrupted`` while its owner was in fact alive (the
+    owner's lease lapsed on a stalled machine) is still the owner's. The owner's later writes (same
+    ``instance_id``) win over that close: its final write bills what its client received. It is the
+    same row (one per request id), so nothing is counted twice; a peer can never write over it."""
     if not rows:
         return
     dialect = session.get_bind().dialect.name
@@ -29,9 +49,27 @@ def upsert(session: Session, rows: list[dict]) -> None:
     stmt = stmt.on_conflict_do_update(
         index_elements=[UsageRecord.request_id],
         set_={c: getattr(stmt.excluded, c) for c in _MUTABLE},
-        where=UsageRecord.status == "running",
+        where=(UsageRecord.status == "running")
+        | ((UsageRecord.status == "interrupted") & (UsageRecord.instance_id == stmt.excluded.instance_id)),
     )
     session.execute(stmt, list(latest.values()))
+
+
+def discard_holds(session: Session, request_ids: list[str], *, instance_id: str) -> int:
+    """Delete quota holds (admission rows written by ``quotas/shared.py``) of requests refused
+    after they reserved: only this server's rows the ledger never completed (no prompt tokens)."""
+    result = cast(
+        CursorResult[Any],
+        session.execute(
+            delete(UsageRecord).where(
+                UsageRecord.request_id.in_(request_ids),
+                UsageRecord.status == "running",
+                UsageRecord.prompt_tokens == 0,
+                UsageRecord.instance_id == instance_id,
+            )
+        ),
+    )
+    return int(result.rowcount or 0)
 
 
 def close_running(session: Session, *, live_instances: list[str], now: datetime) -> int:

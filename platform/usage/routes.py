@@ -71,6 +71,10 @@ def export_usage(
 ) -> StreamingResponse:
     """Every usage record in the window, one per line, as CSV (with a header) or JSON lines."""
     service.check_window(session, tenant_id=tenant_id, since=since, until=until)  # 4xx before streaming
+    try:  # records still queued (checkpoints, dropped quota holds) are part of the history
+        ctx.ledger.flush()
+    except TimeoutError:  # a backlog: export what is on record now
+        pass
 
     def lines() -> Iterator[str]:
         # Its own session: the request's session is closed once the response starts streaming.

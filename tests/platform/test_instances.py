@@ -93,3 +93,118 @@ def test_a_clean_stop_lands_a_pending_spool(live_factory, tmp_path):
     with a.ctx.sessions() as s:
         rec = s.scalar(select(UsageRecord).where(UsageRecord.request_id == "spooled-1"))
     assert rec is not None and (rec.status, rec.completion_tokens) == ("ok", 7)
+
+
+def _rec(sessions, rid: str) -> tuple[str, int]:
+    with sessions() as s:
+        r = s.scalar(select(UsageRecord).where(UsageRecord.request_id == rid))
+        return r.status, r.completion_tokens
+
+
+def _row(rid: str, status: str, completion: int) -> dict:
+    return dict(
+        request_id=rid,
+        tenant_id="t",
+        endpoint="completions",
+        prompt_tokens=2,
+        completion_tokens=completion,
+        status=status,
+    )
+
+
+def _lapse(sessions, instance_id: str) -> None:
+    """The owner's lease looks dead to its peers (a machine stopped longer than the ttl)."""
+    from datetime import timedelta
+
+    from loraplex.platform.db.base import utcnow
+
+    with sessions.begin() as s:
+        s.get(ServerInstance, instance_id).heartbeat_at = utcnow() - timedelta(seconds=600)
+
+
+@pytest.fixture
+def sessions(db_url):
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    engine = make_db_engine(db_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def test_the_owners_writes_win_over_a_peers_interrupted_close(sessions, tmp_path):
+    """Found by the rolling-restart test under load: server A's lease lapsed while it streamed, the
+    new server B closed A's live row as ``interrupted``, and A's final ``ok`` write was refused, so
+    the client was billed as of A's last checkpoint. The owner's writes now win over that close (the
+    same row, so nothing is counted twice); a peer's never do; final rows stay final."""
+    from loraplex.platform.usage.ledger import UsageLedger
+
+    a = UsageLedger(sessions, tmp_path / "a")
+    b = UsageLedger(sessions, tmp_path / "b")
+    a.lease.beat()
+    b.lease.beat()
+    for rid in ("r1", "r2"):
+        a.write(**_row(rid, "running", 5))
+    a.flush()
+    _lapse(sessions, a.instance_id)
+    assert b.close_dead_runs() == 2  # B takes A for dead
+    assert _rec(sessions, "r1") == ("interrupted", 5)
+
+    a.write(**_row("r1", "running", 8))  # A's next checkpoint: the row is A's again
+    a.flush()
+    assert _rec(sessions, "r1") == ("running", 8)
+    assert b.close_dead_runs() == 1  # still lapsed: closed again
+    a.write(**_row("r1", "ok", 12))  # A's final write: billed what its client received
+    a.flush()
+    assert _rec(sessions, "r1") == ("ok", 12)
+    a.write(**_row("r1", "running", 3))  # late or replayed writes after the end change nothing
+    a.write(**_row("r1", "aborted", 1))
+    a.flush()
+    assert b.close_dead_runs() == 0
+    assert _rec(sessions, "r1") == ("ok", 12)
+
+    b.write(**_row("r2", "ok", 99))  # a peer never writes over another server's row
+    b.flush()
+    assert _rec(sessions, "r2") == ("interrupted", 5)
+    with sessions() as s:  # one row per request: nothing counted twice
+        assert len(s.scalars(select(UsageRecord)).all()) == 2
+
+
+def test_a_spooled_final_write_lands_over_an_interrupted_close_at_restart(sessions, tmp_path):
+    """A server whose final writes were spooled (database outage longer than its lease) and that
+    then restarts on its data dir: the replayed rows carry the old instance id, the owner's, so they
+    win over the close a peer made meanwhile."""
+    from loraplex.platform.usage.ledger import UsageLedger
+
+    a = UsageLedger(sessions, tmp_path / "a")
+    a.lease.beat()
+    a.write(**_row("r1", "running", 4))
+    a.flush()
+    _lapse(sessions, a.instance_id)
+    assert UsageLedger(sessions, tmp_path / "b").recover() == 1
+    final = {**_row("r1", "ok", 9), "instance_id": a.instance_id, "created_at": "2026-12-01T00:00:00+00:00"}
+    restarted = UsageLedger(sessions, tmp_path / "a")
+    restarted.spool.append([final])
+    restarted.recover()
+    assert _rec(sessions, "r1") == ("ok", 9)
+
+
+def test_the_heartbeat_has_a_connection_of_its_own(db_url, tmp_path):
+    """Request handlers holding every pooled connection must not keep a server from renewing its
+    lease (it would look dead to its peers)."""
+    from sqlalchemy import create_engine
+
+    from loraplex.platform.db.session import make_session_factory
+    from loraplex.platform.usage.ledger import UsageLedger
+
+    engine = create_engine(db_url, pool_size=1, max_overflow=0, pool_timeout=1)
+    sessions = make_session_factory(engine)
+    ledger = UsageLedger(sessions, tmp_path / "spool")
+    try:
+        with engine.connect():  # the only pooled connection is taken
+            for _ in range(3):
+                ledger.lease.beat()
+        with sessions() as s:
+            assert s.get(ServerInstance, ledger.instance_id) is not None
+    finally:
+        ledger.lease.release()
+        engine.dispose()

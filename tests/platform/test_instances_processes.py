@@ -10,8 +10,8 @@ test_instances.py):
   servers) and closes A's rows as ``interrupted``, billed up to the last checkpoint, never more
   than the client received.
 
-The lease is short (LORAPLEX_LEDGER__LEASE_TTL_S) so nothing waits for the 30 s default; the test
-polls with generous deadlines and counts lease renewals instead of sleeping."""
+The leases are short (LORAPLEX_LEDGER__LEASE_TTL_S) so nothing waits for the 30 s default; the
+tests poll with generous deadlines and count lease renewals instead of sleeping."""
 
 from __future__ import annotations
 
@@ -31,10 +31,8 @@ from loraplex.platform.usage.models import ServerInstance
 # two server starts and thousands of streamed tokens: minutes on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1800)]
 
-LEASE_TTL_S = 1.5
 ENV = {
     "LORAPLEX_LEDGER__CHECKPOINT_INTERVAL_S": "0.3",
-    "LORAPLEX_LEDGER__LEASE_TTL_S": str(LEASE_TTL_S),
     "LORAPLEX_ENGINE__MAX_NUM_SEQS": "8",
     "LORAPLEX_SECRET_KEY": "two-servers-one-database-shared-secret-0123",  # keys made on A work on B
 }
@@ -130,21 +128,19 @@ def _leases(db_url: str) -> int:
         eng.dispose()
 
 
-def _servers(tmp_path, demo_model_dir, db_url, serve_process):
-    env = {**ENV, "LORAPLEX_DATABASE_URL": db_url}
+def _servers(tmp_path, demo_model_dir, db_url, serve_process, lease_ttl_s: float):
+    env = {**ENV, "LORAPLEX_DATABASE_URL": db_url, "LORAPLEX_LEDGER__LEASE_TTL_S": str(lease_ttl_s)}
     # a loaded 2-core machine can take minutes to start a second server beside the first
     return lambda name: serve_process(tmp_path / name / "data", demo_model_dir, env=env, start_timeout=600)
 
 
-@pytest.mark.skip(
-    reason="open (issue 18): in the lead's whole-suite run one of A's streams was closed as interrupted "
-    "during the rolling restart (a 1.5 s lease under a loaded machine?); not yet diagnosed"
-)
 def test_rolling_restart_bills_every_stream_what_its_client_received(
     tmp_path, demo_model_dir, db_url_postgres, serve_process
 ):
     db = db_url_postgres
-    server = _servers(tmp_path, demo_model_dir, db, serve_process)
+    # A lease this short lapses now and then beside two CPU burners (seen: B closed A's three live
+    # rows as interrupted): billing must stay right anyway, A's own final writes win over that close.
+    server = _servers(tmp_path, demo_model_dir, db, serve_process, lease_ttl_s=1.5)
     a = server("a")
     tid, key = new_tenant(a.url, "rolling")
     model = httpx.get(a.url + "/v1/models", headers=auth(key), timeout=120).json()["data"][0]["id"]
@@ -196,7 +192,9 @@ def test_kill9_with_a_neighbour_alive_bills_cut_streams_up_to_what_was_received(
     tmp_path, demo_model_dir, db_url_postgres, serve_process
 ):
     db = db_url_postgres
-    server = _servers(tmp_path, demo_model_dir, db, serve_process)
+    # long enough not to lapse on a loaded machine (B must not close A's rows while A lives); B
+    # still notices the kill at its next renewal (A's process is gone on this host)
+    server = _servers(tmp_path, demo_model_dir, db, serve_process, lease_ttl_s=10)
     a = server("a")
     b = server("b")
     tid, key = new_tenant(a.url, "crash")

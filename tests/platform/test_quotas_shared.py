@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import httpx
-from billing_helpers import auth, new_tenant
+from billing_helpers import H, auth, new_tenant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -175,3 +175,110 @@ def test_stores_that_count_each_other_hold_one_limit(steps, tpm, budget, rpm):
         store.settle(res, used)
         served += used
     assert admitted <= rpm and served <= min(tpm, budget)
+
+
+def _fire_together(servers, key: str, model: str, per_server: int, max_tokens: int) -> list[int]:
+    """``per_server`` requests at each server, all released at once (a barrier): admissions on the
+    two servers fall in the same moment, as they would under real load."""
+    import threading
+
+    gate = threading.Barrier(per_server * len(servers))
+    codes: list[int] = []
+
+    def one(url: str) -> None:
+        gate.wait(120)
+        codes.append(_complete(url, key, model, max_tokens=max_tokens))
+
+    threads = [threading.Thread(target=one, args=(s.url,)) for s in servers for _ in range(per_server)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return codes
+
+
+def test_simultaneous_admissions_on_two_servers_never_pass_one_limit(live_factory):
+    """Found open in docs/billing.md: two servers admitting in the same moment both passed a limit
+    (each saw the other's admission only once its record was written). Admission now reads the
+    others' usage and writes its own hold under one per-tenant database lock (PostgreSQL: an
+    advisory lock; SQLite: the write lock). The oracle is the ledger: the rows both servers wrote."""
+    a, b = _server(live_factory), _server(live_factory)
+    model = a.ctx.gateway.model_name
+    cases = [
+        # rpm and tpm: the most in any minute of admissions (a crowded machine may take longer)
+        ({"rpm": 4}, lambda rows: _peak(rows, lambda r: 1), 4),
+        ({"tpm": 100}, lambda rows: _peak(rows, lambda r: r["reserved_tokens"]), 100),
+        ({"token_budget": 100, "budget_period": "day"}, lambda rows: sum(r["reserved_tokens"] for r in rows), 100),
+    ]
+    for i, (quota, admitted, limit) in enumerate(cases):
+        tid, key = new_tenant(a.url, f"same-moment-{i}", quota=quota)
+        codes = _fire_together((a, b), key, model, per_server=6, max_tokens=20)
+        assert set(codes) == {200, 429}, (quota, codes)
+        a.ctx.ledger.flush()
+        b.ctx.ledger.flush()
+        rows = _rows(a, tid)
+        assert len(rows) == codes.count(200), (quota, codes, rows)  # one row per admitted request, no hold left
+        assert admitted(rows) <= limit, (quota, codes, rows)
+        assert all(r["status"] == "ok" and r["prompt_tokens"] > 0 for r in rows), rows
+
+
+def test_a_request_refused_after_it_reserved_leaves_no_hold(live_factory):
+    """The shared window writes each admission's hold into the ledger at once; a request refused
+    after that (the engine's own checks at submit, a later prompt of a list over the limit) must
+    take its hold back: no row, nothing counted by the other servers."""
+    live = _server(live_factory)
+    model = live.ctx.gateway.model_name
+    context = int(live.ctx.gateway.max_model_len)
+    tid, key = new_tenant(live.url, "refused", quota={"token_budget": 10 * context, "budget_period": "day"})
+    body = {"model": model, "prompt": "a prompt of several tokens", "max_tokens": context - 1}
+    r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(key), timeout=120)
+    assert r.status_code == 400, r.text  # prompt + max_tokens > context: refused by the engine at submit
+    list_tid, list_key = new_tenant(live.url, "refused-list", quota={"rpm": 1})
+    body = {"model": model, "prompt": ["one", "two"], "max_tokens": 1}
+    r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(list_key), timeout=120)
+    assert r.status_code == 429, r.text  # the second prompt is over the rpm: the first gives its hold back
+    live.ctx.ledger.flush()
+    assert _rows(live, tid) == [] and _rows(live, list_tid) == []
+    assert _complete(live.url, list_key, model) == 200  # the rpm slot came back too
+
+
+def test_hostile_mix_at_two_servers_holds_the_limit_and_leaves_no_hold(live_factory):
+    """A hostile mix released at once at two servers: n=2 streams, prompt lists and plain requests
+    of one tenant with a tpm limit, through an API key with an rpm limit of its own. The tenant's
+    tokens stay within one tpm between the servers, the key's own limit writes no ledger rows (key
+    scopes are per server), and every row ends settled: none ``running``, none of a key scope."""
+    import threading
+
+    a, b = _server(live_factory), _server(live_factory)
+    model = a.ctx.gateway.model_name
+    tid, _ = new_tenant(a.url, "hostile-mix", quota={"tpm": 150})
+    r = httpx.post(a.url + f"/admin/v1/tenants/{tid}/keys", json={"rpm": 8}, headers=H, timeout=60)
+    assert r.status_code == 201, r.text
+    key = r.json()["key"]
+    bodies = [
+        {"prompt": "hi", "max_tokens": 8, "n": 2, "stream": True},
+        {"prompt": ["one", "two", "three"], "max_tokens": 6},
+        {"prompt": "hey", "max_tokens": 10},
+    ]
+    gate = threading.Barrier(12)
+    codes: list[int] = []
+
+    def one(url: str, body: dict) -> None:
+        gate.wait(120)
+        with httpx.Client(timeout=180) as c:
+            resp = c.post(url + "/v1/completions", json={"model": model, **body}, headers=auth(key))
+            codes.append(resp.status_code)
+
+    threads = [threading.Thread(target=one, args=(s.url, bodies[i % 3])) for s in (a, b) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(codes) <= {200, 429} and 200 in codes and 429 in codes, codes
+    a.ctx.ledger.flush()
+    b.ctx.ledger.flush()
+    rows = _rows(a, tid)
+    assert _peak(rows, lambda r: r["reserved_tokens"]) <= 150, rows  # any minute of admissions
+    assert all(r["status"] == "ok" and r["prompt_tokens"] > 0 for r in rows), rows
+    with a.ctx.sessions() as s:
+        assert not s.scalars(select(UsageRecord).where(UsageRecord.tenant_id.like("key:%"))).all()

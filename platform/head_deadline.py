@@ -1,0 +1,81 @@
+"""A deadline for the request head: a connection that sends nothing, or stalls in the middle of its
+request line or headers (slowloris), is closed.
+
+uvicorn arms its keep-alive timer only after a response, and disarms it on any byte received, so a
+socket that connects and never writes, or writes half a header and stops, would hold a connection
+(and a file descriptor) for ever. The body has its own deadline (``BodyTimeout``, a 408); this
+covers what comes before it.
+
+``RequestHeadDeadline`` wraps uvicorn's own HTTP protocol (composition: every call is forwarded
+unchanged) and looks at it every ``timeout_s``: while the connection waits for a request head (no
+request yet, or the last response is complete) and no new head has arrived since the previous
+look, it is closed. A head that does not arrive whole is therefore dropped after one to two
+``timeout_s``; a request being read or answered is never touched."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.importer import import_from_string
+
+_AUTO = "uvicorn.protocols.http.auto:AutoHTTPProtocol"  # httptools if installed, else h11
+
+
+class RequestHeadDeadline(asyncio.Protocol):
+    timeout_s: float = 10.0
+
+    def __init__(self, **kwargs: Any) -> None:
+        inner_class = import_from_string(_AUTO)
+        self.inner: Any = inner_class(**kwargs)
+        self._loop = kwargs.get("_loop") or asyncio.get_event_loop()
+        self._seen: object = None  # the request cycle at the previous look
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self.closed_idle = False
+
+    @classmethod
+    def with_timeout(cls, timeout_s: float) -> type[RequestHeadDeadline]:
+        return type(cls.__name__, (cls,), {"timeout_s": timeout_s})
+
+    # -- the deadline --------------------------------------------------------------------------
+    def _look(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        cycle = getattr(self.inner, "cycle", None)
+        # after a response uvicorn's own keep-alive timer (limits.idle_timeout_s) governs, until a
+        # byte of the next request disarms it
+        keep_alive = getattr(self.inner, "timeout_keep_alive_task", None) is not None
+        waiting_for_head = cycle is None or (bool(getattr(cycle, "response_complete", False)) and not keep_alive)
+        if waiting_for_head and cycle is self._seen:
+            self.closed_idle = True
+            transport.close()  # nothing was promised to this client: no answer, just the close
+            return
+        self._seen = cycle
+        self._timer = self._loop.call_later(self.timeout_s, self._look)
+
+    # -- asyncio.Protocol, forwarded -----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self.inner.connection_made(transport)
+        self._timer = self._loop.call_later(self.timeout_s, self._look)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
