@@ -448,5 +448,6 @@ class Scheduler:
             "num_running": len(self.running),
             "num_waiting": self.policy.num_waiting(),
             "step": self.step_count,
+            "admission_preemptions": self.admission_preemption.preemptions,
             **self.policy.stats(),
         }

@@ -69,7 +69,7 @@ def test_light_request_gets_a_slot_within_a_few_steps_of_arrival_under_a_two_ten
     off, first_off, _ = flood_then_light(tiny_llama, share=False)
     # With share preemption: one flood sequence gives way at once (all have run for 20 steps).
     assert first_on is not None and first_on <= 2, first_on
-    assert on.scheduler.admission_preemption.preemptions == 1
+    assert on.stats()["scheduler"]["admission_preemptions"] == 1
     # Without it (two flooders: the single-tenant batch-hog rule does not apply) L waits for a flood
     # sequence to finish: ~100 more steps.
     assert first_off is not None and first_off > FLOOD_TOKENS // 2, first_off
