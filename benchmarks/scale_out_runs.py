@@ -37,6 +37,12 @@ def _server(Server, model: Path, replicas: int, routing: str, args, extra: str =
 def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], Server) -> None:
     picked = args.scenario.split(",")
     out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg": os.getloadavg()}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
+
+    def save() -> None:  # after each scenario: a later one failing (a loaded box) keeps the earlier ones
+        path.write_text(json.dumps(out, indent=2, default=str))
+
     if "sessions" in picked:
         rows = []
         for routing in ("prefix", "affinity", "load"):
@@ -55,6 +61,7 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
                 f"{r['ttft_later_p90_ms']:6.0f}ms {r['replica_switches']:9d}"
             )
         out["sessions"] = rows
+        save()
     if "flood" in picked:
         small = copy.copy(args)
         small.max_num_seqs = args.flood_max_num_seqs  # both tenants stay backlogged
@@ -93,6 +100,7 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
                 f"{r['ttft_ratio']:5.2f} {lr:10.2f}"
             )
         out["flood"] = rows
+        save()
     if "faults" in picked:
         srv = _server(Server, model, 2, "affinity", args)
         try:
@@ -113,6 +121,7 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             f"exit {drain['exit_code']} after {drain['exit_after_sigterm_s']:.1f} s"
         )
         out["faults"] = {"kill_control": kill, "sigterm_drain": drain}
+        save()
     if "autoscale" in picked:
         extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"
         srv = _server(Server, model, 2, "affinity", args, extra)
@@ -127,7 +136,6 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             f"max seen {auto['max_replicas_seen']}, {auto['cut_or_failed']} of {auto['requests']} requests cut"
         )
         out["autoscale"] = auto
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
-    path.write_text(json.dumps(out, indent=2, default=str))
+        save()
+    save()
     print(f"wrote {path}")
