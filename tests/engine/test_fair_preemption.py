@@ -176,3 +176,41 @@ def test_share_preemption_also_when_the_kv_cache_is_the_cap():
     assert policy.preemption_candidates(more_f, running, 13.0) == []  # F is above its share
     policy.counters["L"] = 150.0  # L served more than F lately: VTC order, no preemption
     assert policy.preemption_candidates(light, running, 14.0) == []
+
+
+def test_n_greater_than_one_under_kv_pressure_keeps_greedy_outputs(tiny_llama):
+    """Hostile mix: both flooders send n=2 requests (followers share the leader's blocks), light
+    requests are n=3, and the KV cache (40 blocks) is the cap, so share preemptions of forked
+    sequences mix with KV preemptions. Every request completes and every flood sample's greedy
+    tokens equal a run without the light tenant."""
+
+    def run(light: bool) -> tuple[LLMEngine, dict]:
+        e = engine(tiny_llama, share=True, num_kv_blocks=40)
+        rng = random.Random(0)
+        vocab = e.model_config.vocab_size
+        flood = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True, n=2)
+        for _ in range(4):
+            for tenant in ("F1", "F2"):
+                e.add_request([rng.randrange(5, vocab) for _ in range(30)], flood, tenant_id=tenant)
+        done = {}
+        for step in range(2000):
+            if light and step % 7 == 3 and step < 200:
+                params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3)
+                e.add_request([rng.randrange(5, vocab) for _ in range(12)], params, tenant_id="L")
+            for out in e.step():
+                if out.finished:
+                    done[out.request_id] = out
+            if not e.has_unfinished_requests():
+                break
+        return e, done
+
+    e, with_light = run(True)
+    _, alone = run(False)
+    assert e.stats()["scheduler"]["admission_preemptions"] > 0
+    light = [o for o in with_light.values() if o.tenant_id == "L"]
+    assert len(light) == 29 and all(len(c.token_ids) == 5 for o in light for c in o.outputs)
+    ref = {tuple(o.prompt_token_ids): [c.token_ids for c in o.outputs] for o in alone.values()}
+    flood = [o for o in with_light.values() if o.tenant_id != "L"]
+    assert len(flood) == len(ref) == 8
+    for o in flood:
+        assert [c.token_ids for c in o.outputs] == ref[tuple(o.prompt_token_ids)]
