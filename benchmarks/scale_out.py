@@ -83,6 +83,7 @@ max_num_seqs = {getattr(args, "max_num_seqs", 32)}
 max_loras = {args.max_loras}
 max_cpu_loras = {args.max_cpu_loras}
 max_lora_rank = 16
+fair_share_preemption = {getattr(args, "fair_share_preemption", "true")}
 [cluster]
 replicas = {replicas}
 routing = "{routing}"
@@ -195,6 +196,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--flood-seconds", type=float, default=60.0)
+    ap.add_argument("--flood-streams", type=int, default=24, help="flooder streams (both replicas)")
+    ap.add_argument("--flood-tokens", type=int, default=24, help="max_tokens of each flood request")
+    ap.add_argument("--flood-max-num-seqs", type=int, default=8, help="engine max_num_seqs in the flood")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--adapters", type=int, default=32)
     ap.add_argument("--requests", type=int, default=400)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from scale_out_scenarios import autoscale, flood, kill_control, sessions, sigterm_drain
+from scale_out_scenarios import autoscale, flood, kill_control, last_usage_id, ledger_ttft_ms, sessions, sigterm_drain
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -37,6 +37,12 @@ def _server(Server, model: Path, replicas: int, routing: str, args, extra: str =
 def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], Server) -> None:
     picked = args.scenario.split(",")
     out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg": os.getloadavg()}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
+
+    def save() -> None:  # after each scenario: a later one failing (a loaded box) keeps the earlier ones
+        path.write_text(json.dumps(out, indent=2, default=str))
+
     if "sessions" in picked:
         rows = []
         for routing in ("prefix", "affinity", "load"):
@@ -55,31 +61,46 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
                 f"{r['ttft_later_p90_ms']:6.0f}ms {r['replica_switches']:9d}"
             )
         out["sessions"] = rows
+        save()
     if "flood" in picked:
         small = copy.copy(args)
-        small.max_num_seqs = 8  # both tenants stay backlogged
+        small.max_num_seqs = args.flood_max_num_seqs  # both tenants stay backlogged
         rows = []
-        for gf in ("true", "false"):
-            srv = _server(Server, model, 2, "affinity", small, f"global_fairness = {gf}")
+        for share in ("false", "true"):  # fair-share preemption off (before) / on (after)
+            small.fair_share_preemption = share
+            srv = _server(Server, model, 2, "affinity", small)
             try:
-                _t, fkey, _ = _tenant(srv, "flooder")
-                _t, lkey, lnames = _tenant(srv, "light", archives[:1])
+                ftid, fkey, _ = _tenant(srv, "flooder")
+                ltid, lkey, lnames = _tenant(srv, "light", archives[:1])
                 for streams in (8, 2):
-                    res = flood(srv, fkey, lkey, lnames[0], args.flood_seconds, 24, streams)
-                    rows.append({"global_fairness": gf, "light_streams": streams, **res})
+                    mark = last_usage_id(srv.db_path)
+                    res = flood(
+                        srv, fkey, lkey, lnames[0], args.flood_seconds, args.flood_tokens, streams, args.flood_streams
+                    )
+                    res["light_ledger_ttft_p50_ms"] = ledger_ttft_ms(srv.db_path, ltid, mark)
+                    res["flooder_ledger_ttft_p50_ms"] = ledger_ttft_ms(srv.db_path, ftid, mark)
+                    rows.append({"share_preemption": share, "light_streams": streams, **res})
             finally:
                 srv.stop()
-        print(f"\ntwo-tenant flood, {args.flood_seconds:.0f} s: F = 24 streams on the base model, L on one adapter")
         print(
-            f"{'global VTC':<10} {'L streams':>9} {'F tok/s':>8} {'L tok/s':>8} {'Jain':>6} "
-            f"{'L TTFT p50':>11} {'F TTFT p50':>11} {'L/F':>6}"
+            f"\ntwo-tenant flood, {args.flood_seconds:.0f} s per row, 2 replicas x max_num_seqs "
+            f"{args.flood_max_num_seqs}: F = {args.flood_streams} streams on the base model, L on one adapter, "
+            f"{args.flood_tokens} tokens each; client TTFT p50 (ledger TTFT p50: admission to first token)"
+        )
+        print(
+            f"{'share pre.':<10} {'L streams':>9} {'F tok/s':>8} {'L tok/s':>8} {'Jain':>6} "
+            f"{'L TTFT':>15} {'F TTFT':>15} {'L/F':>5} {'L/F ledger':>10}"
         )
         for r in rows:
+            lr = r["light_ledger_ttft_p50_ms"] / r["flooder_ledger_ttft_p50_ms"]
             print(
-                f"{r['global_fairness']:<10} {r['light_streams']:9d} {r['flooder_tok_s']:8.1f} {r['light_tok_s']:8.1f} "
-                f"{r['jain']:6.3f} {r['light_ttft_p50_ms']:9.0f}ms {r['flooder_ttft_p50_ms']:9.0f}ms {r['ttft_ratio']:6.2f}"
+                f"{r['share_preemption']:<10} {r['light_streams']:9d} {r['flooder_tok_s']:8.1f} {r['light_tok_s']:8.1f} "
+                f"{r['jain']:6.3f} {r['light_ttft_p50_ms']:6.0f} ({r['light_ledger_ttft_p50_ms']:5.0f}) "
+                f"{r['flooder_ttft_p50_ms']:6.0f} ({r['flooder_ledger_ttft_p50_ms']:5.0f}) "
+                f"{r['ttft_ratio']:5.2f} {lr:10.2f}"
             )
         out["flood"] = rows
+        save()
     if "faults" in picked:
         srv = _server(Server, model, 2, "affinity", args)
         try:
@@ -100,6 +121,7 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             f"exit {drain['exit_code']} after {drain['exit_after_sigterm_s']:.1f} s"
         )
         out["faults"] = {"kill_control": kill, "sigterm_drain": drain}
+        save()
     if "autoscale" in picked:
         extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"
         srv = _server(Server, model, 2, "affinity", args, extra)
@@ -114,7 +136,6 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             f"max seen {auto['max_replicas_seen']}, {auto['cut_or_failed']} of {auto['requests']} requests cut"
         )
         out["autoscale"] = auto
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
-    path.write_text(json.dumps(out, indent=2, default=str))
+        save()
+    save()
     print(f"wrote {path}")

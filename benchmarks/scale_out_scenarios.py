@@ -98,13 +98,44 @@ def sessions(server, key: str, models: list[str], n_sessions: int, turns: int, m
 
 
 # ------------------------------------------------------------------------------------- flood
+def ledger_ttft_ms(db_path: Path, tenant_id: str, after_id: int) -> float:
+    """Median TTFT the ingress recorded in the usage ledger (from admission to the first token, so
+    without the client's HTTP and the Serve proxy) for ``tenant_id``'s rows after ``after_id``."""
+    db = sqlite3.connect(db_path)
+    try:
+        rows = db.execute(
+            "SELECT ttft_ms FROM usage_records WHERE tenant_id = ? AND id > ? AND ttft_ms IS NOT NULL",
+            (tenant_id, after_id),
+        ).fetchall()
+    finally:
+        db.close()
+    return _pct([r[0] for r in rows], 0.5)
+
+
+def last_usage_id(db_path: Path) -> int:
+    db = sqlite3.connect(db_path)
+    try:
+        return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM usage_records").fetchone()[0])
+    finally:
+        db.close()
+
+
 def flood(
-    server, flooder: str, light: str, light_model: str, seconds: float, max_tokens: int, light_streams: int = 8
+    server,
+    flooder: str,
+    light: str,
+    light_model: str,
+    seconds: float,
+    max_tokens: int,
+    light_streams: int = 8,
+    flood_streams: int = 24,
 ) -> dict:
-    """Tenant F floods both replicas (base model, 24 closed-loop streams); tenant L runs
-    ``light_streams`` streams of one adapter (adapter affinity keeps L on one replica). With 8 both
-    stay backlogged and fair means equal tokens/s (Jain); with 2, L is a light tenant and its TTFT
-    ÷ F's TTFT shows whether it jumps the flood."""
+    """Tenant F floods both replicas (base model, ``flood_streams`` closed-loop streams); tenant L
+    runs ``light_streams`` streams of one adapter (adapter affinity keeps L on one replica). With
+    8 both stay backlogged and fair means equal tokens/s (Jain); with 2, L is a light tenant and its
+    TTFT ÷ F's TTFT shows whether it jumps the flood. Keep ``flood_streams`` per replica below the
+    engine deployment's ``max_ongoing_requests``: beyond it requests queue in Serve's router (FIFO,
+    outside any fairness)."""
     stop = time.perf_counter() + seconds
     served = {"F": 0, "L": 0}
     ttft: dict[str, list[float]] = {"F": [], "L": []}
@@ -131,7 +162,7 @@ def flood(
         cl = httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {light}"}, timeout=300)
         async with cf, cl:
             await asyncio.gather(
-                *[loop(cf, "F", "demo", i) for i in range(24)],
+                *[loop(cf, "F", "demo", i) for i in range(flood_streams)],
                 *[loop(cl, "L", light_model, i) for i in range(light_streams)],
             )
 

@@ -4,6 +4,8 @@ Each ``schedule()`` builds one step: running sequences first (decodes before unf
 then new sequences from the policy, under four limits — the token budget, ``max_num_seqs``, free KV
 blocks and ``max_loras`` distinct adapters. Prefills longer than the remaining budget are chunked.
 When KV blocks run out, the policy names a victim whose blocks are freed; it is recomputed later.
+A waiting request may also push running ones out (a better class, a tenant under its fair share):
+the policy names who may give way, ``admission_preemption.py`` keeps that from thrashing.
 ``batching="static"`` forms a batch only when the previous one has fully drained (the baseline).
 """
 
@@ -14,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .admission_preemption import AdmissionPreemptionGuard
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager
 from .outputs import FinishReason
@@ -98,6 +101,7 @@ class Scheduler:
         self._lora_blocked: dict[int, int] = {}  # seq_id -> first step it was blocked by max_loras
         self.clock = time.monotonic  # simulations swap in a virtual clock
         self.caps = TenantCaps(TenantLimits.from_config(config), kv, policy.book)
+        self.admission_preemption = AdmissionPreemptionGuard(config.preemption_min_run_steps)
         # n > 1: samples 1..n-1 wait here, outside every queue, until sample 0 (the leader) has
         # prefilled the prompt; then they fork from it and share its blocks copy-on-write.
         self._followers: dict[int, list[Sequence]] = {}
@@ -123,6 +127,7 @@ class Scheduler:
         child.num_cached_tokens = leader.num_cached_tokens
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
+        self.admission_preemption.started(child, self.step_count)
         self.policy.on_admitted(child, 0)  # the prompt was charged to the leader
 
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: str | int | None = None) -> None:
@@ -140,6 +145,7 @@ class Scheduler:
             orphan.finish_reason = reason
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self.admission_preemption.stopped(seq)
         else:
             self.policy.remove_waiting(seq)
         self.kv.free(seq)
@@ -222,7 +228,7 @@ class Scheduler:
             if seq is None:
                 break
             full = self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs
-            if full and self._within_caps(seq) and not self.policy.preemption_candidates(seq, self.running, now):
+            if full and self._within_caps(seq) and not self._admission_victims(seq, now):
                 break
             if not self._adapter_fits(seq, running_adapters, starving) or not self._within_caps(seq):
                 exclude.add(seq.seq_id)
@@ -270,6 +276,7 @@ class Scheduler:
         self._lora_blocked.pop(seq.seq_id, None)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self.admission_preemption.started(seq, self.step_count)
         self.kv.claim_cached_prefix(seq, num_cached)
         seq.num_computed_tokens = num_cached  # cached tokens are not charged as new prompt work
         if seq.num_preemptions == 0:
@@ -323,6 +330,12 @@ class Scheduler:
         self._lora_blocked.pop(oldest[0], None)
         return None
 
+    def _admission_victims(self, seq: Sequence, now: float) -> list[Sequence]:
+        """Running sequences the waiting ``seq`` may push out now: the policy's candidates (who gives
+        way, in order) that the hysteresis guard lets go (``admission_preemption.py``)."""
+        candidates = self.policy.preemption_candidates(seq, self.running, now)
+        return self.admission_preemption.eligible(candidates, self.step_count) if candidates else []
+
     def _preempt_for(
         self,
         seq: Sequence,
@@ -336,7 +349,7 @@ class Scheduler:
         """Preempt the policy's candidates, in order, until ``seq`` fits — none at all if even all
         of them would not make room. Returns the token budget (a victim scheduled this step gives
         its chunk back)."""
-        victims = self.policy.preemption_candidates(seq, self.running, now)
+        victims = self._admission_victims(seq, now)
         need = self.kv.num_new_blocks(seq, n, cached) + self.kv.watermark_blocks
         free, chosen = self.kv.num_free_blocks, []
         slots = self.config.max_num_seqs - self._slots_used()
@@ -349,6 +362,7 @@ class Scheduler:
             slots += self._slots_needed(victim)
         if free < need or slots < need_slots:
             return budget
+        self.admission_preemption.used(self.step_count, len(chosen))
         for victim in chosen:
             for chunk in [c for c in out.chunks if c.seq is victim]:
                 out.chunks.remove(chunk)
@@ -363,6 +377,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free the victim's blocks; it will be recomputed (prompt + generated tokens) later."""
         self.running.remove(seq)
+        self.admission_preemption.stopped(seq)
         self.kv.free(seq)
         seq.spec_token_ids = []
         seq.num_computed_tokens = 0
@@ -433,5 +448,6 @@ class Scheduler:
             "num_running": len(self.running),
             "num_waiting": self.policy.num_waiting(),
             "step": self.step_count,
+            "admission_preemptions": self.admission_preemption.preemptions,
             **self.policy.stats(),
         }

@@ -74,7 +74,9 @@ class SchedulingPolicy(ABC):
         """Running sequences a WAITING ``seq`` may preempt to get in when the batch or KV is full,
         in the order they should go. Default: only the batch-hog rule — when ONE other tenant, of
         the same or a worse class, holds every running sequence, its newest one makes room (once: it
-        may not retake the slot while others wait, see ``TenantCaps``)."""
+        may not retake the slot while others wait, see ``TenantCaps``). All of its sequences are
+        named, newest first: the scheduler skips those that just started (its hysteresis) and takes
+        only as many as the room needs."""
         if self.limits is None or self.limits.max_num_seqs < 2 or len(running) < self.limits.max_num_seqs:
             return []
         hog = running[0].tenant.tenant_id
@@ -84,7 +86,7 @@ class SchedulingPolicy(ABC):
             or any(s.tenant.tenant_id != hog for s in running)
         ):
             return []
-        return [max(running, key=lambda s: (s.arrival_time, s.seq_id))]
+        return sorted(running, key=lambda s: (s.arrival_time, s.seq_id), reverse=True)
 
     def resident_adapters(self) -> set[str]:
         resident = set(self.book.running_adapters())

@@ -116,14 +116,25 @@ class FairPolicy(ClassQueuesPolicy):
         return best
 
     def preemption_candidates(self, seq: Sequence, running: list[Sequence], now: float) -> list[Sequence]:
-        """Besides better classes (see ``classes.py``): a tenant below its weighted share of the batch's
-        sequence slots, and not ahead on its counter, may take a slot from the newest sequence of a
-        same-class tenant that stays at or above its own share afterwards. VTC alone would make a
-        light tenant queue for a slot behind a flood; this cannot ping-pong (the loser is still at
-        or above its share, so it may not take the slot back)."""
+        """Besides better classes (see ``classes.py``): a tenant below its weighted share of the
+        batch's sequences, and not ahead on its counter, may take room from a same-class tenant
+        that stays at or above its own share afterwards — the most over-served one (most running
+        sequences per share), newest sequences first. The scheduler asks only when the batch is at
+        a cap: ``max_num_seqs`` (the share is of the slots) or the KV cache (the share is of the
+        sequences running now; the victims' blocks make the room). VTC alone would make a light
+        tenant queue for room behind a flood; this cannot ping-pong (the loser is still at or above
+        its share, so it may not take the room back), and the scheduler's hysteresis
+        (``admission_preemption.py``) spares sequences that just started."""
         worse = super().preemption_candidates(seq, running, now)
-        if worse or not self.share_preemption or self.limits is None or len(running) < self.limits.max_num_seqs:
-            return worse
+        if any(s.tenant.priority > seq.tenant.priority for s in worse) or not self.share_preemption:
+            return worse  # a better class first; the batch-hog rule only when share preemption is off
+        shared = self._share_victims(seq, running)
+        return shared or worse
+
+    def _share_victims(self, seq: Sequence, running: list[Sequence]) -> list[Sequence]:
+        if self.limits is None or not running:
+            return []
+        slots = min(len(running), self.limits.max_num_seqs)
         tid, cls = seq.tenant.tenant_id, seq.tenant.priority
         active = {
             t: info
@@ -131,7 +142,7 @@ class FairPolicy(ClassQueuesPolicy):
             if info.priority == cls and (t in self.book.running or t in self.book.num_waiting)
         }
         total_weight = sum(info.weight for info in active.values())
-        share = lambda t: self.limits.max_num_seqs * active[t].weight / total_weight  # noqa: E731
+        share = lambda t: slots * active[t].weight / total_weight  # noqa: E731
         if tid not in active or self.book.num_running(tid) + 1 > share(tid):
             return []
         mine = self.counters.get(tid, 0.0)
@@ -143,7 +154,11 @@ class FairPolicy(ClassQueuesPolicy):
         if not donors:
             return []
         donor = max(donors, key=lambda t: self.book.num_running(t) / share(t))
-        return [max((s for s in running if s.tenant.tenant_id == donor), key=lambda s: (s.arrival_time, s.seq_id))]
+        surplus = int(self.book.num_running(donor) - share(donor))  # it may lose these, staying >= share
+        theirs = sorted(
+            (s for s in running if s.tenant.tenant_id == donor), key=lambda s: (s.arrival_time, s.seq_id), reverse=True
+        )
+        return theirs[:surplus]
 
     def _victim_key(self, seq: Sequence, now: float) -> tuple[float, ...]:
         # Worst (aged) class first; inside it, the tenant that has been served the most.

@@ -73,12 +73,22 @@ def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
 
 # Serve's own checks of its HTTP proxy assume a quiet machine (ready within 5 s, healthy within
 # 10 s, three misses and it is killed): on a loaded 2-core box the proxy was killed and restarted
-# in a loop and the app never came up. Processes of a local Ray inherit the driver's environment;
-# an operator's own values win.
+# in a loop and the app never came up. The same for the router's probe of a replica's queue length
+# (0.1 s, doubled per retry up to 1 s): a probe unanswered in time counts as "replica full", and for
+# a multiplexed request (an adapter) the very next try already goes to the replica with the fewest
+# adapters, so on a busy box adapter affinity fell to ~0.5 (the probe-timeout warnings are in the
+# ingress logs). A slow answer is still an answer; a dead replica fails its probe at once. And the
+# router's cached queue lengths (corrected by every response) expire after 10 s: a replica unused
+# that long had no entry, and a burst admitted at once (reserves are batched) all went to the
+# replica that had one while the other's probe was still out. Processes of a local Ray inherit the
+# driver's environment; an operator's own values win.
 SERVE_PATIENCE = {
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "10",
+    "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5",
+    "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "120",
 }
 
 
