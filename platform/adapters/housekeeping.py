@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import repository
@@ -60,7 +61,9 @@ OWNER_FILE = ".database"
 def _database_identity(session: Session) -> str:
     """The database this server writes to, as its URL without the password (a SQLite file by its
     absolute path)."""
-    url = session.get_bind().url.set(password=None)
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    url = engine.url.set(password=None)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         url = url.set(database=str(Path(url.database).resolve()))
     return url.render_as_string(hide_password=False)
