@@ -159,13 +159,19 @@ def main() -> None:
             for cap in caps
         }
         vocab = min(engines[caps[0]].model_config.vocab_size, 50000)
-        rng = random.Random(0)
-        prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
+
+        def fresh_prompts(seed: int, n: int) -> list[list[int]]:
+            # New prompts for every round (and the warm-up): a prompt an engine has seen would hit
+            # its prefix cache, and its prefill, the thing measured here, would cost nothing.
+            rng = random.Random(seed)
+            return [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(n)]
+
         for engine in engines.values():  # warm-up
-            run_once(engine, prompts[: args.concurrency], args.concurrency, 4)
+            run_once(engine, fresh_prompts(10_000, args.concurrency), args.concurrency, 4)
         runs: dict = {cap: [] for cap in caps}
         for r in range(args.rounds):
             order = caps if r % 2 == 0 else caps[::-1]
+            prompts = fresh_prompts(r, args.requests)  # the same for every configuration of the round
             for cap in order:
                 runs[cap].append(run_once(engines[cap], prompts, args.concurrency, args.tokens))
                 print(f"round {r} cap={cap}: {runs[cap][-1]}", flush=True)

@@ -166,7 +166,7 @@ def main() -> None:
         )
         if args.systems:  # plain always runs: the other rows are compared with it
             want = args.systems.split(",")
-            systems = [s for s in systems if s[0] == "plain" or any(s[0].startswith(w) for w in want)]
+            systems = [s for s in systems if s[0] == "plain" or any(s[0].startswith(w) for w in want if w)]
         adapters: dict[str, str] = {}
         workloads = ["repetitive", "free-form"]
         if args.adapters:
@@ -176,7 +176,7 @@ def main() -> None:
             adapters = make_adapters(target, args.adapters)
             workloads.append(f"free-form, {args.adapters} adapters + base mixed")
         if args.workloads:
-            workloads = [w for w in workloads if any(w.startswith(x) for x in args.workloads.split(","))]
+            workloads = [w for w in workloads if any(w.startswith(x) for x in args.workloads.split(",") if x)]
         rows = []
         for kind in workloads:
             rng = random.Random(1)
