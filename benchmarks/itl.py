@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import pct, print_table, write_json  # noqa: E402
 
-from loraplex.engine import EngineRequest, LLMEngine, SamplingParams  # noqa: E402
+from loraplex.engine import EngineRequest, LLMEngine, SamplingParams, runtime_env  # noqa: E402
 from loraplex.engine.config import EngineConfig  # noqa: E402
 from loraplex.engine.demo_model import create_random_checkpoint  # noqa: E402
 
@@ -44,6 +44,7 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], concurrency: int, toke
     itl_cpu: list[float] = []
     ttft: list[float] = []
     out_tokens = 0
+    steps: list[tuple[int, int, float]] = []  # per step: (prompt tokens, decode rows, wall seconds)
 
     def submit() -> None:
         req = engine.add_request(EngineRequest(pending.pop(), params))
@@ -52,9 +53,23 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], concurrency: int, toke
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(min(concurrency, len(pending))):
         submit()
+    schedule = engine.scheduler.schedule
+    plans: list = []
+
+    def logged_schedule():  # records each step's shape (prompt tokens vs decode rows) at plan time
+        plan = schedule()
+        dec = [c.num_tokens for c in plan.chunks if c.seq.in_decode]
+        plans.append((plan.num_tokens - sum(dec), len(dec)))
+        return plan
+
+    engine.scheduler.schedule = logged_schedule  # type: ignore[method-assign]
     while engine.has_unfinished_requests():
+        t_step = time.perf_counter()
         outputs = engine.step()
         wall, cpu = time.perf_counter(), time.process_time()
+        if plans and sum(plans[-1]):
+            steps.append((*plans[-1], wall - t_step))
+        plans.clear()
         for out in outputs:
             n = len(out.outputs[0].token_ids)
             prev = seen.get(out.request_id)
@@ -71,7 +86,16 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], concurrency: int, toke
                 if pending:
                     submit()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    del engine.scheduler.schedule
+    mixed = [s for p, d, s in steps if p and d]
+    pure = [s for p, d, s in steps if not p and d]
     return {
+        "steps": len(steps),
+        "gaps": len(itl_wall),
+        "decode_step_p50_ms": 1e3 * pct(pure, 0.5) if pure else float("nan"),
+        "mixed_steps": len(mixed),
+        "mixed_step_p50_ms": 1e3 * pct(mixed, 0.5) if mixed else float("nan"),
+        "max_prompt_tok_with_decodes": max((p for p, d, _ in steps if d), default=0),
         "itl_p50_ms": 1e3 * pct(itl_wall, 0.5),
         "itl_p99_ms": 1e3 * pct(itl_wall, 0.99),
         "itl_cpu_p50_ms": 1e3 * pct(itl_cpu, 0.5),
@@ -86,18 +110,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--preset", default="bench")
-    ap.add_argument("--model", default=None, help="a checkpoint directory (default: a random model of --preset)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a checkpoint directory, or 'demo' (SmolLM2-135M-Instruct, what the peer bench serves); default: a random model of --preset",
+    )
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--caps", default="none,32,64,128", help="max_prefill_tokens_with_decodes values")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="BUDGET:CAP,... pairs of max_num_batched_tokens and max_prefill_tokens_with_decodes"
+        " (cap 'none'); replaces --caps, e.g. 512:none,2048:128",
+    )
+    ap.add_argument("--dtype", default="auto", help="auto: what a server picks (bf16 only on a CPU with native bf16)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.preset, args.requests, args.rounds, args.concurrency = "demo", 16, 2, 8
-    caps = [None if c == "none" else int(c) for c in args.caps.split(",")]
+    pairs = args.configs.split(",") if args.configs else [f"512:{c}" for c in args.caps.split(",")]
+    caps = [(int(b), None if c == "none" else int(c)) for b, c in (p.split(":") for p in pairs)]
+    runtime_env.reexec("benchmarks/itl.py")  # the fast runtime, as a served engine runs
+    if args.model == "demo":
+        from real_text import demo_model_dir
+
+        args.model = str(demo_model_dir())
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(create_random_checkpoint(Path(tmp) / "m", preset=args.preset, seed=3))
         engines = {
@@ -106,8 +151,8 @@ def main() -> None:
                     model=model,
                     dtype=args.dtype,
                     max_num_seqs=max(64, args.concurrency),
-                    max_num_batched_tokens=512,
-                    max_prefill_tokens_with_decodes=cap,
+                    max_num_batched_tokens=cap[0],
+                    max_prefill_tokens_with_decodes=cap[1],
                     scheduling_policy="fcfs",
                     kv_cache_memory_gb=0.5,
                 )
@@ -115,26 +160,32 @@ def main() -> None:
             for cap in caps
         }
         vocab = min(engines[caps[0]].model_config.vocab_size, 50000)
-        rng = random.Random(0)
-        prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
-        for engine in engines.values():  # warm-up
-            run_once(engine, prompts[: args.concurrency], args.concurrency, 4)
+
+        def fresh_prompts(seed: int, n: int) -> list[list[int]]:
+            # New prompts for every round (and the warm-up): a prompt an engine has seen would hit
+            # its prefix cache, and its prefill, the thing measured here, would cost nothing.
+            rng = random.Random(seed)
+            return [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(n)]
+
+        for engine in engines.values():  # warm-up: build the native kernels, touch the weights
+            run_once(engine, fresh_prompts(10_000, 2), 2, 2)
         runs: dict = {cap: [] for cap in caps}
         for r in range(args.rounds):
             order = caps if r % 2 == 0 else caps[::-1]
+            prompts = fresh_prompts(r, args.requests)  # the same for every configuration of the round
             for cap in order:
                 runs[cap].append(run_once(engines[cap], prompts, args.concurrency, args.tokens))
                 print(f"round {r} cap={cap}: {runs[cap][-1]}", flush=True)
     rows = []
     base = statistics.median(x["itl_cpu_p99_ms"] for x in runs[caps[0]])
     for cap in caps:
-        row: dict = {"max_prefill_tokens_with_decodes": "none" if cap is None else cap}
+        row: dict = {"budget": cap[0], "cap with decodes": "none" if cap[1] is None else cap[1]}
         for key in runs[cap][0]:
             row[key] = statistics.median(x[key] for x in runs[cap])
         row["cpu p99 vs first"] = row["itl_cpu_p99_ms"] / base
         rows.append(row)
     print_table(rows, list(rows[0]))
-    path = write_json("itl", {"args": vars(args), "rows": rows, "runs": {str(k): v for k, v in runs.items()}})
+    path = write_json("itl", {"args": vars(args), "rows": rows, "runs": {f"{b}:{c}": v for (b, c), v in runs.items()}})
     print(f"wrote {path}")
 
 

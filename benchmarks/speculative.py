@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32)")
     ap.add_argument("--cpu-time", action="store_true", help="time with process CPU time instead of wall time")
     ap.add_argument("--adapters", type=int, default=8, help="adapters in the adapter-mixed workload (0: skip it)")
+    ap.add_argument("--systems", default=None, help="comma-separated name prefixes to run (default: all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated name prefixes to run (default: all)")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -162,6 +164,9 @@ def main() -> None:
                 },
             )
         )
+        if args.systems:  # plain always runs: the other rows are compared with it
+            want = args.systems.split(",")
+            systems = [s for s in systems if s[0] == "plain" or any(s[0].startswith(w) for w in want if w)]
         adapters: dict[str, str] = {}
         workloads = ["repetitive", "free-form"]
         if args.adapters:
@@ -170,6 +175,8 @@ def main() -> None:
 
             adapters = make_adapters(target, args.adapters)
             workloads.append(f"free-form, {args.adapters} adapters + base mixed")
+        if args.workloads:
+            workloads = [w for w in workloads if any(w.startswith(x) for x in args.workloads.split(",") if x)]
         rows = []
         for kind in workloads:
             rng = random.Random(1)

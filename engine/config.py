@@ -40,8 +40,8 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_prefill_tokens_with_decodes: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_prefill_tokens_with_decodes: int | None = 128
     batching: Batching = "continuous"
     scheduling_policy: Policy = "fair"
     max_loras: int = 8  # distinct adapters per step (= device slots)
@@ -156,12 +156,14 @@ class EngineConfig:
     device: str = "auto"  # auto: cuda if available, else cpu
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
     max_num_seqs: int | None = None  # None: sized from the device and the KV memory (engine/memory.py)
-    max_num_batched_tokens: int = 512
-    # Prompt tokens (new and continuing prefills) a step may carry while sequences decode in it:
-    # a long prefill chunk makes that step several times slower, and every running stream's next
-    # token waits for it (inter-token latency spikes). None: only max_num_batched_tokens bounds
-    # them. benchmarks/itl.py measures the default.
-    max_prefill_tokens_with_decodes: int | None = None
+    # A step with no decodes takes a whole burst of prompts at once (16 x 128 tokens: one step,
+    # before anyone streams); while sequences decode, a step carries at most
+    # max_prefill_tokens_with_decodes prompt tokens (new and continuing prefills): a long prefill
+    # chunk makes that step several times slower and every running stream's next token waits
+    # for it (inter-token latency spikes). None: only max_num_batched_tokens bounds them.
+    # benchmarks/itl.py measured this pair against 512 / None (docs/cpu-performance.md).
+    max_num_batched_tokens: int = 2048
+    max_prefill_tokens_with_decodes: int | None = 128
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory

@@ -11,6 +11,12 @@ Systems (``--systems``, each one server process held up for the whole run):
     the fast runtime applied by the CLI itself).
   * ``loraplex-before``: ``loraplex serve`` with ``LORAPLEX_FAST_RUNTIME=0`` from ``--before-venv``
     (default: this checkout; point it at an older checkout's venv to compare code too).
+  * ``loraplex@NAME``: ``loraplex serve`` of this checkout with the environment of ``--variant
+    NAME:KEY=VALUE,...`` (e.g. ``--variant nocap:LORAPLEX_ENGINE__MAX_PREFILL_TOKENS_WITH_DECODES=``
+    to compare an engine setting in one run).
+``--profile``: py-spy samples every loraplex server while it serves each row (its Python frames,
+per thread, idle excluded); the summary prints each thread's share and its top frames, and the raw
+folded stacks land next to the JSON.
 Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
 adapters on every linear layer (``peer_adapters.py``), registered on each server (loraplex: uploaded
 through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
@@ -183,7 +189,9 @@ def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, thr
     return server
 
 
-def start_loraplex(name: str, python: Path, model: Path, tmp: Path, fast: bool) -> Server:
+def start_loraplex(
+    name: str, python: Path, model: Path, tmp: Path, fast: bool, extra_env: dict[str, str] | None = None
+) -> Server:
     env = {
         **os.environ,
         "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
@@ -198,6 +206,11 @@ def start_loraplex(name: str, python: Path, model: Path, tmp: Path, fast: bool) 
     env.pop("LD_PRELOAD", None)
     if not fast:
         env["LORAPLEX_FAST_RUNTIME"] = "0"
+    for k, v in (extra_env or {}).items():  # an empty value removes the setting (its default applies)
+        if v:
+            env[k] = v
+        else:
+            env.pop(k, None)
     port = _free_port()
     data = tmp / f"{name}-data"
     cmd = [str(python.parent / "loraplex"), "serve", "--model", str(model), "--data-dir", str(data)]
@@ -270,7 +283,13 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--prompts-per-16", type=int, default=32, help="prompts per row = this x concurrency / 16 (>= 4)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,... for a loraplex@NAME system")
+    ap.add_argument("--profile", action="store_true", help="py-spy the loraplex servers during every row")
     args = ap.parse_args()
+    variants = {}
+    for v in args.variant:
+        vname, _, pairs = v.partition(":")
+        variants[vname] = dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
     from real_text import demo_model_dir
 
     model = demo_model_dir()
@@ -279,6 +298,7 @@ def main() -> None:
     systems = [s for s in args.systems.split(",") if s]
     tmp = Path(tempfile.mkdtemp(prefix="lp-serve-bench-"))
     servers: dict[str, Server] = {}
+    profiles: dict[tuple[str, str], list[Path]] = {}
     results: dict[str, dict[str, list[dict]]] = {s: {r: [] for r in rows} for s in systems}
     try:
         for s in systems:  # one at a time: start-up measured without the others starting beside it
@@ -286,9 +306,10 @@ def main() -> None:
                 servers[s] = start_vllm(args.vllm_venv, model, adapters, tmp, args.threads)
                 servers[s].wait_ready(900)
             else:
-                fast = s == "loraplex"
+                fast = s == "loraplex" or s.startswith("loraplex@")
                 py = ROOT / ".venv" / "bin" / "python" if fast else args.before_venv / "bin" / "python"
-                servers[s] = start_loraplex(s, py, model, tmp, fast)
+                extra = variants[s.split("@", 1)[1]] if "@" in s else None
+                servers[s] = start_loraplex(s.replace("@", "-"), py, model, tmp, fast, extra)
                 servers[s].wait_ready(600)
                 register_loraplex(servers[s], adapters)
             print(f"{s}: up in {servers[s].startup_s:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
@@ -300,7 +321,10 @@ def main() -> None:
                 for s in order:
                     for other, srv in servers.items():
                         srv.pause(other != s)
+                    spy = start_profile(servers[s], tmp, row, rnd) if args.profile and s != "vllm" else None
                     res = run_row(servers[s], args.vllm_venv, model, row, args.output_len, prompts, tmp)
+                    if spy is not None:
+                        profiles.setdefault((s, row), []).append(stop_profile(*spy))
                     results[s][row].append(res)
                     print(
                         f"round {rnd} {row:8s} {s:16s} "
@@ -313,10 +337,73 @@ def main() -> None:
     table = summarize(results, servers, rows, systems)
     out = ROOT / "benchmarks" / "results" / "serve_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    for (s, row), paths in profiles.items():
+        folded = out.parent / f"serve_profile-{s.replace('@', '-')}-{row}.txt"
+        folded.write_text("".join(p.read_text() for p in paths if p.is_file()))
+        print(f"\nprofile {s} {row} ({folded}):")
+        print_profile(folded)
     out.write_text(
         json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": table, "raw": results}, indent=2)
     )
     print(f"\nwrote {out}")
+
+
+def _py_spy() -> str:
+    """py-spy's binary (the bench extra): beside this interpreter, on PATH, or in the bin folder of
+    the environment whose site-packages this venv borrows."""
+    import shutil
+
+    for d in [
+        Path(sys.executable).parent,
+        *(Path(p).parents[2] / "bin" for p in sys.path if p.endswith("site-packages")),
+    ]:
+        if (d / "py-spy").is_file():
+            return str(d / "py-spy")
+    found = shutil.which("py-spy")
+    if found is None:
+        raise RuntimeError("--profile needs py-spy: pip install 'loraplex[bench]'")
+    return found
+
+
+def start_profile(server: Server, tmp: Path, row: str, rnd: int) -> tuple[subprocess.Popen, Path]:
+    out = tmp / f"spy-{server.name}-{row}-{rnd}.txt"
+    cmd = [_py_spy(), "record", "--pid", str(server.proc.pid), "--rate", "100", "--threads"]
+    cmd += ["--format", "raw", "--output", str(out), "--nonblocking"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    return proc, out
+
+
+def stop_profile(proc: subprocess.Popen, out: Path) -> Path:
+    import signal
+
+    proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    return out
+
+
+def print_profile(folded: Path, top: int = 12) -> None:
+    """Each thread's share of the samples and the frames that were running (self samples): where
+    the server's Python threads spend their time (a native call shows as the frame calling it)."""
+    per_thread: dict[str, int] = {}
+    self_: dict[tuple[str, str], int] = {}
+    for line in folded.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = frames[0].split(": ", 1)[-1]  # "thread (TID): NAME"
+        per_thread[thread] = per_thread.get(thread, 0) + int(n)
+        if len(frames) > 1:
+            self_[(thread, frames[-1])] = self_.get((thread, frames[-1]), 0) + int(n)
+    samples = sum(per_thread.values()) or 1
+    shares = ", ".join(f"{t} {100 * n / samples:.1f}%" for t, n in sorted(per_thread.items(), key=lambda kv: -kv[1]))
+    print(f"  {samples} samples by thread: {shares}")
+    for (thread, frame), n in sorted(self_.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {100 * n / samples:5.1f}%  {thread}: {frame}")
 
 
 def summarize(results: dict, servers: dict, rows: list[str], systems: list[str]) -> list[dict]:
