@@ -13,7 +13,9 @@ import pytest
 from filelock import FileLock
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME, ensure_demo_checkpoint
+from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE
 from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
+from loraplex.platform.demo.tool_dataset import examples as tool_examples
 from loraplex.platform.demo.train import RECIPES
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "test-models"
@@ -39,7 +41,9 @@ def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
 
     # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces.
     key = hashlib.sha256(
-        json.dumps([{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES]).encode()
+        json.dumps(
+            [{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES, tool_examples(), DEMO_CHAT_TEMPLATE]
+        ).encode()
     ).hexdigest()[:12]
     root = CACHE / f"demo-adapters-{key}"
     dirs = {name: root / name for name in ADAPTERS}
