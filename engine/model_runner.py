@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .structured_output import StructuredOutputManager
 
 _BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are materialised at once (prompt_logprobs)
 
 
 def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
@@ -241,8 +242,13 @@ class ModelRunner:
         if prompt_lps is not None:
             for seq, row, targets in prompt_rows:
                 k = seq.request.params.prompt_logprobs or 0
-                logits = self.model.compute_logits(hidden[row : row + len(targets)])
-                prompt_lps[seq.seq_id] = prompt_logprobs(logits, targets, k)
+                entries = prompt_lps[seq.seq_id] = []
+                # A few hundred rows at a time: a long prompt chunk's full logits would be
+                # chunk x vocab floats at once (a 2048-token chunk of a 49k vocabulary: 400 MB).
+                for j in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+                    part = targets[j : j + PROMPT_LOGPROBS_ROWS]
+                    logits = self.model.compute_logits(hidden[row + j : row + j + len(part)])
+                    entries.extend(prompt_logprobs(logits, part, k))
         if not sample_rows:
             return [], None
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)

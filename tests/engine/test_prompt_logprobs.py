@@ -11,7 +11,7 @@ import torch
 from hf_oracle import make_prompts
 from transformers import AutoModelForCausalLM
 
-from loraplex.engine import LLM, SamplingParams
+from loraplex.engine import LLM, SamplingParams, model_runner
 
 K = 3
 
@@ -35,8 +35,11 @@ def check(entries: list, prompt: list[int], expected: torch.Tensor, k: int) -> N
         assert [v for _, v in e.top] == pytest.approx(top.values.tolist(), abs=2e-4)
 
 
-def test_prompt_logprobs_match_transformers_under_chunking_preemption_and_a_warm_prefix_cache(model_factory):
+def test_prompt_logprobs_match_transformers_under_chunking_preemption_and_a_warm_prefix_cache(
+    model_factory, monkeypatch
+):
     model_dir = model_factory("llama_gqa")
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 5)  # a chunk's rows go in several slices
     # A 16-token budget chunks every longer prompt; 40 blocks of 4 tokens force preemption.
     llm = LLM(
         model=model_dir,
