@@ -8,6 +8,8 @@ import asyncio
 import io
 import json
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -288,3 +290,31 @@ def test_readme_round_trip_call_then_result_then_text(server, demo_key_with_adap
                 name += (d.function.name or "") if d.function else ""
                 args += (d.function.arguments or "") if d.function else ""
     assert name == "get_weather" and json.loads(args) == {"city": "Paris"} and reasons[-1] == "tool_calls"
+
+
+def readme_tool_example() -> tuple[str, list[str]]:
+    """The README's tool-calling script, and the output printed under it (one line per print)."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Tool calling with the demo model") :]
+    start = section.index("```python\n") + len("```python\n")
+    end = section.index("\n```\n", start)
+    rest = section[end + len("\n```\n") :]
+    out_start = rest.index("```text\n") + len("```text\n")
+    return section[start:end], rest[out_start : rest.index("\n```", out_start)].splitlines()
+
+
+def test_readme_tool_example_runs_as_pasted(server, demo_key_with_adapters, tmp_path):
+    """The README's script, with only the server's address and the demo key filled in, prints what the
+    README says it prints (the text answer's wording may differ by machine: its facts may not)."""
+    url, _log = server
+    code, shown = readme_tool_example()
+    assert code.count('"http://127.0.0.1:8000/v1"') == 1 and code.count('"lpx-..."') == 1
+    script = code.replace('"http://127.0.0.1:8000/v1"', json.dumps(url + "/v1"))
+    script = script.replace('"lpx-..."', json.dumps(demo_key_with_adapters))
+    (tmp_path / "example.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    assert len(printed) == len(shown) == 2, (printed, shown)
+    assert printed[0] == shown[0] == 'tool_calls get_weather {"city": "Paris"}'
+    assert printed[1].startswith("stop ") and shown[1].startswith("stop ") and "18" in printed[1], printed
