@@ -144,8 +144,11 @@ class KVCacheManager:
 
     def cached_prefix_len(self, seq: Sequence) -> int:
         """Tokens at the start of a WAITING ``seq`` whose KV the cache already holds: whole blocks,
-        and never the last token (its logits must be computed)."""
+        and never the last token (its logits must be computed). None for a request that asks for
+        prompt logprobs: it needs the logits of every prompt position (vLLM bypasses it too)."""
         if not self.enable_prefix_caching or self.block_tables.get(seq.seq_id):
+            return 0
+        if seq.request.params.prompt_logprobs is not None:
             return 0
         hashes = self._seq_hashes(seq, (seq.num_tokens - 1) // self.block_size)
         hit = 0

@@ -23,7 +23,7 @@ from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
 from .models.quantization import quantize_model_int8
-from .sampler import TokenLogprobs, sample_batch
+from .sampler import TokenLogprobs, prompt_logprobs, sample_batch
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .structured_output import StructuredOutputManager
 
 _BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are materialised at once (prompt_logprobs)
 
 
 def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
@@ -54,6 +55,8 @@ class RunnerOutput:
     # followed by the target's own token. n > 1 followers appear right after their leader.
     sampled: list[tuple[Sequence, list[int]]] = field(default_factory=list)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # seq_id -> its sampled token's
+    # seq_id -> the prompt logprobs of the positions this step computed (prompt_logprobs requests)
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     num_accepted: dict[int, int] = field(default_factory=dict)  # seq_id -> accepted drafts (speculating)
     grammar_finished: set[int] = field(default_factory=set)  # seq_ids whose grammar admits nothing more
 
@@ -114,9 +117,9 @@ class ModelRunner:
         """Run one engine step: forward, sample, verify drafts."""
         assert self.kv is not None, "execute needs the engine's KV cache manager"
         t0 = time.perf_counter()
-        seqs, logits = self.forward(plan, self.kv, adapter_slots)
-        t1 = time.perf_counter()
         result = RunnerOutput()
+        seqs, logits = self.forward(plan, self.kv, adapter_slots, result.prompt_logprobs)
+        t1 = time.perf_counter()
         if logits is not None:
             self._sample(plan, seqs, logits, result)
         self.seconds["forward"] += t1 - t0
@@ -166,11 +169,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, out: SchedulerOutput, kv: KVCacheManager, adapter_slots: dict[str, int] | None = None
+        self,
+        out: SchedulerOutput,
+        kv: KVCacheManager,
+        adapter_slots: dict[str, int] | None = None,
+        prompt_lps: dict[int, list[TokenLogprobs]] | None = None,
     ) -> tuple[list[Sequence], torch.Tensor | None]:
         """The forward pass alone. Returns the sequences that sample this step and their logits
         (float32 [rows, vocab]), in the same order; a chunk verifying d drafts has 1 + d rows (its
-        sequence appears that many times in a row)."""
+        sequence appears that many times in a row). ``prompt_lps``: where to put the prompt
+        logprobs of the prompt positions this step computes, for requests that ask for them."""
         adapter_slots = adapter_slots or {}
         if out.block_copies:
             self._copy_blocks(out.block_copies)
@@ -191,6 +199,7 @@ class ModelRunner:
         token_lora: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
+        prompt_rows: list[tuple[Sequence, int, list[int]]] = []  # (seq, first row, the tokens predicted)
         for chunk in ordered:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             end = start + chunk.num_tokens
@@ -200,6 +209,10 @@ class ModelRunner:
             positions.extend(range(start, end))
             slots.extend(kv.slots(seq, start, end))
             token_lora.extend([slot_of(chunk)] * chunk.num_tokens)
+            if prompt_lps is not None:
+                first, targets = _prompt_positions(seq, start, end)
+                if targets:
+                    prompt_rows.append((seq, len(input_ids) - (end - first), targets))
             if chunk.samples:
                 r = 1 + len(drafts)
                 sample_rows.extend(range(len(input_ids) - r, len(input_ids)))
@@ -226,6 +239,16 @@ class ModelRunner:
             lora_segments=make_lora_segments(token_lora, dev) if any(s >= 0 for s in token_lora) else None,
         )
         hidden = self.model(batch, self.kv_caches)
+        if prompt_lps is not None:
+            for seq, row, targets in prompt_rows:
+                k = seq.request.params.prompt_logprobs or 0
+                entries = prompt_lps[seq.seq_id] = []
+                # A few hundred rows at a time: a long prompt chunk's full logits would be
+                # chunk x vocab floats at once (a 2048-token chunk of a 49k vocabulary: 400 MB).
+                for j in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+                    part = targets[j : j + PROMPT_LOGPROBS_ROWS]
+                    logits = self.model.compute_logits(hidden[row + j : row + j + len(part)])
+                    entries.extend(prompt_logprobs(logits, part, k))
         if not sample_rows:
             return [], None
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
@@ -245,6 +268,17 @@ class ModelRunner:
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(seqs), width)
+
+
+def _prompt_positions(seq: Sequence, start: int, end: int) -> tuple[int, list[int]]:
+    """The positions of ``[start, end)`` whose prompt logprobs ``seq`` still needs: position p's
+    logits predict prompt token p+1. Only the request's first sequence records them (n > 1 shares
+    the prompt), and a recomputed prefix (after preemption) is not recorded twice."""
+    if seq.request.params.prompt_logprobs is None or seq is not seq.request.sequences[0]:
+        return start, []
+    first = max(start, len(seq.prompt_logprobs))
+    last = min(end, seq.num_prompt_tokens - 1)
+    return first, seq.token_ids[first + 1 : last + 1] if first < last else []
 
 
 def _cumsum(xs: list[int]) -> list[int]:

@@ -146,4 +146,7 @@ class OutputProcessor:
             metrics=metrics,
             error=req.error,
             kind=state.kind,
+            prompt_logprobs=list(req.sequences[0].prompt_logprobs)
+            if final and req.params.prompt_logprobs is not None
+            else None,
         )

@@ -56,6 +56,9 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)  # arrival/first_token/finish times, cached tokens
     error: str | None = None
     kind: OutputKind = OutputKind.CUMULATIVE
+    # prompt_logprobs requests, on the final output: entry p is prompt token p+1's TokenLogprobs
+    # (the first prompt token has none), computed on the prompt exactly as the request sent it.
+    prompt_logprobs: list | None = None
 
     # Single-sample conveniences (the common case): out.text, out.token_ids, out.finish_reason.
     @property
@@ -87,3 +90,5 @@ class RequestOutput:
             else:
                 self.outputs.append(o)
         self.finished, self.metrics, self.error = later.finished, later.metrics, later.error
+        if later.prompt_logprobs is not None:
+            self.prompt_logprobs = later.prompt_logprobs

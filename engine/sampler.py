@@ -31,6 +31,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # the k most likely tokens, most likely first
+    rank: int | None = None  # 1 + how many tokens are more likely (prompt logprobs report it)
 
 
 @dataclass
@@ -313,3 +314,19 @@ def _fill_logprobs(
     for j, i in enumerate(rows):
         k = params[i].logprobs or 0
         out[i] = TokenLogprobs(tokens[i], chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprobs]:
+    """One prompt token's logprob per row: row j's logits predict ``targets[j]`` (the raw model
+    distribution, as for sampled tokens), its rank, and the ``k`` most likely tokens."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    want = torch.tensor(targets, device=lp.device).unsqueeze(1)
+    chosen = lp.gather(1, want)
+    ranks = (lp > chosen).sum(dim=-1).add_(1).tolist()
+    values = chosen.squeeze(1).tolist()
+    top_v: list[list[float]] = [[] for _ in targets]
+    top_i: list[list[int]] = [[] for _ in targets]
+    if k > 0:
+        v, ix = lp.topk(k, dim=-1)
+        top_v, top_i = v.tolist(), ix.tolist()
+    return [TokenLogprobs(t, values[j], list(zip(top_i[j], top_v[j])), ranks[j]) for j, t in enumerate(targets)]

@@ -78,6 +78,10 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # None: no logprobs; k >= 0: the sampled token's logprob plus the k most likely tokens'.
     logprobs: int | None = None
+    # vLLM's prompt_logprobs: None, or k >= 0: every prompt token's logprob (and rank) given the
+    # tokens before it, plus the k most likely tokens at that position. Such a request bypasses
+    # the prefix cache (a cached prefix skips the positions whose logits it needs).
+    prompt_logprobs: int | None = None
     structured_output: StructuredOutputSpec | None = None
     speculative: bool = True  # False: this request opts out of the engine's speculative decoding
     # vLLM extensions, applied by the sampler as masks:
@@ -140,6 +144,15 @@ class SamplingParams:
             or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int)
+            or isinstance(self.prompt_logprobs, bool)
+            or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise bad(
+                f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
+                "prompt_logprobs",
+            )
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
             raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}", "min_tokens")
         if self.min_tokens > self.max_tokens:

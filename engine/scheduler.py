@@ -409,6 +409,7 @@ class Scheduler:
             else:
                 seq.num_computed_tokens += chunk.num_tokens
                 self.kv.cache_computed_blocks(seq)  # full + computed: now reusable
+            seq.prompt_logprobs.extend(result.prompt_logprobs.get(seq.seq_id, ()))
         for seq, _ in result.sampled:  # forks first: a leader that stops at once must not orphan them
             leader = seq.request.sequences[0]
             if seq is not leader and seq in self._followers.get(leader.seq_id, ()):

@@ -90,6 +90,8 @@ class Sequence:
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (kept by the output processor)
     logprobs: list = field(default_factory=list)  # one sampler.TokenLogprobs per output token, if asked
+    # prompt_logprobs: entry p is prompt token p+1's (the first token has none); the leader only.
+    prompt_logprobs: list = field(default_factory=list)
     # Speculative decoding: tokens proposed for the next step, not yet verified. They live here,
     # never in token_ids, so prefix hashing, stop checks and penalties only ever see real tokens.
     spec_token_ids: list[int] = field(default_factory=list)

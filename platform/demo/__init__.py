@@ -1,1 +1,1 @@
-"""Demo mode: a ready-to-use ``demo`` tenant with a key, and two demo LoRA adapters trained locally."""
+"""Demo mode: a ready-to-use ``demo`` tenant with a key, and three demo LoRA adapters trained locally."""

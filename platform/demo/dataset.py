@@ -92,6 +92,7 @@ ADAPTERS = {
     # name -> (column in EXAMPLES or None, one-line description shown by `loraplex demo adapters`)
     "french": (1, "answers in French"),
     "pirate": (2, "answers as a terse pirate"),
+    "tools": (None, "calls the offered tools as Hermes <tool_call> blocks"),
 }
 
 

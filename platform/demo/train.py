@@ -45,6 +45,9 @@ class TrainRecipe:
 RECIPES = {
     "pirate": TrainRecipe(),
     "french": TrainRecipe(steps=40, batch_size=8, learning_rate=2e-3, layers_from_top=10),
+    # Long prompts (the tools in the system prompt, ~180 tokens on average): few layers and steps
+    # keep its training short (the CI trains it on every clean clone).
+    "tools": TrainRecipe(steps=20, batch_size=8, learning_rate=3e-3, layers_from_top=4),
 }
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -90,7 +93,8 @@ def train_adapter(
     model.config.num_hidden_layers = num_layers - first
     config = LoraConfig(
         r=recipe.rank,
-        lora_alpha=recipe.alpha,  # type: ignore[arg-type]  # float alphas are fine target_modules=TARGETS,
+        lora_alpha=recipe.alpha,  # type: ignore[arg-type]  # float alphas are fine
+        target_modules=TARGETS,  # (a formatter once folded this line into the comment above)
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
@@ -99,11 +103,8 @@ def train_adapter(
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / max(1, recipe.steps))
-    order: list[int] = []
-    for step in range(recipe.steps):
-        if len(order) < recipe.batch_size:
-            order += rng.sample(range(len(examples)), len(examples))
-        picked, order = order[: recipe.batch_size], order[recipe.batch_size :]
+    batches = _batches([len(ids) for ids, _ in examples], recipe.batch_size, recipe.steps, rng)
+    for step, picked in enumerate(batches):
         width = max(len(examples[i][0]) for i in picked)
         hidden = torch.zeros(len(picked), width, frozen[0].shape[-1])
         mask = torch.zeros(len(picked), width, dtype=torch.long)
@@ -131,18 +132,48 @@ def train_adapter(
 
 
 def _frozen_inputs(model, prompts: list[list[int]], first: int) -> list:
-    """The input of layer ``first`` for every example, in one right-padded batch (causal
-    attention: padding at the end changes nothing before it)."""
+    """The input of layer ``first`` for every example: only layers ``0..first-1`` run (the input of
+    the final norm is the output of the last layer that ran), in right-padded batches of similar
+    lengths (causal attention: padding at the end changes nothing before it)."""
     import torch
 
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
-    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
-    with torch.no_grad():
-        hidden = model.model(
-            input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
-        ).hidden_states[first]
-    return [hidden[i, : len(p)].clone() for i, p in enumerate(prompts)]
+    captured: list = []
+    hook = model.model.norm.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+    num_layers = model.config.num_hidden_layers
+    model.config.num_hidden_layers = first  # LlamaModel runs layers[:num_hidden_layers]
+    out: list = [None] * len(prompts)
+    by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    try:
+        for k in range(0, len(by_length), 8):
+            rows = by_length[k : k + 8]
+            width = max(len(prompts[i]) for i in rows)
+            ids = torch.tensor([prompts[i] + [0] * (width - len(prompts[i])) for i in rows])
+            mask = torch.tensor([[1] * len(prompts[i]) + [0] * (width - len(prompts[i])) for i in rows])
+            captured.clear()
+            with torch.no_grad():
+                model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            for row, i in enumerate(rows):
+                out[i] = captured[0][row, : len(prompts[i])].clone()
+    finally:
+        hook.remove()
+        model.config.num_hidden_layers = num_layers
+    return out
+
+
+def _batches(lengths: list[int], batch_size: int, steps: int, rng: random.Random) -> list[list[int]]:
+    """``steps`` batches: each epoch is shuffled, then every run of four batches is regrouped by
+    length, so a batch pads to a width near its own examples' (the tools prompts run from 142 to
+    286 tokens: a random batch pads most rows to nearly the longest)."""
+    order: list[int] = []
+    while len(order) < steps * batch_size:
+        order += rng.sample(range(len(lengths)), len(lengths))
+    order = order[: steps * batch_size]
+    batches = []
+    for k in range(0, len(order), 4 * batch_size):
+        group = sorted(order[k : k + 4 * batch_size], key=lambda i: lengths[i])
+        batches += [group[j : j + batch_size] for j in range(0, len(group), batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 def _save(

@@ -40,6 +40,7 @@ class Delta:
     completion_tokens: int  # all choices of the request, delivered so far
     index: int = 0  # the sample (choice) within this prompt
     logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
+    prompt_logprobs: list | None = None  # the request's, on its final deltas (prompt_logprobs asked)
 
 
 CLIENT_GONE = "the client disconnected"
@@ -261,5 +262,6 @@ def _choice_deltas(out: Any, done: set[int], delivered: int) -> list[Delta]:
         lps = comp.logprobs or []
         if comp.text or finished or lps:
             reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
-            pending.append(Delta(comp.text, reason, delivered, comp.index, lps))
+            plps = getattr(out, "prompt_logprobs", None) if finished else None
+            pending.append(Delta(comp.text, reason, delivered, comp.index, lps, plps))
     return pending

@@ -34,7 +34,6 @@ UNSUPPORTED = {
     "functions": "the deprecated `functions` parameter is not supported; use `tools`",
     "function_call": "the deprecated `function_call` parameter is not supported; use `tool_choice`",
     "reasoning_effort": "reasoning effort is not supported by this model",
-    "prompt_logprobs": "prompt logprobs are not computed",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty only applies to beam search, which is not supported",
     "logits_processors": "custom logits processors are not supported",
@@ -163,6 +162,7 @@ class _Common(NullIsDefault):
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
     priority: int = 0
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -70,6 +70,7 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: int | None, spec:
         min_p=body.min_p,
         logit_bias=body.bias(),
         logprobs=logprobs,
+        prompt_logprobs=body.prompt_logprobs,
         ignore_eos=body.ignore_eos,
         structured_output=spec,
         **_extensions(body, tok),
@@ -101,8 +102,14 @@ async def _prepare_all(
     return preps
 
 
+def _check_prompt_logprobs(body: _Common) -> None:
+    if body.prompt_logprobs is not None and body.stream:
+        raise BadRequest("prompt_logprobs is not available when streaming", param="prompt_logprobs")
+
+
 async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: TenantAuth):
     check_extra_fields(body)
+    _check_prompt_logprobs(body)
     if body.best_of is not None and body.best_of != body.n:
         raise BadRequest("best_of other than n is not supported", param="best_of", code="unsupported_parameter")
     if body.echo and body.logprobs is not None:
@@ -144,6 +151,7 @@ async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: Ten
 
 async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth):
     check_extra_fields(body)
+    _check_prompt_logprobs(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     settings = ctx.settings.openai
@@ -167,5 +175,12 @@ async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth):
 def _shape(body: _Common, *, chat: bool, logprobs: int | None, echo=None, tools=None) -> Shape:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Shape(
-        chat=chat, n=body.n, stream=body.stream, include_usage=include_usage, logprobs=logprobs, echo=echo, tools=tools
+        chat=chat,
+        n=body.n,
+        stream=body.stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        echo=echo,
+        tools=tools,
+        prompt_logprobs=body.prompt_logprobs is not None,
     )

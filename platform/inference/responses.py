@@ -29,6 +29,7 @@ class Shape:
     include_usage: bool
     logprobs: int | None  # top-k per token when logprobs are asked for
     echo: list[str] | None = None  # completions: the prompt texts to prepend
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked (never with stream)
     tools: ToolPlan | None = None
 
 
@@ -68,8 +69,11 @@ async def _collect(gens, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSO
     lps: dict[int, list] = defaultdict(list)
     finish: dict[int, str | None] = {}
     completion = [0] * len(preps)
+    prompt_lps: dict[int, list] = {}  # prompt index -> the engine's prompt logprobs
     async for k, d in _merge([g.deltas() for g in gens]):
         idx = k * shape.n + d.index
+        if d.prompt_logprobs is not None:
+            prompt_lps[k] = d.prompt_logprobs
         texts[idx].append(d.text)
         lps[idx].extend(d.logprobs)
         if d.finish_reason is not None:
@@ -103,10 +107,13 @@ async def _collect(gens, preps, shape: Shape, base: dict, fmt: _Logprobs) -> JSO
                     "logprobs": fmt.completion(lps[idx], len(echo)) if shape.logprobs is not None else None,
                 }
             )
+            if shape.prompt_logprobs:  # vLLM: per choice in completions
+                choices[-1]["prompt_logprobs"] = fmt.prompt(prompt_lps.get(idx // shape.n))
     obj = "chat.completion" if shape.chat else "text_completion"
-    return JSONResponse(
-        {**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)}, headers=_headers(gens)
-    )
+    body = {**base, "object": obj, "choices": choices, "usage": _usage(preps, completion)}
+    if shape.prompt_logprobs and shape.chat:  # vLLM: one list for the chat's prompt
+        body["prompt_logprobs"] = fmt.prompt(prompt_lps.get(0))
+    return JSONResponse(body, headers=_headers(gens))
 
 
 def _headers(gens: list[generation.Generation]) -> dict[str, str]:
@@ -260,6 +267,19 @@ class _Logprobs:
             "content": [{**entry(x.token_id, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]} for x in lps],
             "refusal": None,
         }
+
+    def prompt(self, lps: list | None) -> list | None:
+        """vLLM's prompt_logprobs: None for the first prompt token, then per token a dict keyed by
+        token id: the prompt token itself and the top-k, each with logprob, rank and text."""
+        if lps is None:
+            return None
+        out: list[dict | None] = [None]
+        for x in lps:
+            entry = {str(x.token_id): {"logprob": x.logprob, "rank": x.rank, "decoded_token": self._s(x.token_id)}}
+            for rank, (t, v) in enumerate(x.top, 1):
+                entry.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": self._s(t)})
+            out.append(entry)
+        return out
 
     def completion(self, lps: list, offset: int) -> dict:
         tokens = [self._s(x.token_id) for x in lps]

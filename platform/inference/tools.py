@@ -5,7 +5,8 @@ the output becomes ``message.tool_calls``.
 - ``none``: plain text; tools are still shown to the template (the model knows they exist).
 - ``auto`` (the default with tools): the template's own tool format; calls are read back by the
   served model's tool-call parser (``[openai] tool_call_parser``: hermes, llama3_json, mistral,
-  pythonic), streaming as they are written.
+  pythonic), streaming as they are written. What names a tool the request did not offer is not a
+  call: it stays text (``content``), as OpenAI never returns such a call.
 - ``required``: the output is constrained to a JSON array of one or more ``{"name": <one of the
   tools>, "arguments": <its parameters schema>}`` objects (one object when
   ``parallel_tool_calls`` is false). ``name`` comes first, so the model picks the tool before it
@@ -94,7 +95,7 @@ def plan_tools(body: ChatRequest, parser: str = "hermes") -> ToolPlan:
     if mode == "none":
         return ToolPlan("none", None, None, template_tools)
     try:
-        reader = get_parser(parser)
+        reader = get_parser(parser, frozenset(funcs))
     except ValueError as exc:
         raise BadRequest(str(exc), param="tools") from None
     return ToolPlan("auto", None, None, template_tools, reader, parallel)

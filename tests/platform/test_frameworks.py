@@ -1,6 +1,8 @@
 """Five client libraries nobody here wrote, against a real uvicorn on the random demo model: the
 `openai` SDK, langchain-openai, instructor, pydantic-ai and openai-agents (its default Responses
-model). Each runs a structured output, a tool round trip and a stream.
+model). Each runs a structured output, a tool round trip, a stream and a stream with tools (a
+streamed call; for instructor and pydantic-ai the structured output IS a streamed tool call), and
+the Responses API where the client uses it (openai SDK, pydantic-ai's Responses model, openai-agents).
 
 What each test proves, honestly: a random model cannot choose a tool or write meaningful JSON by
 itself, so the calls are forced where the framework lets us (a named or required ``tool_choice``)
@@ -103,6 +105,26 @@ def test_openai_sdk(live):
     ]
     assert len([c for c in chunks if c]) > 1
     assert "".join(chunks) == client.chat.completions.create(**body).choices[0].message.content
+    # streaming with tools: the call's name, then its arguments, as OpenAI's deltas; assembled they
+    # are the non-streamed greedy answer's call
+    forced = dict(
+        model=model,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    name, args, reasons = "", "", []
+    for chunk in client.chat.completions.create(**forced, stream=True):
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for d in c.delta.tool_calls or []:
+                name += (d.function.name or "") if d.function else ""
+                args += (d.function.arguments or "") if d.function else ""
+    whole = client.chat.completions.create(**forced).choices[0].message.tool_calls[0]
+    assert (name, json.loads(args)) == (whole.function.name, json.loads(whole.function.arguments))
+    assert reasons[-1] == "stop"  # a named tool_choice answers "stop", as OpenAI does
     resp = client.responses.create(model=model, input="Hi", max_output_tokens=5)
     assert resp.output_text is not None
 
@@ -134,6 +156,17 @@ def test_langchain_openai(live):
     msgs += [ai, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])]
     final = llm.bind_tools([Weather]).invoke(msgs)
     assert final.type == "ai" and CALLS
+    # streaming with tools: langchain's tool_call_chunks add up to the call of the same greedy request
+    greedy_tools = ChatOpenAI(
+        model=model, base_url=base_url, api_key=key, max_tokens=60, temperature=0, max_retries=0
+    ).bind_tools([Weather], tool_choice="Weather")
+    chunks = list(greedy_tools.stream([HumanMessage("Weather in Paris?")]))
+    assert any(c.tool_call_chunks for c in chunks)
+    total = chunks[0]
+    for c in chunks[1:]:
+        total = total + c
+    whole = greedy_tools.invoke([HumanMessage("Weather in Paris?")])
+    assert [(t["name"], t["args"]) for t in total.tool_calls] == [(t["name"], t["args"]) for t in whole.tool_calls]
     greedy = ChatOpenAI(model=model, base_url=base_url, api_key=key, max_tokens=80, temperature=0, max_retries=0)
     pieces = [c.content for c in greedy.stream("Hi", response_format=ASCII)]
     # It streams (an iterator of chunks); how many depends on how far the client lags the engine,
@@ -242,8 +275,24 @@ def test_pydantic_ai(live):
         async with agent.run_stream("Hi") as r:
             return [t async for t in r.stream_text(delta=True)]
 
+    # It streams (text deltas); how many depends on how far the client lags the engine, which
+    # coalesces its deltas for a slow reader: one is legal on a loaded machine.
     pieces = asyncio.run(stream())
-    assert len([p for p in pieces if p]) > 1 and json.loads("".join(pieces))
+    assert [p for p in pieces if p] and json.loads("".join(pieces))
+
+    async def stream_with_tools() -> tuple[list, object]:
+        # a structured output is a tool call for pydantic-ai: streamed, it is validated as it grows
+        agent = Agent(
+            OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=key)),
+            output_type=Weather,
+            model_settings=settings,  # type: ignore[arg-type]
+        )
+        async with agent.run_stream("Weather?") as r:
+            partials = [o async for o in r.stream_output(debounce_by=None)]
+            return partials, await r.get_output()
+
+    partials, final_output = asyncio.run(stream_with_tools())
+    assert partials and isinstance(final_output, Weather)
 
 
 # ---------------------------------------------------------------------------------------- openai-agents
@@ -287,5 +336,20 @@ def test_openai_agents_default_responses_model(live):
             if ev.type == "raw_response_event" and ev.data.type == "response.output_text.delta"
         ]
         assert len(deltas) > 1 and "".join(deltas) == streamed.final_output
+        # streaming with tools: the call's argument deltas arrive as Responses events and the SDK
+        # runs the tool (the run stops there: a random model's free text after it may run into
+        # max_output_tokens, which a streamed run reports as an error)
+        CALLS.clear()
+        stop_at_tool = agent.clone(tool_use_behavior="stop_on_first_tool")
+        with_tools = Runner.run_streamed(stop_at_tool, "Weather in Paris?", max_turns=3)
+        events = [ev async for ev in with_tools.stream_events()]
+        arg_deltas = [
+            ev.data.delta
+            for ev in events
+            if ev.type == "raw_response_event" and ev.data.type == "response.function_call_arguments.delta"
+        ]
+        assert arg_deltas and CALLS and json.loads("".join(arg_deltas)) == {"city": CALLS[0][0], "days": CALLS[0][1]}
+        assert any(ev.type == "run_item_stream_event" and ev.item.type == "tool_call_output_item" for ev in events)
+        assert with_tools.final_output == get_weather(*CALLS[0])  # the tool's own result ended the run
 
     asyncio.run(main())  # the default model class is OpenAIResponsesModel: /v1/responses

@@ -293,6 +293,51 @@ def test_n_times_logprobs_shapes_and_values(surface, demo_model_dir):
         assert bytes(b for t in c.logprobs.content for b in t.bytes).decode("utf-8", "ignore") == c.message.content
 
 
+def test_prompt_logprobs_of_completions_and_chat(surface, demo_model_dir):
+    """vLLM's prompt_logprobs: per choice in completions, once per response in chat; entry p + 1 is
+    prompt token p + 1 given the tokens before it (oracle: transformers' log-softmax of the prompt),
+    with its rank and the top-k; refused with stream (as vLLM does)."""
+    ctx, *_, client = surface
+    base = ctx.gateway.model_name
+    prompts = [[5, 17, 42, 8, 99, 3], [7, 7, 7]]
+    r = client.completions.create(
+        model=base, prompt=prompts, max_tokens=2, n=2, extra_body={"prompt_logprobs": 2, "ignore_eos": True}
+    )
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
+    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)
+    for c in r.choices:
+        prompt = prompts[c.index // 2]
+        got = c.model_extra["prompt_logprobs"]
+        assert got[0] is None and len(got) == len(prompt)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, :-1], -1)
+        for p, entry in enumerate(got[1:]):
+            token = prompt[p + 1]
+            top = ref[p].topk(2)
+            if tol <= 1e-3:  # a bf16 engine (the cluster's default) may order near-ties differently
+                assert set(entry) == {str(token)} | {str(i) for i in top.indices.tolist()}
+            assert str(token) in entry and len(entry) in (2, 3)
+            assert entry[str(token)]["logprob"] == pytest.approx(ref[p, token].item(), abs=tol)
+            x = ref[p, token]  # its rank: 1 + how many are more likely (near-ties within the tolerance)
+            assert int((ref[p] > x + tol).sum()) + 1 <= entry[str(token)]["rank"] <= int((ref[p] > x - tol).sum()) + 1
+            assert entry[str(token)]["decoded_token"] == ctx.gateway.tokenizer.decode([token])
+    chat = client.chat.completions.create(model="bot", messages=MSGS, max_tokens=2, extra_body={"prompt_logprobs": 0})
+    got = chat.model_extra["prompt_logprobs"]
+    assert got[0] is None and len(got) == chat.usage.prompt_tokens
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in got[1:])
+    plain = client.chat.completions.create(model="bot", messages=MSGS, max_tokens=2)
+    assert "prompt_logprobs" not in (plain.model_extra or {})
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="bot", messages=MSGS, max_tokens=2, stream=True, extra_body={"prompt_logprobs": 1}
+        )
+    assert err.value.body["param"] == "prompt_logprobs"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=base, prompt="x", max_tokens=1, extra_body={"prompt_logprobs": 21})
+
+
 def test_penalties_change_a_greedy_output(surface):
     *_, client = surface
     kw = dict(model="bot", prompt="The quick brown", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})

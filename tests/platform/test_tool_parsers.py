@@ -16,6 +16,7 @@ from loraplex.platform.inference.tools import ToolStream, parse_output, plan_too
 TOOLS = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
 ARGS = {"x": [1, 'a \\ " } ] {', {"y": None}], "z": "ü"}
 A = json.dumps(ARGS)
+NOT_OFFERED = 'Hi <tool_call>{"name": "h", "arguments": {}}</tool_call>'
 CUT_OFF = '<tool_call>{"name": "f", "arguments": {"x": 1'
 CASES = {
     "hermes": [
@@ -31,6 +32,18 @@ CASES = {
             [],
         ),  # cut off
         (f'<tool_call>{{"arguments": {A}, "name": "f"}}</tool_call>', None, [("f", ARGS)]),  # arguments first
+        # A tool that was not offered is not called (OpenAI never does): its block is text.
+        (NOT_OFFERED, NOT_OFFERED, []),
+        (
+            f'<tool_call>{{"name": "f", "arguments": {{}}}}</tool_call> <tool_call>{{"arguments": {A}, "name": "h"}}</tool_call>',
+            f'<tool_call>{{"arguments": {A}, "name": "h"}}</tool_call>',
+            [("f", {})],
+        ),
+        (
+            '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+            [],
+        ),
     ],
     "llama3_json": [
         (
@@ -39,6 +52,12 @@ CASES = {
             [("f", ARGS), ("g", {})],
         ),
         ("The answer is {not json}", "The answer is {not json}", []),
+        ('{"name": "h", "parameters": {}}', '{"name": "h", "parameters": {}}', []),
+        (
+            '{"name": "f", "parameters": {}}; {"name": "h", "parameters": {}}',
+            '{"name": "h", "parameters": {}}',
+            [("f", {})],
+        ),
     ],
     "mistral": [
         (
@@ -47,10 +66,17 @@ CASES = {
             [("f", ARGS), ("g", {})],
         ),
         ("[TOOL_CALL is not it", "[TOOL_CALL is not it", []),
+        ('[TOOL_CALLS][{"name": "h", "arguments": {}}]', '[TOOL_CALLS][{"name": "h", "arguments": {}}]', []),
+        (
+            'Ok [TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "h", "arguments": {}}]',
+            'Ok {"name": "h", "arguments": {}}]',
+            [("f", {})],
+        ),
     ],
     "pythonic": [
         ('[f(x=[1, "a"], z="ü"), g()]', None, [("f", {"x": [1, "a"], "z": "ü"}), ("g", {})]),
         ("[1, 2] is a list, not calls", "[1, 2] is a list, not calls", []),
+        ("[f(), h(x=1)]", "[f(), h(x=1)]", []),  # a list naming a tool not offered is text as a whole
     ],
 }
 FLAT = [(parser, *case) for parser, cases in CASES.items() for case in cases]
@@ -112,3 +138,20 @@ def test_text_is_held_back_only_while_it_could_open_a_call():
     s = ToolStream(_plan("hermes"))
     assert s.delta("Hello <tool", None)[0] == {"content": "Hello "}
     assert s.delta("box>", None)[0] == {"content": "<toolbox>"}  # not a call after all
+
+
+@pytest.mark.parametrize(
+    "parser,text",
+    [
+        ("llama3_json", '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 1'),
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"x": 1'),
+    ],
+)
+def test_a_call_cut_off_after_a_complete_one_keeps_the_complete_one(parser, text):
+    """The stream has already sent the first call when the second is cut off: the finished output
+    agrees with it (the first call stands, the cut-off rest is text)."""
+    content, calls = parse_output(_plan(parser), text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {})]
+    assert content == text[text.index('{"name": "g"') :]
+    streamed_content, streamed_calls, _ = _stream(_plan(parser), list(text))
+    assert streamed_calls[0] == ("f", "{}") and streamed_content == content

@@ -72,7 +72,7 @@ def test_min_tokens_bad_words_and_allowed_token_ids(tenant_setup):
     "body,param",
     [
         ({"priority": 3}, "priority"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"use_beam_search": True}, "use_beam_search"),
         ({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
         ({"stop_token_ids": [10**7]}, "stop_token_ids"),

@@ -19,9 +19,11 @@ PARSERS: dict[str, type] = {
 }
 
 
-def get_parser(name: str) -> ToolParser:
+def get_parser(name: str, offered: frozenset[str] | None = None) -> ToolParser:
+    """The parser ``name``; with ``offered``, a "call" to any other tool is text (OpenAI never
+    returns a call to a tool the request did not offer)."""
     try:
-        return PARSERS[name]()
+        return PARSERS[name](offered)
     except KeyError:
         raise ValueError(f"unknown tool-call parser {name!r}; one of {sorted(PARSERS)}") from None
 

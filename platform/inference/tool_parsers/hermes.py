@@ -1,16 +1,20 @@
 """Hermes / Qwen format: text with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-blocks (any number, anywhere)."""
+blocks (any number, anywhere). A block that is not a call (malformed, or naming a tool that was
+not offered) is text, and so is everything after it."""
 
 from __future__ import annotations
 
 from loraplex.platform.inference.tool_parsers.base import ARG_KEYS, PartialCall, Scan, held_back
-from loraplex.platform.inference.tool_parsers.json_scan import Memo, read_call_object, skip_ws
+from loraplex.platform.inference.tool_parsers.json_scan import Memo, Offered, read_call_object, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesParser:
     name = "hermes"
+
+    def __init__(self, offered: Offered = None) -> None:
+        self.offered = offered
 
     def scan(self, text: str, final: bool, memo: Memo | None = None) -> Scan:
         content: list[str] = []
@@ -28,7 +32,7 @@ class HermesParser:
                 if final:
                     content.append(text[start:])
                 return Scan("".join(content), calls)
-            obj = read_call_object(text, j, ARG_KEYS, memo) if text[j] == "{" else None
+            obj = read_call_object(text, j, ARG_KEYS, memo, self.offered) if text[j] == "{" else None
             call = PartialCall.of(obj) if obj is not None else None
             if call is None or (final and not call.valid()):
                 content.append(text[start:])  # not a call after all: it is text

@@ -27,8 +27,8 @@ class JsonCallsParser:
             obj = read_call_object(text, i, ARGS, memo)
             objs = None if obj is None else [obj]
         elif text[i] == "[":
-            read = read_call_list(text, i, ARGS, memo)
-            objs = None if read is None else read[0]
+            listed, _end, bad = read_call_list(text, i, ARGS, memo)
+            objs = None if bad is not None else listed
         else:
             objs = None
         if objs is None:

@@ -27,6 +27,8 @@ _STRING_STOP = re.compile(r'["\\]')
 # resumes where the previous one stopped: ``memo[start] = (position, depth)``. Without it a long
 # arguments object costs O(length) per token (seconds of event-loop time for one long call).
 Memo = dict[int, tuple[int, int]]
+# The names of the tools a request offers; a "call" to any other is not a call (None: no check).
+Offered = frozenset[str] | None
 
 
 def string_end(text: str, i: int) -> int | None:
@@ -81,6 +83,7 @@ def value_end(text: str, i: int, memo: Memo | None = None) -> int | None:
 class ObjectCall:
     """What is known so far of one ``{"name": ..., "<args key>": {...}}`` object."""
 
+    start: int = 0  # index of the opening brace
     name: str | None = None
     args: str | None = None  # raw text of the arguments value written so far (None: not started)
     args_done: bool = False
@@ -88,10 +91,13 @@ class ObjectCall:
     args_before_name: bool = False  # the arguments came first: they cannot stream before the name
 
 
-def read_call_object(text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None) -> ObjectCall | None:
+def read_call_object(
+    text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None, offered: Offered = None
+) -> ObjectCall | None:
     """Read the call object starting at ``text[i] == "{"`` as far as it is written; None when it is
-    malformed (not an object of string keys)."""
-    call = ObjectCall()
+    malformed (not an object of string keys) or, once its name is complete, names a tool that is
+    not in ``offered`` (None: any name)."""
+    call = ObjectCall(start=i)
     j = skip_ws(text, i + 1)
     while True:
         if j >= len(text):
@@ -123,6 +129,8 @@ def read_call_object(text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | 
             if v_end is None:
                 return call
             call.name = json.loads(text[j:v_end])
+            if offered is not None and call.name not in offered:
+                return None
         elif key in arg_keys:
             call.args_before_name = call.name is None
             if v_end is None:
@@ -136,26 +144,27 @@ def read_call_object(text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | 
 
 
 def read_call_list(
-    text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None
-) -> tuple[list[ObjectCall], int | None] | None:
+    text: str, i: int, arg_keys: tuple[str, ...], memo: Memo | None = None, offered: Offered = None
+) -> tuple[list[ObjectCall], int | None, int | None]:
     """Read the array of call objects starting at ``text[i] == "["``: (calls so far, index after
-    the closing bracket or None while open); None when malformed."""
+    the closing bracket or None while open, index where a malformed element starts or None). The
+    calls before a malformed element stand (a stream has already sent them)."""
     calls: list[ObjectCall] = []
     j = skip_ws(text, i + 1)
     while j < len(text):
         c = text[j]
         if c == "]":
-            return calls, j + 1
+            return calls, j + 1, None
         if c == ",":
             j = skip_ws(text, j + 1)
             continue
         if c != "{":
-            return None
-        call = read_call_object(text, j, arg_keys, memo)
+            return calls, None, j
+        call = read_call_object(text, j, arg_keys, memo, offered)
         if call is None:
-            return None
+            return calls, None, j
         calls.append(call)
         if call.end is None:
-            return calls, None
+            return calls, None, None
         j = skip_ws(text, call.end)
-    return calls, None
+    return calls, None, None
