@@ -61,6 +61,17 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.watermark, enable_prefix_caching=cache.enable_prefix_caching
         )
+        if config.max_model_len is None and self.kv.usable_blocks * cache.block_size < self.max_model_len:
+            # The default context must fit one sequence in the cache: chat's default max_tokens is
+            # "what is left of the context", which a small cache would otherwise refuse with a 400.
+            # A max_model_len the operator set is kept (requests over the cache are refused).
+            log.info(
+                "max_model_len %d -> %d: the KV cache holds %d tokens",
+                self.max_model_len,
+                self.kv.usable_blocks * cache.block_size,
+                self.kv.usable_blocks * cache.block_size,
+            )
+            self.max_model_len = self.kv.usable_blocks * cache.block_size
         eos = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)

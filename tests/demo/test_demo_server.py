@@ -246,11 +246,6 @@ def test_auto_tool_choice_calls_get_weather_and_answers_text_otherwise(server, d
     assert len(texts) >= len(NOT_TOOL_QUESTIONS) - 1, texts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a chat request without max_tokens defaults to the rest of the context (8192 tokens), "
-    "which this server's KV cache (0.25 GiB, 361 blocks) cannot hold: 400; admission must cap the default",
-)
 def test_readme_round_trip_call_then_result_then_text(server, demo_key_with_adapters):
     """The README's example, as printed there: the call, the tool's result, then a text answer."""
     url, _log = server
@@ -308,11 +303,6 @@ def readme_tool_example() -> tuple[str, list[str]]:
     return section[start:end], rest[out_start : rest.index("\n```", out_start)].splitlines()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a chat request without max_tokens defaults to the rest of the context (8192 tokens), "
-    "which this server's KV cache (0.25 GiB, 361 blocks) cannot hold: 400; admission must cap the default",
-)
 def test_readme_tool_example_runs_as_pasted(server, demo_key_with_adapters, tmp_path):
     """The README's script, with only the server's address and the demo key filled in, prints what the
     README says it prints (the text answer's wording may differ by machine: its facts may not)."""
