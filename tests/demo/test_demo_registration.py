@@ -41,6 +41,8 @@ def test_demo_tenant_once_and_adapters_registered_for_it(tmp_path, smollm2_dir, 
                 ("french", 2, "active"),
                 ("pirate", 1, "superseded"),
                 ("pirate", 2, "active"),
+                ("tools", 1, "superseded"),
+                ("tools", 2, "active"),
             ]
     finally:
         ctx.close()

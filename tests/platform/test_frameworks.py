@@ -335,7 +335,7 @@ def test_openai_agents_default_responses_model(live):
             async for ev in streamed.stream_events()
             if ev.type == "raw_response_event" and ev.data.type == "response.output_text.delta"
         ]
-        assert len(deltas) > 1 and "".join(deltas) == streamed.final_output
+        assert deltas and "".join(deltas) == streamed.final_output
         # streaming with tools: the call's argument deltas arrive as Responses events and the SDK
         # runs the tool (the run stops there: a random model's free text after it may run into
         # max_output_tokens, which a streamed run reports as an error)

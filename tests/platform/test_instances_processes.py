@@ -145,10 +145,12 @@ def test_rolling_restart_bills_every_stream_what_its_client_received(
     tid, key = new_tenant(a.url, "rolling")
     model = httpx.get(a.url + "/v1/models", headers=auth(key), timeout=120).json()["data"][0]["id"]
 
-    first, first_threads = _start_streams(a.url, key, model, 3, 1000, "first")
+    b = server("b")  # the new server of the rolling restart, up beside A
+    # A's streams run while B's recovery passes run (B's close_dead_runs follows each of its lease
+    # renewals, the same pass as at its start): B started first because a quiet machine finishes
+    # A's streams before B's start completes
+    first, first_threads = _start_streams(a.url, key, model, 3, 1900, "first")
     _wait(lambda: all(s.tokens >= 5 for s in first), "A's streams to be under way")
-    b = server("b")  # B's start-up recovery runs now, next to A's live rows
-    # several lease renewals of both: B's close_dead_runs runs after each of its own
     _renewals(db, rounds=3, instances=2)
     assert not any(s.done or s.error for s in first), "A's streams ended before B's recovery ran: proves nothing"
     # B serves the same tenant meanwhile (one secret, one database)

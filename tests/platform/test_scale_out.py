@@ -193,8 +193,10 @@ def test_quotas_are_exact_across_replicas_under_40_concurrent_requests(cluster):
     codes = [code for code, _, _ in asyncio.run(_burst(cluster.url, key, {**long, "max_tokens": 4}, 40))]
     assert codes.count(200) == 20 and codes.count(429) == 20
     # concurrency: 3 running at once, held open while the other 37 arrive
+    # (1200 tokens whatever the tiny model samples: on a quiet machine 400 could end before the
+    # burst has arrived, and a returned slot admits a 4th request)
     _t, key = new_tenant(cluster.url, "conc", quota={"max_concurrent": 3})
-    res = asyncio.run(_burst(cluster.url, key, long, 40))
+    res = asyncio.run(_burst(cluster.url, key, {**long, "max_tokens": 1200, "ignore_eos": True}, 40))
     assert [c for c, _, _ in res].count(200) == 3, res
     assert {e["message"] for c, _, e in res if c == 429} == {"too many concurrent requests (max_concurrent=3)"}
     deadline = time.time() + WAIT_S  # the closed streams gave their slots back (settled in the control plane)
