@@ -90,17 +90,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # deadline.
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.timeout(2400))
-
-
-@pytest.fixture(autouse=True)
-def _no_running_loop_left_behind(request: pytest.FixtureRequest):
-    """A test must not leave an event loop marked running in the main thread: every later async
-    test of that worker would fail with "cannot be called from a running event loop". Name the
-    test that did, and clear the mark so the ones after it still run."""
-    yield
-    import asyncio
-    import warnings
-
-    if asyncio.events._get_running_loop() is not None:
-        asyncio.events._set_running_loop(None)
-        warnings.warn(f"{request.node.nodeid} left an event loop running in the main thread", stacklevel=1)

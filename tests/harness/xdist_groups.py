@@ -23,6 +23,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 RAY = "ray"
 DEMO = "demo"
+UI = "ui"
 
 # Groups that run for minutes whatever their test count (process starts, clusters, the real model):
 # measured whole-suite seconds on the shared 2-core machine, rounded. Everything else is costed by
@@ -43,6 +44,11 @@ def test_group(nodeid: str) -> str:
         return RAY  # one Ray cluster at a time on a 2-core machine
     if nodeid.startswith("tests/demo/"):
         return DEMO
+    if nodeid.startswith("tests/ui/"):
+        # one UI server per worker; Chromium is per module (tests/ui/conftest.py): Playwright's sync
+        # API marks an event loop running in the main thread while it lives, which every later
+        # async test of that worker tripped over when the browser lived for the whole session
+        return UI
     return nodeid.split("::", 1)[0]  # a module stays together: its module-scoped servers start once
 
 

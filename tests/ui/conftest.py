@@ -113,7 +113,7 @@ def server(ui_demo_model_dir, tmp_path_factory):
     thread.join(30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # not session: see tests/harness/xdist_groups.py
 def browser(_need_browser):
     from playwright.sync_api import sync_playwright
 
