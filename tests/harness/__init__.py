@@ -7,6 +7,7 @@
     ray.ServeCluster      ``loraplex serve --replicas N`` on a local Ray of its own (own ports, temp dir,
                           process group; stopped with everything it started)
     net                   free ports and raw-socket HTTP probes (one keep-alive connection, early refusals)
+    xdist_groups          which tests share a pytest-xdist worker, costliest groups first
 
 Tests import it as ``harness`` (``tests/`` is on ``sys.path`` through the root conftest); a benchmark
 adds ``tests/`` to ``sys.path`` first. Nothing here imports pytest: a failure raises ``HarnessError``
