@@ -79,8 +79,8 @@ async def _collect(builder: BodyBuilder, deltas: AsyncIterator[tuple[int, Delta]
 
 async def _sse(builder: ChunkBuilder, deltas: AsyncIterator[tuple[int, Delta]]) -> AsyncIterator[str]:
     try:
-        for chunk in builder.opening():
-            yield _event(chunk.dump())
+        for opening in builder.opening():
+            yield _event(opening.dump())
         async for k, d in deltas:
             chunk = builder.chunk(k, d)
             if chunk is not None:

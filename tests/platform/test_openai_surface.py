@@ -351,7 +351,7 @@ def test_echo_with_logprobs_lists_the_prompt_then_the_completion(surface, demo_m
 
     hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
     tol = getattr(ctx.gateway, "logprob_tol", 1e-3)
-    prompts: list = [[5, 17, 42, 8, 99], "The quick brown fox"]
+    prompts: list = [[5, 17, 42, 8, 99], tok.encode("The quick brown fox")]  # a list of token-id prompts
     kw = dict(model=base, prompt=prompts, max_tokens=3, n=2, temperature=0, logprobs=2)
     r = client.completions.create(**kw, echo=True, extra_body={"ignore_eos": True, "prompt_logprobs": 1})
     alone = client.completions.create(**kw, extra_body={"ignore_eos": True})
@@ -382,9 +382,11 @@ def test_echo_with_logprobs_lists_the_prompt_then_the_completion(surface, demo_m
         # prompt_logprobs asked beside it: vLLM's layout at its own k (the prompt token + its top 1)
         plps = c.model_extra["prompt_logprobs"]
         assert plps[0] is None and len(plps) == n and all(1 <= len(e) <= 2 for e in plps[1:])
-    plain = client.completions.create(model=base, prompt=prompts[0], max_tokens=2, echo=True, logprobs=0)
+    text = "The quick brown fox"  # a text prompt: its tokens as the server tokenizes it
+    plain = client.completions.create(model=base, prompt=text, max_tokens=2, echo=True, logprobs=0)
     assert "prompt_logprobs" not in (plain.choices[0].model_extra or {})
-    assert plain.choices[0].logprobs.top_logprobs[1] == {}
+    assert plain.choices[0].text.startswith(text) and plain.choices[0].logprobs.top_logprobs[1] == {}
+    assert plain.choices[0].logprobs.tokens[: len(prompts[1])] == [tok.decode([t]) for t in prompts[1]]
 
 
 def test_penalties_change_a_greedy_output(surface):
