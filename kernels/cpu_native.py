@@ -30,6 +30,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -292,7 +293,7 @@ def _sgmv_supported(act: torch.Tensor, weights: torch.Tensor) -> bool:
     )
 
 
-def _sgmv_fn(op: str, act: torch.dtype, weights: torch.dtype):  # noqa: ANN202 - a ctypes function
+def _sgmv_fn(op: str, act: torch.dtype, weights: torch.dtype) -> Any:  # a ctypes function
     return getattr(_lib, f"lp_sgmv_{op}_{_SGMV_DTYPES[act]}_{_SGMV_DTYPES[weights]}")
 
 

@@ -4,7 +4,6 @@ sampling parameters with their grammar compiled, and engine errors as platform e
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,19 +72,14 @@ def max_prompt_chars(tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> 
     return max_model_len * max(longest, 1)
 
 
-def sampling_params(
-    request: SamplingRequest | Mapping[str, object], structured: StructuredOutputManager
-) -> SamplingParams:
+def sampling_params(request: SamplingRequest, structured: StructuredOutputManager) -> SamplingParams:
     """The engine's ``SamplingParams`` for a ``SamplingRequest``, field by field; its
     ``structured_output=(kind, value)`` becomes a spec compiled by ``structured`` (the engine's own
     code and cache), so an unsupported schema is refused here, before the request reserves quota
-    or reaches an engine. A mapping ``{"request": SamplingRequest}`` is the same request as a
-    gateway that forwards its keywords passes it (the Ray ingress's gateway, platform/cluster)."""
+    or reaches an engine."""
     from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
 
-    if isinstance(request, Mapping):
-        request = request["request"]  # type: ignore[assignment]
-    r: SamplingRequest = request  # type: ignore[assignment]
+    r = request
     if r.max_tokens is None:
         raise ValueError("max_tokens is set at admission, before the engine's SamplingParams are built")
     so = r.structured_output
