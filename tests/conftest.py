@@ -56,6 +56,13 @@ SLOW_TESTS = (
     "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[draft-4]",
     "tests/engine/test_prefix_cache.py::test_outputs_with_caching_equal_without_mid_block_prefixes[qwen2_bias]",
     "tests/engine/test_step_combinations.py::test_speculation_changes_nothing_in_a_batch_of_every_feature[5]",
+    # Chi-square of the rejection sampler over 4000 trials, a Python loop per draft: the inner loop
+    # keeps k = 2 with a point-mass draft (accepted drafts and the bonus token); k = 1 and k = 3 here.
+    "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[1-False]",
+    "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[3-False]",
+    # A rolling restart: three 1200-token streams kept alive across a second server's start-up
+    # (long on purpose, so the recovery really meets running records): ~1200 decode steps.
+    "tests/platform/test_instances.py::test_a_second_server_leaves_a_live_servers_streams_alone",
     # Triton kernels under TRITON_INTERPRET (a Python interpreter per program instance): the
     # costliest module of the inner loop (over half its time). The inner loop keeps, of each
     # kernel, a small case of every code path (decode: forced split-KV and auto, MHA and GQA,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from test_scheduling_sim import Sim, poisson
+from scheduling_sim_testlib import Sim, poisson
 
 
 def _service(exchange_every: int | None, steps: int = 2400) -> tuple[float, float]:

@@ -48,12 +48,18 @@ def _run_script(tmp_path: Path, model: str, **env: str) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 
+# Each of these starts a real script process (importing torch, then restarting once under the
+# preloaded runtime: two interpreters per run): process tests are slow (CONTRIBUTING.md). The whole
+# suite runs them; the inner loop keeps the in-process checks below.
+starts_a_process = pytest.mark.slow
+
 needs_both = pytest.mark.skipif(
     not (runtime_env.find_tcmalloc() and runtime_env.find_iomp5()),
     reason="tcmalloc (libtcmalloc-minimal4) and intel-openmp are installed by the set-up; missing here",
 )
 
 
+@starts_a_process
 @needs_both
 def test_script_restarts_once_under_tcmalloc_and_intel_openmp(tmp_path, tiny_llama):
     got, output = _run_script(tmp_path, tiny_llama)
@@ -66,6 +72,7 @@ def test_script_restarts_once_under_tcmalloc_and_intel_openmp(tmp_path, tiny_lla
     assert got["env"]["LD_PRELOAD"] is None  # given back: subprocesses start as the user started this one
 
 
+@starts_a_process
 def test_broken_library_file_does_not_loop(tmp_path, tiny_llama):
     """A "library" that is not one: the loader skips it, the script runs, and restarts only once."""
     not_a_library = tmp_path / "libtcmalloc_minimal.so.4"
@@ -75,6 +82,7 @@ def test_broken_library_file_does_not_loop(tmp_path, tiny_llama):
     assert output.count("before") == 2 and output.count("restarting under") == 1
 
 
+@starts_a_process
 @needs_both
 def test_missing_intel_openmp_falls_back_to_gomp_passive(tmp_path, tiny_llama):
     got, output = _run_script(tmp_path, tiny_llama, LORAPLEX_IOMP5="")
@@ -84,6 +92,7 @@ def test_missing_intel_openmp_falls_back_to_gomp_passive(tmp_path, tiny_llama):
     assert "libiomp5.so not found" in got["describe"]
 
 
+@starts_a_process
 def test_missing_everything_and_switch_off_run_as_started(tmp_path, tiny_llama):
     got, output = _run_script(tmp_path, tiny_llama, LORAPLEX_IOMP5="", LORAPLEX_TCMALLOC="/nonexistent/libtc.so")
     assert got["active"] == {"tcmalloc": False, "iomp5": False}

@@ -15,6 +15,10 @@ from platform_helpers import admin_headers
 
 pytestmark = pytest.mark.timeout(600)
 
+# Tests that only send a hostile body and read the answer share one server per backend
+# (module_tenant_setup, CONTRIBUTING.md); tests whose oracle is the server's state (a quota's holds)
+# or that stream get their own (tenant_setup).
+
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -167,9 +171,9 @@ def test_stop_string_spanning_tokens_streams_nothing_past_it(tenant_setup):
         ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -(2**70)}, None),
     ],
 )
-def test_int_overflows_are_400s(tenant_setup, path, body, param):
+def test_int_overflows_are_400s(module_tenant_setup, path, body, param):
     """(top_k and truncate_prompt_tokens past any vocabulary or prompt mean "all": 200, below.)"""
-    ctx, url, tid, key, ada, client = tenant_setup
+    ctx, url, tid, key, ada, client = module_tenant_setup
     r = _post(
         url,
         key,
@@ -183,8 +187,8 @@ def test_int_overflows_are_400s(tenant_setup, path, body, param):
         assert err["param"] == param
 
 
-def test_huge_but_meaningful_ints_are_served(tenant_setup):
-    ctx, url, tid, key, ada, client = tenant_setup
+def test_huge_but_meaningful_ints_are_served(module_tenant_setup):
+    ctx, url, tid, key, ada, client = module_tenant_setup
     for extra in ({"top_k": 2**70}, {"truncate_prompt_tokens": 2**70}):
         r = _post(url, key, "/v1/completions", {"model": "bot", "prompt": "x", "max_tokens": 2, **extra})
         assert r.status_code == 200, (extra, r.text)
@@ -205,8 +209,8 @@ def test_huge_but_meaningful_ints_are_served(tenant_setup):
         {"prompt": "x\ud800", "echo": True, "logprobs": 1},
     ],
 )
-def test_lone_surrogates_anywhere_are_4xx_never_500(tenant_setup, field):
-    ctx, url, tid, key, ada, client = tenant_setup
+def test_lone_surrogates_anywhere_are_4xx_never_500(module_tenant_setup, field):
+    ctx, url, tid, key, ada, client = module_tenant_setup
     path = "/v1/completions"
     body = {"model": "bot", "prompt": "hi", "max_tokens": 2, **field}
     raw = json.dumps(body)  # json escapes the lone surrogate as \\udXXX: valid JSON text, invalid Unicode
