@@ -422,8 +422,9 @@ def linear(
     assert x.shape[1] == k and packed.shape == (-(-n // PANEL), k, PANEL) and packed.dtype == torch.bfloat16
     y = torch.empty(x.shape[0], n, dtype=torch.float32)
     b = None if bias is None else bias.contiguous()
-    _lib.lp_linear_f32_bf16p(
-        x.data_ptr(), x.stride(0), x.shape[0], k, packed.data_ptr(), n, None if b is None else b.data_ptr(),
-        y.data_ptr(), n, torch.get_num_threads(),
-    )  # fmt: skip
+    with torch.profiler.record_function("loraplex::cpu_linear"):
+        _lib.lp_linear_f32_bf16p(
+            x.data_ptr(), x.stride(0), x.shape[0], k, packed.data_ptr(), n, None if b is None else b.data_ptr(),
+            y.data_ptr(), n, torch.get_num_threads(),
+        )  # fmt: skip
     return y
