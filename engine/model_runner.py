@@ -103,6 +103,7 @@ class ModelRunner:
             quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
         else:
             self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
+            self.model.pack_weights(self.ops)
         shape = (num_kv_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
             (

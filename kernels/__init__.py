@@ -2,7 +2,9 @@
 
 Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``triton_ops``):
   write_kv, paged_decode_attention, paged_prefill_attention, sgmv_shrink, sgmv_expand, int8_linear
-  (INT8 weight-only matmul; its CPU path and oracle live in ``int8``).
+  (INT8 weight-only matmul; its CPU path and oracle live in ``int8``), pack_linear_weight + linear
+  (a backend's own copy of a float weight and the matmul that reads it: on the native CPU kernels,
+  bf16 panels of a bf16-exact float32 weight for decode-sized batches; the twins keep no copy).
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
 

@@ -37,7 +37,9 @@ import torch
 from . import reference
 from .lora_meta import LoraSegments
 
-_SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / n for n in ("cpu_attention.cpp", "cpu_sgmv.cpp"))
+_SOURCES = tuple(
+    Path(__file__).resolve().parent / "csrc" / n for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp")
+)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -145,6 +147,10 @@ def open_library(path: Path) -> ctypes.CDLL:
             fn.restype = None
     lib.lp_sgmv_fast_f16.argtypes = []
     lib.lp_sgmv_fast_f16.restype = i32
+    lib.lp_linear_f32_bf16p.argtypes = [p, i64, i32, i32, p, i32, p, p, i64, i32]
+    lib.lp_linear_f32_bf16p.restype = None
+    lib.lp_linear_fast.argtypes = []
+    lib.lp_linear_fast.restype = i32
     return lib
 
 
@@ -360,5 +366,65 @@ def sgmv_expand(
             max_rank, ranks.data_ptr(), scales.data_ptr(), offsets.data_ptr(), len(slice_offsets) - 1,
             g.group_slot.data_ptr(), g.group_start.data_ptr(), g.num_groups, g.token_idx.data_ptr(),
             torch.get_num_threads(),
+        )  # fmt: skip
+    return y
+
+
+# ------------------------------------------------------------------------ decode-sized linear layers
+PANEL = 16  # output columns per packed panel (one AVX-512 register of float32)
+# Rows up to which the packed bf16 kernel runs; larger batches (prefill chunks) are compute-bound
+# and go to MKL's float32 GEMM on the original weight.
+PACKED_MAX_ROWS = 64
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """The float32 ``weight`` [n, k] as bf16 panels [ceil(n/16), k, 16] (zero-padded past n) for
+    ``linear``, or None where that would change the model or not pay: not float32 on the CPU, not
+    exactly representable in bf16 (only then is the copy lossless), or no AVX-512 build."""
+    lib = load()
+    if lib is None or not lib.lp_linear_fast() or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] == 0:
+        return None
+    w16 = weight.detach().to(torch.bfloat16)
+    if not torch.equal(w16.float(), weight.detach()):
+        return None
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    padded = torch.zeros(panels * PANEL, k, dtype=torch.bfloat16)
+    padded[:n] = w16
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def unpack_linear_weight(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of ``pack_linear_weight`` (float32 [n, k]); the tests' check that packing is exact."""
+    panels, k, _ = packed.shape
+    return packed.transpose(1, 2).reshape(panels * PANEL, k)[:n].float()
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; through the packed bf16 copy of ``weight`` (``packed``, from
+    ``pack_linear_weight``) when given and the batch is decode-sized."""
+    if (
+        packed is None
+        or _lib is None
+        or x.dim() != 2
+        or not 0 < x.shape[0] <= PACKED_MAX_ROWS
+        or x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.stride(-1) != 1
+        or (bias is not None and bias.dtype != torch.float32)
+    ):
+        return torch.nn.functional.linear(x, weight, bias)
+    n, k = weight.shape
+    assert x.shape[1] == k and packed.shape == (-(-n // PANEL), k, PANEL) and packed.dtype == torch.bfloat16
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    b = None if bias is None else bias.contiguous()
+    with torch.profiler.record_function("loraplex::cpu_linear"):
+        _lib.lp_linear_f32_bf16p(
+            x.data_ptr(), x.stride(0), x.shape[0], k, packed.data_ptr(), n, None if b is None else b.data_ptr(),
+            y.data_ptr(), n, torch.get_num_threads(),
         )  # fmt: skip
     return y

@@ -1,8 +1,9 @@
 """Choose the implementation of every op once, from the backend name and the device.
 
 ``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
-``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place) and grouped
-SGMV (each adapter's weights read once per step) + the torch reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
+``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
+SGMV (each adapter's weights read once per step) and decode-sized linear layers over a bf16 copy
+of bf16-exact float32 weights + the torch reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
 
@@ -77,6 +78,20 @@ class Int8Linear(Protocol):
     ) -> torch.Tensor: ...
 
 
+class PackLinearWeight(Protocol):
+    """A backend's own copy of a float linear weight for ``Linear`` (None: keep none)."""
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class Linear(Protocol):
+    """``x @ weight.T + bias``; ``packed`` is ``pack_linear_weight(weight)`` (None: read ``weight``)."""
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+    ) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class KernelOps:
     """One implementation of every op; each field's Protocol is the op's exact signature, so a
@@ -89,6 +104,8 @@ class KernelOps:
     sgmv_shrink: SgmvShrink
     sgmv_expand: SgmvExpand
     int8_linear: Int8Linear
+    pack_linear_weight: PackLinearWeight
+    linear: Linear
 
 
 TORCH_OPS = KernelOps(
@@ -99,6 +116,8 @@ TORCH_OPS = KernelOps(
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
     int8_linear=int8.int8_linear_cpu,
+    pack_linear_weight=reference.pack_linear_weight,
+    linear=reference.linear,
 )
 
 
@@ -115,6 +134,8 @@ def _cpu_ops() -> KernelOps | None:
         sgmv_shrink=cpu_native.sgmv_shrink,
         sgmv_expand=cpu_native.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
+        pack_linear_weight=cpu_native.pack_linear_weight,
+        linear=cpu_native.linear,
     )
 
 

@@ -19,6 +19,19 @@ from .lora_meta import LoraSegments
 
 
 # --------------------------------------------------------------------------------------------- KV
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """The reference keeps no second copy of a weight: ``linear`` reads ``weight`` itself."""
+    return None
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ weight.T + bias``; ``packed`` (a backend's own copy of ``weight``, from its
+    ``pack_linear_weight``) is a layout of the same numbers, so the reference ignores it."""
+    return F.linear(x, weight, bias)
+
+
 def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

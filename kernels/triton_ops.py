@@ -11,6 +11,7 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
 
 from __future__ import annotations
 
+from . import reference
 from .dispatch import KernelOps
 from .triton_decode_attention import paged_decode_attention
 from .triton_int8 import int8_linear
@@ -26,4 +27,6 @@ TRITON_OPS = KernelOps(
     sgmv_shrink=sgmv_shrink,
     sgmv_expand=sgmv_expand,
     int8_linear=int8_linear,
+    pack_linear_weight=reference.pack_linear_weight,  # cuBLAS reads the weight itself
+    linear=reference.linear,
 )

@@ -13,7 +13,8 @@ inside them) scaled by the step's process CPU time / wall time (on a shared mach
 descheduled at random moments, which inflates every group alike), so the groups add up to the
 step's CPU time (exactly so with ``--threads 1``), grouped:
 
-  * ``base GEMM``: ``aten::mm`` / ``addmm`` / ``linear`` of the decoder layers
+  * ``base GEMM``: ``aten::mm`` / ``addmm`` / ``linear`` of the decoder layers, or the native
+    packed bf16 linear (``loraplex::cpu_linear``) where the weights are bf16-exact
   * ``lm head``: the output projection (vocab x hidden), one per step
   * ``lora shrink`` / ``lora expand``: the SGMV ops (all layers)
   * ``attention``, ``kv write``: the paged ops
@@ -80,6 +81,8 @@ def _group(name: str) -> str | None:
         return "attention"
     if "write_kv" in name:
         return "kv write"
+    if name == "loraplex::cpu_linear":  # the packed bf16 linear (kernels/csrc/cpu_linear.cpp)
+        return "base GEMM"
     if name in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mkldnn::_linear_pointwise"):
         return "base GEMM"
     return "elementwise"

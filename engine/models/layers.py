@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .forward_batch import ForwardBatch
@@ -124,6 +123,9 @@ class Projection(nn.Module):
         self.register_buffer("qweight", None)
         self.register_buffer("wscale", None)
         self.act_dtype: torch.dtype | None = None
+        # The kernel backend's own copy of ``weight`` (``KernelOps.pack_linear_weight``: on the
+        # native CPU kernels, bf16 panels of a bf16-exact float32 weight); None: ``weight`` only.
+        self.packed: torch.Tensor | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -154,7 +156,7 @@ class Projection(nn.Module):
             y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
         else:
             assert self.weight is not None
-            y = F.linear(x, self.weight, self.bias)
+            y = batch.ops.linear(x, self.weight, self.bias, self.packed)
         seg = batch.lora_segments
         if seg is not None and self.lora_a is not None:
             # allocate_lora_slots sets all four together.

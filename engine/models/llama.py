@@ -12,6 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.kernels import KernelOps
+from loraplex.kernels.dispatch import Linear
+
 from .config import ModelConfig
 from .forward_batch import ForwardBatch
 from .layers import Projection, RMSNorm, RotaryEmbedding
@@ -118,6 +121,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.hidden_size, cfg.vocab_size)
         self.quantized_head: nn.Module | None = None  # INT8: replaces the (tied) output projection
+        # ``pack_weights``: the kernels' copy of the output projection and the op that reads it.
+        self.packed_head: torch.Tensor | None = None
+        self.head_linear: Linear | None = None
 
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]; call ``compute_logits`` on the rows to sample.
@@ -134,7 +140,26 @@ class LlamaForCausalLM(nn.Module):
         if self.quantized_head is not None:
             logits: torch.Tensor = self.quantized_head(hidden).float()
             return logits
+        if self.packed_head is not None and self.head_linear is not None:
+            return self.head_linear(hidden, self.output_weight(), None, self.packed_head).float()
         return F.linear(hidden, self.output_weight()).float()
+
+    def pack_weights(self, ops: KernelOps) -> int:
+        """Give every float projection and the output head the kernel backend's own copy of its
+        weight (``ops.pack_linear_weight``; the native CPU kernels keep bf16 panels of a
+        bf16-exact float32 weight and read them at decode batch sizes). Returns the bytes added."""
+        added = 0
+        for projs in self.lora_projections().values():
+            for proj in projs:
+                if proj.weight is not None:
+                    proj.packed = ops.pack_linear_weight(proj.weight)
+                    added += 0 if proj.packed is None else proj.packed.numel() * proj.packed.element_size()
+        if self.quantized_head is None:
+            self.packed_head = ops.pack_linear_weight(self.output_weight())
+            self.head_linear = ops.linear
+            if self.packed_head is not None:
+                added += self.packed_head.numel() * self.packed_head.element_size()
+        return added
 
     def output_weight(self) -> torch.Tensor:
         """The float output projection: ``lm_head``'s, or the embedding's when tied."""

@@ -32,6 +32,10 @@ MODEL_VARIANTS = {
         ),
     ),
     "qwen2_bias": ("qwen2", dict(TINY)),
+    # bf16 checkpoints: served in float32 their weights are bf16-exact, so the native CPU kernels
+    # keep a packed bf16 copy and run decode-sized linears on it (kernels/csrc/cpu_linear.cpp).
+    "qwen2_bias_bf16": ("qwen2", dict(TINY, dtype="bfloat16")),
+    "llama3_rope_tied_bf16": ("llama", dict(TINY, tie_word_embeddings=True, dtype="bfloat16")),
     "mistral": ("mistral", dict(TINY, num_key_value_heads=1, head_dim=16)),
 }
 

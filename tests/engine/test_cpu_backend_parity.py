@@ -40,12 +40,48 @@ def test_cpu_backend_greedy_matches_transformers(model_factory, variant):
     assert llm.engine.counters["preemptions"] > 0
 
 
-def test_cpu_backend_mixed_adapters_match_peft(model_factory, tmp_path):
-    model_dir = model_factory("llama_gqa")
-    adapters = make_adapters(model_dir, tmp_path / "adapters")
-    oracle = PeftOracle(model_dir, adapters)
-    assign = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", None, "attn_r8"]
+@pytest.mark.parametrize("variant", ["qwen2_bias_bf16", "llama3_rope_tied_bf16"])
+def test_packed_bf16_weights_match_transformers(model_factory, variant):
+    """A bf16 checkpoint served in float32: every projection (q|k|v with bias, o, gate|up, down)
+    and the output head (tied to the embedding) run decode steps on the native kernel's packed
+    bf16 copy of its weight; greedy tokens still equal HF transformers' float32 model, under
+    chunked prefill (the float32 GEMM) and preemption."""
+    model_dir = model_factory(variant)
     llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        block_size=4,
+        num_kv_blocks=40,
+        kernel_backend="cpu",
+    )
+    model = llm.engine.runner.model
+    projs = [p for ps in model.lora_projections().values() for p in ps]
+    if cpu_native.pack_linear_weight(projs[0].weight) is None:
+        pytest.skip("no AVX-512 build here: weights are never packed")
+    assert all(p.packed is not None for p in projs) and model.packed_head is not None
+    prompts = make_prompts(14, llm.engine.model_config.vocab_size)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    expected = hf_greedy(model_dir, prompts, 12)
+    for i, (out, exp) in enumerate(zip(outs, expected)):
+        assert out.token_ids == exp, f"prompt {i} (len {len(prompts[i])}) diverged"
+    assert llm.engine.counters["preemptions"] > 0
+
+
+def test_weights_off_the_bf16_grid_are_not_packed(model_factory):
+    """A float32 checkpoint (random weights off the bf16 grid): nothing is packed, so the served
+    model is exactly the checkpoint's (the float32 parity test above runs that path)."""
+    llm = LLM(model=model_factory("llama_gqa"), dtype="float32", max_num_seqs=2, num_kv_blocks=16, block_size=4)
+    model = llm.engine.runner.model
+    assert model.packed_head is None
+    assert all(p.packed is None for ps in model.lora_projections().values() for p in ps)
+
+
+def _cpu_llm(model_dir: str, lora_dtype: str) -> LLM:
+    """The engine both PEFT parity tests run: float32 model, native kernels, eight adapter slots
+    (prefill chunks of 32 tokens over 4-token blocks); only the adapters' storage dtype varies."""
+    return LLM(
         model=model_dir,
         dtype="float32",
         kernel_backend="cpu",
@@ -55,12 +91,40 @@ def test_cpu_backend_mixed_adapters_match_peft(model_factory, tmp_path):
         max_loras=8,
         max_cpu_loras=8,
         max_lora_rank=16,
-        lora_dtype="model",  # the exact path: adapters in float32 like PEFT's
+        lora_dtype=lora_dtype,
     )
+
+
+def test_cpu_backend_mixed_adapters_match_peft(model_factory, tmp_path):
+    model_dir = model_factory("llama_gqa")
+    adapters = make_adapters(model_dir, tmp_path / "adapters")
+    oracle = PeftOracle(model_dir, adapters)
+    assign = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", None, "attn_r8"]
+    llm = _cpu_llm(model_dir, lora_dtype="model")  # the exact path: adapters in float32 like PEFT's
     assert llm.engine.lora.dtype == torch.float32
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     prompts = make_lora_prompts(len(assign), llm.engine.model_config.vocab_size, seed=2)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), adapters=assign)
+    for i, (prompt, adapter, out) in enumerate(zip(prompts, assign, outs)):
+        assert out.token_ids == oracle.greedy(prompt, adapter, 8), f"request {i} (adapter {adapter}) diverged"
+
+
+def test_packed_base_with_mixed_adapters_matches_peft(model_factory, tmp_path):
+    """The packed bf16 base linears (a bf16 checkpoint in float32) with the SGMV adding each
+    row's adapter on top, adapters of every kind and base rows mixed in one batch: greedy tokens
+    equal PEFT's float32 model."""
+    model_dir = model_factory("qwen2_bias_bf16")
+    adapters = make_adapters(model_dir, tmp_path / "adapters")
+    oracle = PeftOracle(model_dir, adapters)
+    llm = _cpu_llm(model_dir, lora_dtype="model")
+    projs = [p for ps in llm.engine.runner.model.lora_projections().values() for p in ps]
+    if any(p.packed is None for p in projs):
+        pytest.skip("no AVX-512 build here: weights are never packed")
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    assign = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", None, "attn_r8"]
+    prompts = make_lora_prompts(len(assign), llm.engine.model_config.vocab_size, seed=3)
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), adapters=assign)
     for i, (prompt, adapter, out) in enumerate(zip(prompts, assign, outs)):
         assert out.token_ids == oracle.greedy(prompt, adapter, 8), f"request {i} (adapter {adapter}) diverged"
@@ -89,18 +153,7 @@ def test_float16_adapter_storage_matches_peft(model_factory, tmp_path):
     rounded = _rounded_to_float16(adapters, tmp_path / "rounded")
     oracle16, oracle32 = PeftOracle(model_dir, rounded), PeftOracle(model_dir, adapters)
     assign = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", None, "attn_r8"]
-    llm = LLM(
-        model=model_dir,
-        dtype="float32",
-        kernel_backend="cpu",
-        max_num_seqs=8,
-        max_num_batched_tokens=32,
-        block_size=4,
-        max_loras=8,
-        max_cpu_loras=8,
-        max_lora_rank=16,
-        lora_dtype="float16",
-    )
+    llm = _cpu_llm(model_dir, lora_dtype="float16")
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     prompts = make_lora_prompts(len(assign), llm.engine.model_config.vocab_size, seed=2)
