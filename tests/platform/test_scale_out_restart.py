@@ -32,7 +32,17 @@ from harness.ray import ServeCluster
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    # Written 2026-12-02 and NOT yet seen passing: in that session the shared machine never let the
+    # cluster start (helper processes paused, then a load of 30-90). Run with
+    # LORAPLEX_TEST_SCALE_OUT_RESTART=1 (beside two CPU burners, CONTRIBUTING.md) before removing this.
+    pytest.mark.skipif(
+        os.environ.get("LORAPLEX_TEST_SCALE_OUT_RESTART") != "1",
+        reason="not yet seen passing on a real cluster: set LORAPLEX_TEST_SCALE_OUT_RESTART=1 to run",
+    ),
+]
 
 WAIT_S = 180  # a bound on one wait, never a measurement
 ROLLOUT_S = 1200  # two replica starts and two drains, beside two CPU burners
