@@ -262,7 +262,7 @@ def test_rolling_restart_cuts_nothing_under_a_mixed_load(clusters, demo_model_di
                 time.sleep(0.2)
             if len({x.replica for x in longs if not x.done}) == 2:
                 break
-    assert len({x.replica for x in longs if not x.done}) == 2, [(x.replica, x.tokens) for x in longs]
+    assert len({x.replica for x in longs if not x.done}) == 2, [(x.replica, x.tokens, x.status, x.error) for x in longs]
     cluster.proc.send_signal(signal.SIGHUP)
 
     # until the rollout is complete: new requests of every kind, one wave at a time
