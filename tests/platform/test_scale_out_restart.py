@@ -46,6 +46,7 @@ pytestmark = [
 
 WAIT_S = 180  # a bound on one wait, never a measurement
 ROLLOUT_S = 1200  # two replica starts and two drains, beside two CPU burners
+LONG = 1500  # tokens of a long stream: prompt + this within the demo model's context (2,500 was a 400)
 
 CONFIG = """
 [engine]
@@ -254,7 +255,7 @@ def test_rolling_restart_cuts_nothing_under_a_mixed_load(clusters, demo_model_di
     for i in range(8):
         s = Seen("long", started_before_sighup=True)
         longs.append(s)
-        launch(_completion_stream, s, "demo", f"Long story {i}", 2500)
+        launch(_completion_stream, s, "demo", f"Long story {i}", LONG)
         if i >= 3:
             deadline = time.monotonic() + WAIT_S
             while not all(x.tokens or x.error for x in longs):
@@ -332,7 +333,7 @@ def test_rolling_restart_cuts_nothing_under_a_mixed_load(clusters, demo_model_di
         expected = {"n2": 2}.get(s.kind, 1)
         assert len(s.finish) == expected and set(s.finish) <= {"length", "stop", "tool_calls"}, s
     for s in longs:
-        assert s.tokens == 2500 and s.finish == ["length"], s
+        assert s.tokens == LONG and s.finish == ["length"], s
     codes = [c for c, _ in rpm_results]
     assert codes.count(200) == 5 and codes.count(429) == 7, rpm_results
 
@@ -412,7 +413,7 @@ def test_driver_kill9_mid_stream_then_restart_closes_the_dead_rows_once(clusters
     cut = [Seen("long") for _ in range(4)]
     threads = [
         threading.Thread(
-            target=_completion_stream, args=(cluster.url, key, s, "demo", f"Cut story {i}", 2500), daemon=True
+            target=_completion_stream, args=(cluster.url, key, s, "demo", f"Cut story {i}", LONG), daemon=True
         )
         for i, s in enumerate(cut)
     ]
