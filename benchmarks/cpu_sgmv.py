@@ -1,20 +1,24 @@
 """Grouped native CPU SGMV vs the torch gather path, at SmolLM2's LoRA shapes (rank 16, 64 tokens).
 
-    .venv/bin/python benchmarks/cpu_sgmv.py [--threads 1] [--iters 50]
+    .venv/bin/python benchmarks/cpu_sgmv.py [--threads 1] [--iters 50] [--cpu-time] [--dtype float32]
 
 For 1 / 8 / 64 distinct adapters over a 64-token decode batch and each fused projection (q|k|v,
 gate|up, down), the time of shrink + expand per call (median of --iters after warm-up; wall, or
 process CPU time with ``--cpu-time``, steadier on a shared machine), in ``--dtype``. Also: the base
 projection's GEMM at the same batch (what the LoRA adds to), and the bandwidth the native kernel
 reaches over the adapters' A and B bytes (each distinct adapter's A and B are read once a call),
-to compare with a plain streaming read of this process (printed first).
+to compare with a plain streaming read of this process (printed first). The native kernel runs
+twice: adapter weights stored in the activation dtype and in float16 (``lora_dtype``); the calls
+alternate within each round.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,7 +32,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"], help="activations")
+    ap.add_argument("--adapters", default="1,8,64")
     ap.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -41,41 +46,64 @@ def main() -> None:
         t0 = clock()
         big.sum()
         reads.append(clock() - t0)
-    print(f"streaming read: {big.numel() * 4 / min(reads) / 1e9:.1f} GB/s ({args.threads} thread(s))")
-    print(
-        f"{'adapters':>8s} {'proj':8s} {'torch ms':>9s} {'native ms':>9s} {'speed-up':>8s} {'base mm ms':>10s}"
-        f" {'LoRA MB':>8s} {'native GB/s':>11s}"
-    )
-    for n in (1, 8, 64):
+    stream = big.numel() * 4 / min(reads) / 1e9
+    del big
+    print(f"streaming read: {stream:.1f} GB/s ({args.threads} thread(s)); activations {args.dtype}")
+    # Adapter weights stored in the activation dtype, and in float16 (lora_dtype="float16").
+    storages = {"same": dt, "fp16": torch.float16}
+    hdr = f"{'adapters':>8s} {'proj':8s} {'torch ms':>9s} {'base mm ms':>10s}"
+    for k in storages:
+        hdr += f" {'native ' + k + ' ms':>15s} {'GB/s':>6s}"
+    print(hdr)
+    rows = []
+    for n in (int(c) for c in args.adapters.split(",")):
         for name, (hidden, widths) in SHAPES.items():
             g = torch.Generator().manual_seed(0)
-            a = torch.randn(len(widths), slots, rank, hidden, generator=g).to(dt)
-            b = torch.randn(slots, rank, sum(widths), generator=g).to(dt)
+            a32 = torch.randn(len(widths), slots, rank, hidden, generator=g) * 0.05
+            b32 = torch.randn(slots, rank, sum(widths), generator=g) * 0.05
             ranks, scales = torch.full((slots,), rank, dtype=torch.int32), torch.ones(slots)
             offsets = tuple([0, *torch.tensor(widths).cumsum(0).tolist()])
             seg = make_lora_segments(sorted(i % n for i in range(args.tokens)))
             x, y = torch.randn(args.tokens, hidden).to(dt), torch.randn(args.tokens, sum(widths)).to(dt)
             w = torch.randn(sum(widths), hidden, generator=g).to(dt)
-            times = {}
-            mm = []
-            for i in range(args.iters + 3):
-                t0 = clock()
-                torch.nn.functional.linear(x, w)
-                if i >= 3:
-                    mm.append(clock() - t0)
-            for label, mod in (("torch", reference), ("native", cpu_native)):
-                samples = []
-                for i in range(args.iters + 3):
+            weights = {k: (a32.to(d), b32.to(d)) for k, d in storages.items()}
+            calls = {
+                "torch": lambda: reference.sgmv_expand(
+                    y,
+                    reference.sgmv_shrink(x, weights["same"][0], seg, ranks),
+                    weights["same"][1],
+                    seg,
+                    ranks,
+                    scales,
+                    offsets,
+                ),
+                "mm": lambda: torch.nn.functional.linear(x, w),
+            }
+            for k in storages:
+                a, b = weights[k]
+                calls[k] = lambda a=a, b=b: cpu_native.sgmv_expand(
+                    y, cpu_native.sgmv_shrink(x, a, seg, ranks), b, seg, ranks, scales, offsets
+                )
+            samples: dict[str, list[float]] = {k: [] for k in calls}
+            for i in range(args.iters + 3):  # alternating, one call of each per round
+                for k, fn in calls.items():
                     t0 = clock()
-                    mod.sgmv_expand(y, mod.sgmv_shrink(x, a, seg, ranks), b, seg, ranks, scales, offsets)
+                    fn()
                     if i >= 3:
-                        samples.append(clock() - t0)
-                times[label] = statistics.median(samples) * 1e3
-            lora_mb = n * (a[:, 0].numel() + b[0].numel()) * a.element_size() / 1e6
-            print(
-                f"{n:8d} {name:8s} {times['torch']:9.3f} {times['native']:9.3f} {times['torch'] / times['native']:8.1f}"
-                f" {statistics.median(mm) * 1e3:10.3f} {lora_mb:8.2f} {lora_mb / times['native']:11.2f}"
-            )
+                        samples[k].append(clock() - t0)
+            ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+            line = f"{n:8d} {name:8s} {ms['torch']:9.3f} {ms['mm']:10.3f}"
+            row = {"adapters": n, "proj": name, "torch_ms": ms["torch"], "base_mm_ms": ms["mm"]}
+            for k in storages:
+                a, b = weights[k]
+                mb = n * (a[:, 0].numel() + b[0].numel()) * a.element_size() / 1e6
+                line += f" {ms[k]:15.3f} {mb / ms[k]:6.2f}"
+                row[f"native_{k}_ms"], row[f"native_{k}_gbs"] = ms[k], mb / ms[k]
+            print(line, flush=True)
+            rows.append(row)
+    out = Path(__file__).resolve().parent / "results" / "cpu_sgmv.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "streaming_gbs": stream, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

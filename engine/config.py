@@ -20,9 +20,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "fair", "sjf"]
 KernelBackend = Literal["auto", "torch", "cpu", "triton"]  # = loraplex.kernels.BACKENDS (a test checks)
+LoraDtype = Literal["auto", "model", "float16", "bfloat16", "float32"]
 BATCHING_MODES: tuple[str, ...] = get_args(Batching)
 POLICIES: tuple[str, ...] = get_args(Policy)
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
+LORA_DTYPES: tuple[str, ...] = get_args(LoraDtype)
 QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8")
 SPECULATIVE_METHODS: tuple[str | None, ...] = (None, "ngram", "draft")
 
@@ -98,8 +100,10 @@ class LoRAConfig:
     max_loras: int = 8
     max_cpu_loras: int = 32
     max_lora_rank: int = 64
+    lora_dtype: LoraDtype = "auto"
 
     def __post_init__(self) -> None:
+        _choice("lora_dtype", self.lora_dtype, LORA_DTYPES)
         for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):
             _positive_int(name, getattr(self, name))
         if self.max_cpu_loras < self.max_loras:
@@ -193,6 +197,12 @@ class EngineConfig:
     max_loras: int = 8  # distinct adapters resident on the device (and per step)
     max_cpu_loras: int = 32  # adapters kept in host memory (LRU)
     max_lora_rank: int = 64
+    # Storage dtype of adapter A/B weights (host cache and slots); math stays in fp32 either way.
+    # "auto": float16 beside a float32 model on the native CPU kernels when they convert float16 in
+    # vector registers (AVX-512): half the bytes a decode step over many adapters streams, measured
+    # faster (docs/cpu-performance.md); otherwise the model dtype. "model": always the model dtype
+    # (bit-exact with the unquantised adapter). float16 / bfloat16 / float32: that dtype.
+    lora_dtype: LoraDtype = "auto"
     # tenant-aware scheduling
     vtc_prompt_weight: float = 1.0
     vtc_output_weight: float = 2.0

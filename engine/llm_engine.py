@@ -87,7 +87,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
         )
         # Device slots are allocated on the first add_adapter (base-only serving pays nothing).
-        self.lora = LoRAManager(config, mc, self.runner.model)
+        self.lora = LoRAManager(config, mc, self.runner.model, kernels=self.runner.ops.name)
         # After the runner and the LoRA manager: a draft that is the target shares its module and
         # slots, another shape-compatible draft gets the slot writes mirrored.
         self.spec = (

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,23 +67,26 @@ def _compiler() -> str | None:
     return None
 
 
-def library_path(cxx: str) -> Path:
+def library_path(cxx: str, extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     texts = [src.read_text() for src in _SOURCES]
-    key = hashlib.sha256("\0".join([*texts, " ".join(_FLAGS), version, _cpu_signature()]).encode())
+    flags = " ".join([*_FLAGS, *extra_flags])
+    key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_signature()]).encode())
     return _cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
-def build(cxx: str) -> Path:
-    """Compile the kernel library unless the cache has it; atomic so concurrent processes are safe."""
-    path = library_path(cxx)
+def build(cxx: str, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the kernel library unless the cache has it; atomic so concurrent processes are safe.
+    ``extra_flags`` (after ``-march=native``) build variants, e.g. ``-mno-avx512f -mno-f16c``: the
+    portable fallback a CPU without AVX-512 / F16C gets, which the tests exercise on this one."""
+    path = library_path(cxx, extra_flags)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *_FLAGS, *map(str, _SOURCES), "-o", tmp]
+        cmd = [cxx, *_FLAGS, *extra_flags, *map(str, _SOURCES), "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             names = ", ".join(src.name for src in _SOURCES)
@@ -108,28 +112,48 @@ def load() -> ctypes.CDLL | None:
             )
             return None
         try:
-            lib = ctypes.CDLL(str(build(cxx)))
+            lib = open_library(build(cxx))
         except (OSError, RuntimeError) as exc:
             warnings.warn(
                 f"native CPU attention unavailable, using the torch path: {exc}", RuntimeWarning, stacklevel=2
             )
             return None
-        p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        for name in ("lp_paged_attention_f32", "lp_paged_attention_bf16"):
-            fn = getattr(lib, name)
-            fn.argtypes = [p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32]
-            fn.restype = None
-        i64 = ctypes.c_int64
-        for name in ("lp_sgmv_shrink_f32", "lp_sgmv_shrink_bf16"):
-            fn = getattr(lib, name)
-            fn.argtypes = [p, i64, p, p, i32, i32, i32, i32, i32, p, p, p, i32, p, i32]
-            fn.restype = None
-        for name in ("lp_sgmv_expand_f32", "lp_sgmv_expand_bf16"):
-            fn = getattr(lib, name)
-            fn.argtypes = [p, i64, p, p, i32, i32, i32, i32, p, p, p, i32, p, p, i32, p, i32]
-            fn.restype = None
         _lib = lib
         return _lib
+
+
+_SGMV_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_SGMV_ACTIVATIONS = (torch.float32, torch.bfloat16)
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """Load a built kernel library and declare its entry points' C signatures."""
+    lib = ctypes.CDLL(str(path))
+    p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    for name in ("lp_paged_attention_f32", "lp_paged_attention_bf16"):
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32]
+        fn.restype = None
+    i64 = ctypes.c_int64
+    for act in ("f32", "bf16"):
+        for w in _SGMV_DTYPES.values():
+            fn = getattr(lib, f"lp_sgmv_shrink_{act}_{w}")
+            fn.argtypes = [p, i64, p, p, i32, i32, i32, i32, i32, p, p, p, i32, p, i32]
+            fn.restype = None
+            fn = getattr(lib, f"lp_sgmv_expand_{act}_{w}")
+            fn.argtypes = [p, i64, p, p, i32, i32, i32, i32, p, p, p, i32, p, p, i32, p, i32]
+            fn.restype = None
+    lib.lp_sgmv_fast_f16.argtypes = []
+    lib.lp_sgmv_fast_f16.restype = i32
+    return lib
+
+
+def fast_float16() -> bool:
+    """True when the built kernels convert float16 adapter weights in vector registers (AVX-512),
+    so storing adapters in float16 beside a float32 model halves their bytes at no compute cost.
+    False without the native library or on the portable build (e.g. a CPU without AVX-512/F16C)."""
+    lib = load()
+    return lib is not None and bool(lib.lp_sgmv_fast_f16())
 
 
 def available() -> bool:
@@ -258,13 +282,29 @@ def _groups(segments: LoraSegments) -> _SlotGroups:
     return groups
 
 
-def _sgmv_supported(*tensors: torch.Tensor) -> bool:
-    dtype = tensors[0].dtype
+def _sgmv_supported(act: torch.Tensor, weights: torch.Tensor) -> bool:
+    """Activations float32/bf16, adapter weights float32/bf16/float16 (any pairing), on the CPU."""
     return (
         _lib is not None
-        and dtype in (torch.float32, torch.bfloat16)
-        and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+        and act.dtype in _SGMV_ACTIVATIONS
+        and weights.dtype in _SGMV_DTYPES
+        and act.device.type == "cpu"
+        and weights.device.type == "cpu"
     )
+
+
+def _sgmv_fn(op: str, act: torch.dtype, weights: torch.dtype) -> Any:  # a ctypes function
+    return getattr(_lib, f"lp_sgmv_{op}_{_SGMV_DTYPES[act]}_{_SGMV_DTYPES[weights]}")
+
+
+_offsets_memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def _offsets(slice_offsets: tuple[int, ...]) -> torch.Tensor:
+    t = _offsets_memo.get(slice_offsets)
+    if t is None:  # a handful of distinct tuples per model (one per fused projection shape)
+        t = _offsets_memo[slice_offsets] = torch.tensor(slice_offsets, dtype=torch.int32)
+    return t
 
 
 def sgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor) -> torch.Tensor:
@@ -277,7 +317,7 @@ def sgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, r
     lora_a = lora_a.contiguous()
     ranks = ranks.to(torch.int32).contiguous()
     g = _groups(segments)
-    fn = _lib.lp_sgmv_shrink_f32 if x.dtype == torch.float32 else _lib.lp_sgmv_shrink_bf16
+    fn = _sgmv_fn("shrink", x.dtype, lora_a.dtype)
     with torch.profiler.record_function("loraplex::cpu_sgmv_shrink"):
         fn(
             x.data_ptr(), x.stride(0), lora_a.data_ptr(), out.data_ptr(), x.shape[0], hidden, num_slices,
@@ -311,9 +351,9 @@ def sgmv_expand(
     lora_b = lora_b.contiguous()
     ranks = ranks.to(torch.int32).contiguous()
     scales = scales.to(torch.float32).contiguous()
-    offsets = torch.tensor(slice_offsets, dtype=torch.int32)
+    offsets = _offsets(slice_offsets)
     g = _groups(segments)
-    fn = _lib.lp_sgmv_expand_f32 if y.dtype == torch.float32 else _lib.lp_sgmv_expand_bf16
+    fn = _sgmv_fn("expand", y.dtype, lora_b.dtype)
     with torch.profiler.record_function("loraplex::cpu_sgmv_expand"):
         fn(
             y.data_ptr(), y.stride(0), shrunk.data_ptr(), lora_b.data_ptr(), y.shape[0], total_out, num_slots,

@@ -56,10 +56,47 @@ SLOW_TESTS = (
     "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[draft-4]",
     "tests/engine/test_prefix_cache.py::test_outputs_with_caching_equal_without_mid_block_prefixes[qwen2_bias]",
     "tests/engine/test_step_combinations.py::test_speculation_changes_nothing_in_a_batch_of_every_feature[5]",
+    # Triton kernels under TRITON_INTERPRET (a Python interpreter per program instance): the
+    # costliest module of the inner loop (over half its time). The inner loop keeps, of each
+    # kernel, a small case of every code path (decode: forced split-KV and auto, MHA and GQA,
+    # fp32 and bf16; prefill: GQA bf16 plus the long chunk that crosses tiles); the larger shapes,
+    # d128, fp16 and g8 cases run in the whole suite.
+    *(
+        f"tests/kernels/test_kernels_attention.py::test_triton_decode_matches_oracle[{case}]"
+        for case in (
+            "bs16-g1-d64-float32-split16",
+            "bs8-g4-d64-bfloat16-auto",
+            "bs32-g8-d128-float16-auto",
+            "bs32-g8-d128-float16-split16",
+            "bs16-g8-d64-bfloat16-auto",
+            "bs16-g8-d64-bfloat16-split16",
+            "bs8-g4-d128-float32-auto",
+            "bs8-g4-d128-float32-split16",
+            "bs32-g4-d64-bfloat16-auto",
+            "bs32-g4-d64-bfloat16-split16",
+            "bs16-g1-d128-float16-auto",
+            "bs16-g1-d128-float16-split16",
+        )
+    ),
+    *(
+        f"tests/kernels/test_kernels_attention.py::test_triton_prefill_matches_oracle[{case}]"
+        for case in (
+            "bs16-g1-d64-float32",
+            "bs32-g8-d128-float16",
+            "bs16-g8-d64-bfloat16",
+            "bs8-g4-d128-float32",
+            "bs32-g4-d64-bfloat16",
+            "bs16-g1-d128-float16",
+        )
+    ),
 )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The inner loop runs each Hypothesis property with a fifth of its examples (harness/examples.py);
+    # set before collection, where the tests' @settings are evaluated (xdist workers do the same).
+    if config.option.markexpr.strip() == "not slow":
+        os.environ.setdefault("LORAPLEX_HYPOTHESIS_PROFILE", "dev")
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:
         # Two xdist workers (scripts/test.sh) keep both cores busy, so each worker, and every server

@@ -1,6 +1,6 @@
 """Inside loraplex: decode throughput with many adapters mixed in a batch, divided by the base model's.
 
-    .venv/bin/python benchmarks/peers/adapter_ratio.py [--batch 64] [--adapters 8,64] [--rounds 3]
+    .venv/bin/python benchmarks/peers/adapter_ratio.py [--batch 64] [--adapters 8,64] [--rounds 3] [--threads 1]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct) with every adapter registered
 (``peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import resource
 import statistics
@@ -33,6 +34,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--adapters", default="8,64")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--torch-sgmv", action="store_true", help="also the torch gather path (slow)")
     args = ap.parse_args()
     from peer_adapters import RANK, make_adapters
     from real_text import demo_model_dir
@@ -45,8 +48,12 @@ def main() -> None:
     ads = make_adapters(model, max(counts))
     llm = LLM(
         str(model), max_num_seqs=args.batch, max_loras=max(counts), max_cpu_loras=max(counts),
-        max_lora_rank=RANK, seed=0,
+        max_lora_rank=RANK, seed=0, lora_dtype="model",
     )  # fmt: skip
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for n, p in ads.items():
         llm.add_adapter(n, p)
     runner = llm.engine.runner
@@ -55,15 +62,31 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 20000) for _ in range(16)] for _ in range(args.batch)]
     sp = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-    configs: list[tuple[str, int, object]] = [("base", 0, native_ops)]
+    configs: list[tuple[str, int, object, torch.dtype]] = [("base", 0, native_ops, torch.float32)]
     for c in counts:
-        configs += [(f"{c} adapters, sgmv=native", c, native_ops), (f"{c} adapters, sgmv=torch", c, torch_ops)]
+        configs += [
+            (f"{c} adapters, native fp32", c, native_ops, torch.float32),
+            (f"{c} adapters, native fp16", c, native_ops, torch.float16),
+        ]
+        if args.torch_sgmv:
+            configs.append((f"{c} adapters, sgmv=torch", c, torch_ops, torch.float32))
     names = sorted(ads)
-    llm.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True), adapters=names[:4])  # warm-up
+    # Every adapter resident (max_loras = the largest count), then the host cache is not needed.
+    llm.generate(
+        prompts,
+        SamplingParams(max_tokens=1, ignore_eos=True),
+        adapters=[names[i % len(names)] for i in range(args.batch)],
+    )
+    llm.engine.lora._cpu.clear()
+    projs = [p for ps in runner.model.lora_projections().values() for p in ps if p.lora_a is not None]
+    copies = {torch.float32: [(p.lora_a, p.lora_b) for p in projs]}
+    copies[torch.float16] = [(a.half(), b.half()) for a, b in copies[torch.float32]]
     res: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in configs}
     for r in range(args.rounds):
-        for label, n, ops in configs if r % 2 == 0 else list(reversed(configs)):
+        for label, n, ops, storage in configs if r % 2 == 0 else list(reversed(configs)):
             runner.ops = ops
+            for p, (a, b) in zip(projs, copies[storage]):
+                p.lora_a, p.lora_b = a, b
             adapters = [names[i % n] if n else None for i in range(args.batch)]
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             outs = llm.generate(prompts, sp, adapters=adapters)
@@ -77,10 +100,11 @@ def main() -> None:
     base_wall = statistics.median(x[1] for x in res["base"])
     print(f"\nbatch {args.batch}, {args.tokens} tokens, medians of {args.rounds} alternating rounds")
     print(f"{'config':26s} {'tok/CPU-s':>9s} {'÷ base':>6s} {'tok/s':>7s} {'÷ base':>6s}")
-    for label, _, _ in configs:
+    for label, *_ in configs:
         c = statistics.median(x[0] for x in res[label])
         w = statistics.median(x[1] for x in res[label])
         print(f"{label:26s} {c:9.1f} {c / base_cpu:6.2f} {w:7.1f} {w / base_wall:6.2f}")
+    print(f"threads {torch.get_num_threads()}; load average {os.getloadavg()}")
 
 
 if __name__ == "__main__":

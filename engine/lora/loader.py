@@ -15,6 +15,8 @@ import torch
 from ..models.config import ModelConfig
 from .validate import SUPPORTED_MODULES, AdapterInfo, read_adapter
 
+_FLOAT16_MAX = 65504.0  # beyond it float16 storage would turn a weight into inf
+
 # Our fused projection -> its PEFT modules in slice order.
 FUSED_MODULES: dict[str, tuple[str, ...]] = {}
 for _peft_name, (_fused, _idx, _) in sorted(SUPPORTED_MODULES.items(), key=lambda kv: kv[1][1]):
@@ -98,6 +100,13 @@ def build_projections(
                     a[idx, :r] = la
                     b[:r, offset : offset + widths[idx]] = lb.t() * (1.0 if shared is not None else scaling[(layer, n)])
                 offset += widths[idx]
+            if dtype == torch.float16 and max(a.abs().max().item(), b.abs().max().item()) > _FLOAT16_MAX:
+                from .validate import AdapterValidationError
+
+                raise AdapterValidationError(
+                    f"adapter weights of layer {layer} {fused} exceed the float16 range (|w| > {_FLOAT16_MAX:g}); "
+                    f"this engine stores adapters in float16 (lora_dtype): serve it with lora_dtype='model'"
+                )
             per_layer.append(
                 ProjectionLora(a=a.to(dtype), b=b.to(dtype), rank=rank, scale=shared if shared is not None else 1.0)
             )

@@ -113,7 +113,7 @@ class Projection(nn.Module):
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(offsets[-1], in_features))
         self.bias = nn.Parameter(torch.zeros(offsets[-1])) if bias else None
         # LoRA slots; allocated by allocate_lora_slots when the engine serves adapters.
-        self.lora_a: torch.Tensor | None = None  # [num_slices, max_loras, max_rank, in]
+        self.lora_a: torch.Tensor | None = None  # [num_slices, max_loras, max_rank, in] (lora storage dtype)
         self.lora_b: torch.Tensor | None = None  # [max_loras, max_rank, out]
         self.lora_ranks: torch.Tensor | None = None  # int32 [max_loras], 0 = not targeted
         self.lora_scales: torch.Tensor | None = None  # float32 [max_loras]
@@ -139,8 +139,10 @@ class Projection(nn.Module):
         assert w is not None, "Projection has neither a float nor an int8 weight"
         return w.device
 
-    def allocate_lora_slots(self, max_loras: int, max_rank: int) -> None:
-        dtype, dev = self.compute_dtype, self.device
+    def allocate_lora_slots(self, max_loras: int, max_rank: int, dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the adapters' storage dtype (``EngineConfig.lora_dtype``; default the
+        activation dtype); the SGMV ops compute in fp32 whatever it is."""
+        dtype, dev = dtype or self.compute_dtype, self.device
         self.lora_a = torch.zeros(len(self.slice_sizes), max_loras, max_rank, self.in_features, dtype=dtype, device=dev)
         self.lora_b = torch.zeros(max_loras, max_rank, self.slice_offsets[-1], dtype=dtype, device=dev)
         self.lora_ranks = torch.zeros(max_loras, dtype=torch.int32, device=dev)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
     from loraplex.platform.inference.inflight import InflightRegistry
+    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.cluster")
 
@@ -177,8 +178,8 @@ class RemoteEngineClient:
             stream.cancel()
 
     # -- requests ----------------------------------------------------------------------------------
-    def sampling_params(self, **kwargs: object) -> SamplingParams:
-        return shared.sampling_params(kwargs, self._structured)
+    def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
+        return shared.sampling_params(request, self._structured)
 
     def submit(
         self,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams, StructuredOutputSpec
+    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -134,9 +135,9 @@ class LocalEngineClient:
             self._engine = None
 
     # -- requests ---------------------------------------------------------------------------
-    def sampling_params(self, **kwargs: object) -> SamplingParams:
+    def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
         """Compiled in the caller's worker thread: the request waits for its grammar, the loop does not."""
-        return shared.sampling_params(kwargs, self.engine.engine.structured)
+        return shared.sampling_params(request, self.engine.engine.structured)
 
     def compile_structured(self, spec: StructuredOutputSpec) -> None:
         """A grammar built elsewhere (an ingress) compiled into this engine's cache, off the loop."""

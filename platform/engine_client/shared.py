@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loraplex.engine import SamplingParams, StructuredOutputManager, StructuredOutputSpec
+    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -71,16 +72,40 @@ def max_prompt_chars(tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> 
     return max_model_len * max(longest, 1)
 
 
-def sampling_params(kwargs: dict[str, object], structured: StructuredOutputManager) -> SamplingParams:
-    """``SamplingParams(**kwargs)``; ``structured_output=(kind, value)`` becomes a spec and is
-    compiled by ``structured`` (the engine's own code and cache), so an unsupported schema is
-    refused here, before the request reserves quota or reaches an engine."""
+def sampling_params(request: SamplingRequest, structured: StructuredOutputManager) -> SamplingParams:
+    """The engine's ``SamplingParams`` for a ``SamplingRequest``, field by field; its
+    ``structured_output=(kind, value)`` becomes a spec compiled by ``structured`` (the engine's own
+    code and cache), so an unsupported schema is refused here, before the request reserves quota
+    or reaches an engine."""
     from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
 
-    spec = kwargs.pop("structured_output", None)
-    if isinstance(spec, tuple):
-        kwargs["structured_output"] = StructuredOutputSpec(str(spec[0]), str(spec[1]))
-    params = SamplingParams(**kwargs)  # type: ignore[arg-type]
+    r = request
+    if r.max_tokens is None:
+        raise ValueError("max_tokens is set at admission, before the engine's SamplingParams are built")
+    so = r.structured_output
+    params = SamplingParams(
+        n=r.n,
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        seed=r.seed,
+        stop=list(r.stop),
+        stop_token_ids=list(r.stop_token_ids),
+        ignore_eos=r.ignore_eos,
+        include_stop_str_in_output=r.include_stop_str_in_output,
+        presence_penalty=r.presence_penalty,
+        frequency_penalty=r.frequency_penalty,
+        repetition_penalty=r.repetition_penalty,
+        min_p=r.min_p,
+        logit_bias=dict(r.logit_bias),
+        logprobs=r.logprobs,
+        prompt_logprobs=r.prompt_logprobs,
+        structured_output=StructuredOutputSpec(so[0], so[1]) if so is not None else None,
+        min_tokens=r.min_tokens,
+        bad_words_token_ids=[list(w) for w in r.bad_words_token_ids],
+        allowed_token_ids=list(r.allowed_token_ids) if r.allowed_token_ids is not None else None,
+    )
     compiled: StructuredOutputSpec | None = params.structured_output
     if compiled is not None:
         try:

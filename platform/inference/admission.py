@@ -1,6 +1,7 @@
 """Admission of one tenant request, cheapest refusals first: (key and tenant status were checked by
 the dependency) → model resolution and the tenant's quota (one DB read) → concurrency / rpm
-pre-check → a character-length bound → text validity → tokenize → sampling values → the atomic
+pre-check → a character-length bound → text validity → tokenize → the engine's sampling values
+(``SamplingRequest``, checked when it was built from the body) → the atomic
 quota reservation of ``prompt + n x max_tokens`` (``quotas.rule``). Nothing before the reservation consumes a quota slot,
 and a request refused after it (by the engine's own checks) gets the whole reservation back."""
 
@@ -24,8 +25,8 @@ from loraplex.platform.quotas.store import QuotaView, Reservation
 
 if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
+    from loraplex.platform.inference.sampling_request import SamplingRequest
 
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 DEFAULT_MAX_TOKENS = 256  # chat without max_tokens when the engine's context length is unknown
 
 
@@ -113,7 +114,7 @@ def prepare(
     endpoint: str,
     texts: list[str],
     tokenize: Callable[[Any], list[int]],
-    sampling: dict[str, Any],
+    sampling: SamplingRequest,
 ) -> Prepared:
     """Blocking part (DB, tokenizer): run it in a worker thread."""
     t0 = time.monotonic()
@@ -127,17 +128,14 @@ def prepare(
     ctx.quotas.precheck(auth.tenant_id, quota)
     key_scopes.precheck(ctx.quotas, auth)
     check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
-    seed = sampling.get("seed")
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise BadRequest(f"seed must be in [0, {MAX_SEED}]", param="seed", code="invalid_value")
     prompt_ids = tokenize(ctx.gateway.tokenizer)
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
-    if sampling.get("max_tokens") is None:  # chat's default (OpenAI, vLLM): what is left of the context
+    if sampling.max_tokens is None:  # chat's default (OpenAI, vLLM): what is left of the context
         context = _context_len(ctx.gateway)
-        sampling = {**sampling, "max_tokens": max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS}
+        sampling = sampling.with_max_tokens(max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS)
     try:
-        params = ctx.gateway.sampling_params(**sampling)
+        params = ctx.gateway.sampling_params(request=sampling)
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     cost = request_cost(len(prompt_ids), params.n, params.max_tokens)

@@ -1,8 +1,8 @@
 """One admitted request through the engine, billed exactly once.
 
-``start`` submits to the engine (its validation errors are still HTTP 4xx, and give the quota
+``start_all`` (``start`` per prompt) submits to the engine (its validation errors are still HTTP 4xx, and give the quota
 reservation back) and makes the usage record durable before any byte of the response. ``Generation``
-then yields per-choice text deltas (the engine's DELTA outputs: only what is new), checkpoints the
+then yields per-choice deltas (``deltas.py``: the engine's DELTA outputs, only what is new), checkpoints the
 token count of long streams, enforces the generation timeout, and makes the final record durable
 before the last deltas are handed out. Whatever ends the request (finish, client gone, admin abort,
 timeout, engine death) settles the quota reservation to the tokens actually delivered. A
@@ -16,13 +16,13 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.engine_client import EngineStream
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 from loraplex.platform.inference import disconnect
 from loraplex.platform.inference.admission import Prepared
+from loraplex.platform.inference.deltas import Delta, choice_deltas, is_abort, new_tokens, timeout_deltas
 from loraplex.platform.observability.metrics import FinishedRequest
 
 if TYPE_CHECKING:
@@ -30,17 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loraplex.platform.inference")
 
-__all__ = ["ClientGone", "Delta", "Generation", "Prepared", "RequestCancelled", "start"]
-
-
-@dataclass
-class Delta:
-    text: str
-    finish_reason: str | None
-    completion_tokens: int  # all choices of the request, delivered so far
-    index: int = 0  # the sample (choice) within this prompt
-    logprobs: list = field(default_factory=list)  # engine TokenLogprobs of this choice's new tokens
-    prompt_logprobs: list | None = None  # the request's, on its final deltas (prompt_logprobs asked)
+__all__ = ["ClientGone", "Delta", "Generation", "Prepared", "RequestCancelled", "merge_deltas", "start", "start_all"]
 
 
 CLIENT_GONE = "the client disconnected"
@@ -60,6 +50,23 @@ class RequestCancelled(PlatformError):
     status_code = 409
     type = "invalid_request_error"
     code = "request_cancelled"
+
+
+async def start_all(ctx: PlatformContext, preps: list[Prepared], *, streaming: bool) -> list[Generation]:
+    """Submit every prompt's request (4xx/503 here, before any byte of the response); if one is
+    refused, end the started ones and give the rest's reservations back."""
+    gens: list[Generation] = []
+    try:
+        for p in preps:
+            gens.append(await start(ctx, p, streaming=streaming))
+    except BaseException:
+        for g in gens:
+            ctx.gateway.abort(g.prep.request_id)
+            g.finish("error")
+        for p in preps[len(gens) + 1 :]:  # the refused one gave its own back (start)
+            ctx.quotas.cancel(p.reservation)
+        raise
+    return gens
 
 
 async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Generation:
@@ -180,16 +187,15 @@ class Generation:
             while True:
                 out = await self._next_output(deadline)
                 if out is None:  # the generation timeout: ended and billed
-                    for i in range(prep.params.n):  # documented: a timeout reads as "length"
-                        if i not in done:
-                            yield Delta("", "length", self.delivered, i)
+                    for d in timeout_deltas(prep.params.n, done, self.delivered):
+                        yield d
                     return
-                if out.finished and any(c.finish_reason == "abort" for c in out.outputs):
+                if is_abort(out):
                     self._aborted()  # raises
-                self.delivered += sum(len(c.token_ids) for c in out.outputs)
+                self.delivered += new_tokens(out)
                 if self.delivered and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                pending = _choice_deltas(out, done, self.delivered)
+                pending = choice_deltas(out, done, self.delivered)
                 if out.finished:
                     self._ended = True
                     await self.durable(self.finish("ok"))  # billed before the last bytes leave
@@ -250,18 +256,41 @@ class _Checkpoints:
         return True
 
 
-def _choice_deltas(out: Any, done: set[int], delivered: int) -> list[Delta]:
-    """n > 1: one delta per choice that moved or ended in this engine output (``done`` is updated)."""
-    pending = []
-    for comp in out.outputs:
-        if comp.index in done:
-            continue
-        finished = comp.finish_reason is not None or out.finished
-        if finished:
-            done.add(comp.index)
-        lps = comp.logprobs or []
-        if comp.text or finished or lps:
-            reason = str(comp.finish_reason) if finished and comp.finish_reason is not None else None
-            plps = getattr(out, "prompt_logprobs", None) if finished else None
-            pending.append(Delta(comp.text, reason, delivered, comp.index, lps, plps))
-    return pending
+async def merge_deltas(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave the prompts' delta streams as (prompt index, delta); closing this closes (and so
+    aborts and bills) all of them."""
+    if len(gens) == 1:
+        try:
+            async for d in gens[0]:
+                yield 0, d
+        finally:
+            await gens[0].aclose()  # type: ignore[attr-defined]
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(k: int, gen: AsyncIterator[Delta]) -> None:
+        try:
+            async for d in gen:
+                await queue.put((k, d))
+            await queue.put((k, end))
+        except Exception as exc:  # re-raised in the consumer
+            await queue.put((k, exc))
+
+    tasks = [asyncio.create_task(pump(k, g)) for k, g in enumerate(gens)]
+    try:
+        live = len(gens)
+        while live:
+            k, item = await queue.get()
+            if item is end:
+                live -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield k, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for g in gens:
+            await g.aclose()  # type: ignore[attr-defined]

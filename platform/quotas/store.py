@@ -137,13 +137,11 @@ class InProcessQuotaStore:
         budget_used_since: Callable[[str, datetime], int],
         clock=time.monotonic,
         wall=lambda: datetime.now(timezone.utc),
-        others: Callable[[str, datetime | None], Others] | None = None,
         shared: SharedWindow | None = None,
     ) -> None:
         # Tokens already in the ledger for a period, read once per tenant and period (a DB query);
-        # unused with ``others``, which reads the other servers' share at every reservation.
+        # unused with ``shared``, which reads the other servers' share at every reservation.
         self._budget_used_since = budget_used_since
-        self._others = others
         # Servers on one database: the others' usage is read and this admission's hold written
         # under one per-tenant lock, so two servers cannot both pass a limit at the same moment.
         self._shared = shared
@@ -164,8 +162,7 @@ class InProcessQuotaStore:
         start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
         limited = quota.rpm is not None or quota.tpm is not None or quota.token_budget is not None
         if self._shared is None or not limited:
-            ext = self._others(tenant_id, start) if self._others is not None and limited else NO_OTHERS
-            return self._reserve(tenant_id, quota, tokens, wall, start, ext)
+            return self._reserve(tenant_id, quota, tokens, wall, start, NO_OTHERS)
         with self._shared.window(tenant_id, start) as win:  # a refusal raises: nothing is held
             res = self._reserve(tenant_id, quota, tokens, wall, start, win.others)
             win.hold(res.request_id, tokens)
@@ -177,8 +174,7 @@ class InProcessQuotaStore:
     ) -> Reservation:
         now = self._clock()
         used_before: int | None = None
-        shared = self._others is not None or self._shared is not None
-        if start is not None and shared:
+        if start is not None and self._shared is not None:
             used_before = 0  # this process's own share starts at zero: the rest is in ``ext.budget``
         elif start is not None:
             with self._lock:

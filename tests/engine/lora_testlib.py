@@ -60,6 +60,19 @@ class PeftOracle:
         self.model.eval()
 
     @torch.inference_mode()
+    def logprobs(self, prompt: list[int], tokens: list[int], adapter: str | None) -> torch.Tensor:
+        """log p(tokens[i] | prompt + tokens[:i]) under ``adapter`` (teacher-forced), float32."""
+        ids = torch.tensor([prompt + tokens[:-1]])
+        if adapter is None:
+            with self.model.disable_adapter():
+                logits = self.model(input_ids=ids).logits[0]
+        else:
+            self.model.set_adapter(adapter)
+            logits = self.model(input_ids=ids).logits[0]
+        lp = torch.log_softmax(logits[len(prompt) - 1 :].float(), dim=-1)
+        return lp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+    @torch.inference_mode()
     def greedy(self, prompt: list[int], adapter: str | None, max_new_tokens: int) -> list[int]:
         ids = torch.tensor([prompt])
         kwargs = dict(

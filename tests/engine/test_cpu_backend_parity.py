@@ -3,12 +3,18 @@ as the torch reference path: HF transformers greedy generation and peft.PeftMode
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
+import torch
 from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import PeftOracle, make_adapters
 from lora_testlib import make_prompts as make_lora_prompts
+from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LLM, SamplingParams
+from loraplex.kernels import cpu_native
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa", "qwen2_bias", "llama3_rope_tied"])
@@ -49,10 +55,75 @@ def test_cpu_backend_mixed_adapters_match_peft(model_factory, tmp_path):
         max_loras=8,
         max_cpu_loras=8,
         max_lora_rank=16,
+        lora_dtype="model",  # the exact path: adapters in float32 like PEFT's
     )
+    assert llm.engine.lora.dtype == torch.float32
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     prompts = make_lora_prompts(len(assign), llm.engine.model_config.vocab_size, seed=2)
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), adapters=assign)
     for i, (prompt, adapter, out) in enumerate(zip(prompts, assign, outs)):
         assert out.token_ids == oracle.greedy(prompt, adapter, 8), f"request {i} (adapter {adapter}) diverged"
+
+
+def _rounded_to_float16(adapters: dict[str, str], root: Path) -> dict[str, str]:
+    """Copies of the PEFT adapters whose weights went through float16 and back: what the engine
+    serves with ``lora_dtype="float16"``, as an independent PEFT oracle."""
+    out = {}
+    for name, path in adapters.items():
+        dst = root / name
+        shutil.copytree(path, dst)
+        tensors = load_file(str(dst / "adapter_model.safetensors"))
+        save_file({k: v.half().float() for k, v in tensors.items()}, str(dst / "adapter_model.safetensors"))
+        out[name] = str(dst)
+    return out
+
+
+def test_float16_adapter_storage_matches_peft(model_factory, tmp_path):
+    """``lora_dtype="float16"`` beside a float32 model (what ``auto`` picks on an AVX-512 CPU):
+    greedy tokens equal PEFT's with the adapters rounded to float16 (the only approximation is
+    that rounding), and the chosen tokens' logprobs stay within 2e-3 of PEFT with the original
+    float32 adapters (the documented tolerance, docs/cpu-performance.md)."""
+    model_dir = model_factory("llama_gqa")
+    adapters = make_adapters(model_dir, tmp_path / "adapters")
+    rounded = _rounded_to_float16(adapters, tmp_path / "rounded")
+    oracle16, oracle32 = PeftOracle(model_dir, rounded), PeftOracle(model_dir, adapters)
+    assign = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", None, "attn_r8"]
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        kernel_backend="cpu",
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+        block_size=4,
+        max_loras=8,
+        max_cpu_loras=8,
+        max_lora_rank=16,
+        lora_dtype="float16",
+    )
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    prompts = make_lora_prompts(len(assign), llm.engine.model_config.vocab_size, seed=2)
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompts, sp, adapters=assign)
+    # Slots are allocated when the first adapter is written into them (the step above).
+    projs = [p for ps in llm.engine.runner.model.lora_projections().values() for p in ps if p.lora_a is not None]
+    assert projs and all(p.lora_a.dtype == p.lora_b.dtype == torch.float16 for p in projs)
+    worst = 0.0
+    for i, (prompt, adapter, out) in enumerate(zip(prompts, assign, outs)):
+        assert out.token_ids == oracle16.greedy(prompt, adapter, 8), f"request {i} (adapter {adapter}) diverged"
+        ref = oracle32.logprobs(prompt, out.token_ids, adapter)
+        ours = torch.tensor([lp.logprob for lp in out.outputs[0].logprobs])
+        worst = max(worst, float((ours - ref).abs().max()))
+    assert worst < 2e-3, worst
+
+
+def test_auto_lora_dtype_follows_the_kernels(model_factory):
+    """auto: float16 storage only on the native kernels with in-register float16 conversion
+    and a float32 model; the torch path (the oracle) and a bf16 model keep the model dtype."""
+    model_dir = model_factory("llama_gqa")
+    common = dict(model=model_dir, max_num_seqs=2, num_kv_blocks=16, block_size=4, max_lora_rank=8)
+    cpu = LLM(dtype="float32", kernel_backend="cpu", **common).engine.lora
+    assert cpu.dtype == (torch.float16 if cpu_native.fast_float16() else torch.float32)
+    assert LLM(dtype="float32", kernel_backend="torch", **common).engine.lora.dtype == torch.float32
+    assert LLM(dtype="bfloat16", kernel_backend="cpu", **common).engine.lora.dtype == torch.bfloat16

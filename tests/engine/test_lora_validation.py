@@ -203,3 +203,23 @@ def test_engine_refuses_bad_adapters_and_keeps_serving(base, good, tmp_path):
     assert llm.engine.lora.list_adapters() == ["good"]
     after = llm.generate([[5, 6, 7], [8, 9]], params, adapters=["good", None])
     assert [o.token_ids for o in after] == [o.token_ids for o in before]
+
+
+def test_float16_storage_refuses_weights_beyond_its_range(model_factory, tmp_path):
+    """Under lora_dtype="float16" a weight > 65504 would become inf: the adapter is refused at
+    registration (naming the knob), the engine unchanged; the same adapter serves with "model"."""
+    model_dir = model_factory("llama_gqa")
+    path = make_peft_adapter(model_dir, tmp_path / "big", seed=3, r=4, target_modules=["q_proj"])
+    f = Path(path) / "adapter_model.safetensors"
+    tensors = load_file(str(f))
+    key = next(k for k in tensors if "lora_B" in k)
+    tensors[key][0, 0] = 1e6
+    save_file(tensors, str(f))
+    common = dict(model=model_dir, dtype="float32", max_num_seqs=2, num_kv_blocks=16, block_size=4, max_lora_rank=8)
+    llm = LLM(lora_dtype="float16", **common)
+    with pytest.raises(AdapterValidationError, match="lora_dtype"):
+        llm.add_adapter("big", path)
+    assert llm.engine.lora.list_adapters() == []
+    ok = LLM(lora_dtype="model", **common)
+    ok.add_adapter("big", path)
+    assert ok.engine.lora.list_adapters() == ["big"]

@@ -38,7 +38,15 @@ def setup(tiny_llama, tmp_path_factory):
             tiny_llama, root / "a2", seed=2, r=4, lora_alpha=8, target_modules=["o_proj", "up_proj"]
         ),
     }
-    llm = LLM(model=tiny_llama, max_num_seqs=16, block_size=8, num_kv_blocks=512, max_loras=2, dtype="float32")
+    llm = LLM(
+        model=tiny_llama,
+        max_num_seqs=16,
+        block_size=8,
+        num_kv_blocks=512,
+        max_loras=2,
+        dtype="float32",
+        lora_dtype="model",
+    )
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     return llm, adapters

@@ -8,6 +8,7 @@
                           process group; stopped with everything it started)
     net                   free ports and raw-socket HTTP probes (one keep-alive connection, early refusals)
     xdist_groups          which tests share a pytest-xdist worker, costliest groups first
+    examples              Hypothesis example counts: all in the whole suite, a fifth in the inner loop
 
 Tests import it as ``harness`` (``tests/`` is on ``sys.path`` through the root conftest); a benchmark
 adds ``tests/`` to ``sys.path`` first. Nothing here imports pytest: a failure raises ``HarnessError``

@@ -121,3 +121,64 @@ def test_cpu_backend_serves_the_native_sgmv():
     ops = get_kernel_ops("cpu")
     assert ops.sgmv_shrink is cpu_native.sgmv_shrink and ops.sgmv_expand is cpu_native.sgmv_expand
     assert get_kernel_ops("torch").sgmv_shrink is reference.sgmv_shrink  # the oracle backend stays torch
+
+
+def _check_against_oracle(act_dtype, case, seed, what):
+    """Activations in ``act_dtype``, adapter weights stored in float16 (``lora_dtype="float16"``):
+    the kernel must compute with exactly the stored (rounded) weights, in fp32."""
+    token_slots, seg, x, y, a, b, ranks, scales, offsets = _build(case, torch.float32, seed=seed)
+    x, y = x.to(act_dtype), y.to(act_dtype)
+    a16, b16 = a.to(torch.float16), b.to(torch.float16)
+    shrunk = cpu_native.sgmv_shrink(x, a16, seg, ranks)
+    assert_close_scaled(shrunk, oracle_shrink(x, a16, token_slots, ranks), torch.float32, f"{what} shrink")
+    y_out = cpu_native.sgmv_expand(y.clone(), shrunk, b16, seg, ranks, scales, offsets)
+    assert y_out.dtype == act_dtype
+    expected = oracle_expand(y, shrunk, b16, token_slots, ranks, scales, offsets)
+    assert_close_scaled(y_out, expected, act_dtype, f"{what} expand")
+    _check_untouched_rows(y_out, y, token_slots)
+    y_ref = reference.sgmv_expand(y.clone(), shrunk, b16, seg, ranks, scales, offsets)  # the torch twin
+    assert_close_scaled(y_out, y_ref, act_dtype, f"{what} expand vs reference")
+
+
+@pytest.mark.parametrize("act_dtype", NATIVE_DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_native_sgmv_float16_weights_match_oracle(case, act_dtype):
+    _check_against_oracle(act_dtype, case, 21, "fp16 weights")
+
+
+def test_native_sgmv_float16_weights_are_not_the_fp32_result_truncated():
+    """A kernel that read the float16 bits as bf16 (or as fp32) would be far off: the fp16 result
+    is within fp16 rounding of the fp32 one, and not equal to a bf16-rounded computation."""
+    token_slots, seg, x, _, a, _, ranks, _, _ = _build("mixed", torch.float32, seed=3)
+    out16 = cpu_native.sgmv_shrink(x, a.to(torch.float16), seg, ranks)
+    out32 = cpu_native.sgmv_shrink(x, a, seg, ranks)
+    outbf = cpu_native.sgmv_shrink(x, a.to(torch.bfloat16).float(), seg, ranks)
+    err16, errbf = (out16 - out32).abs().max(), (outbf - out32).abs().max()
+    assert 0 < err16 < errbf / 4  # fp16 has 3 more mantissa bits than bf16
+
+
+@pytest.mark.slow  # a compiler subprocess (seconds; minutes on a crowded machine)
+@pytest.mark.timeout(1800)
+def test_portable_build_without_avx512_or_f16c(monkeypatch):
+    """A CPU without AVX-512 / F16C gets the portable loops (float16 converted by bit arithmetic):
+    built here with those ISA extensions switched off, it reports no fast float16 (so
+    ``lora_dtype="auto"`` keeps the model dtype there) and still computes every dtype pairing right."""
+    cxx = cpu_native._compiler()
+    assert cxx is not None
+    lib = cpu_native.open_library(cpu_native.build(cxx, ("-mno-avx512f", "-mno-f16c")))
+    assert lib.lp_sgmv_fast_f16() == 0
+    assert cpu_native.load() is not None and cpu_native.load().lp_sgmv_fast_f16() in (0, 1)
+    monkeypatch.setattr(cpu_native, "_lib", lib)
+    for act in NATIVE_DTYPES:
+        _check_against_oracle(act, "scattered_runs", 5, f"portable {act}")
+        _check_against_oracle(act, "long_group_two_slices", 6, f"portable {act}")
+    # Special float16 values through the bit-arithmetic conversion: subnormals, inf, signed zero.
+    special = torch.tensor([6e-8, -3e-5, 65504.0, -0.0, 1.0, -2.5], dtype=torch.float16)
+    a = torch.zeros(1, 1, 1, 16, dtype=torch.float16)
+    seg = make_lora_segments([0] * 6)
+    x = torch.zeros(6, 16)
+    for i in range(6):
+        x[i, i] = 1.0
+    a[0, 0, 0, :6] = special
+    out = cpu_native.sgmv_shrink(x, a, seg, torch.tensor([1], dtype=torch.int32))
+    assert torch.equal(out[0, :, 0], special.float())

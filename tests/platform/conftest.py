@@ -48,11 +48,10 @@ def pg_template():
     pg_drop_database(url)
 
 
-@pytest.fixture(params=BACKENDS)
-def db_url(request, tmp_path):
-    """A migrated, empty database of each backend."""
+def _fresh_database(request, folder: Path):
+    """A migrated, empty database of the backend ``request.param`` (a copy of the template)."""
     if request.param == "sqlite":
-        target = tmp_path / "db" / "loraplex.db"
+        target = folder / "db" / "loraplex.db"
         target.parent.mkdir()
         shutil.copy(request.getfixturevalue("sqlite_template"), target)
         yield f"sqlite:///{target}"
@@ -61,6 +60,18 @@ def db_url(request, tmp_path):
     url = pg_create_database(template=request.getfixturevalue("pg_template"))
     yield url
     pg_drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request, tmp_path):
+    """A migrated, empty database of each backend."""
+    yield from _fresh_database(request, tmp_path)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_db_url(request, tmp_path_factory):
+    """``db_url`` shared by the tests of one module (for ``module_tenant_setup``)."""
+    yield from _fresh_database(request, tmp_path_factory.mktemp("module-db"))
 
 
 @pytest.fixture(scope="session")
@@ -182,6 +193,13 @@ def live_factory(tmp_path, db_url, gateway):
 
 
 @pytest.fixture
+def cli_env(tmp_path, monkeypatch, demo_model_dir) -> list[str]:
+    """Arguments for ``run_cli`` (platform_helpers): a data dir of this test's, the demo model."""
+    monkeypatch.setenv("LORAPLEX_ENGINE__MODEL", str(demo_model_dir))
+    return ["--data-dir", str(tmp_path / "data")]
+
+
+@pytest.fixture
 def db_url_postgres(request):
     """A fresh, migrated PostgreSQL database (for tests that pick their backend themselves)."""
     need_postgres()
@@ -214,6 +232,25 @@ def server(live_factory):
 @pytest.fixture
 def tenant_setup(server, good_files):
     """A tenant with a key and an adapter "bot" on a live server, and an ``openai`` client for it."""
+    return _tenant_setup(server, good_files)
+
+
+@pytest.fixture(scope="module")
+def module_tenant_setup(module_db_url, gateway, good_files, tmp_path_factory):
+    """``tenant_setup`` shared by the tests of one module, for tests that only send requests and
+    read answers (hostile bodies): one server, database, tenant and adapter upload per module and
+    backend instead of one per test. Each test's requests then also meet a server that every
+    earlier test's requests went through, as on a real server."""
+    settings = make_settings(tmp_path_factory.mktemp("module-server"), module_db_url)
+    ctx, _ = build_context(settings, gateway, upgrade_db=False)
+    srv = LiveServer(ctx, create_app(ctx, owns_engine=False))
+    try:
+        yield _tenant_setup((srv.ctx, srv.url), good_files)
+    finally:
+        srv.stop()
+
+
+def _tenant_setup(server, good_files):
     ctx, url = server
     with httpx.Client(base_url=url, headers=admin_headers(), timeout=30) as c:
         tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]

@@ -181,3 +181,12 @@ def make_settings(tmp_path: Path, db_url: str, **overrides):
     )
     values.update(overrides)
     return load_settings(**values)
+
+
+def run_cli(*args: str):
+    """The ``loraplex`` CLI in this process (typer's runner): the result has exit_code and output."""
+    from typer.testing import CliRunner
+
+    from loraplex.platform.cli import app
+
+    return CliRunner().invoke(app, list(args))

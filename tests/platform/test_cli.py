@@ -4,45 +4,29 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from platform_helpers import zip_bytes
+from platform_helpers import run_cli, zip_bytes
 from sqlalchemy import select
-from typer.testing import CliRunner
 
 from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.audit.models import AuditEntry
-from loraplex.platform.cli import app
 from loraplex.platform.db.session import make_db_engine, make_session_factory
-
-runner = CliRunner()
-
-
-@pytest.fixture
-def cli_env(tmp_path, monkeypatch, demo_model_dir):
-    monkeypatch.setenv("LORAPLEX_ENGINE__MODEL", str(demo_model_dir))
-    return ["--data-dir", str(tmp_path / "data")]
-
-
-def invoke(*args):
-    result = runner.invoke(app, list(args))
-    return result
 
 
 def test_db_upgrade_and_admin_helpers(tmp_path, cli_env, good_files):
-    r = invoke("db", "upgrade", *cli_env)
+    r = run_cli("db", "upgrade", *cli_env)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "data" / "loraplex.db").exists()
-    r = invoke("admin", "create-tenant", "acme", "--priority", "1", "--weight", "2", *cli_env)
+    r = run_cli("admin", "create-tenant", "acme", "--priority", "1", "--weight", "2", *cli_env)
     assert r.exit_code == 0, r.output
     tenant = json.loads(r.output)
     assert tenant["name"] == "acme" and tenant["priority"] == 1
-    r = invoke("admin", "create-key", "acme", "--name", "ci", *cli_env)
+    r = run_cli("admin", "create-key", "acme", "--name", "ci", *cli_env)
     assert r.exit_code == 0, r.output
     key = json.loads(r.output)
     assert key["key"].startswith("lpx-") and key["tenant_id"] == tenant["id"]
     archive = tmp_path / "bot.zip"
     archive.write_bytes(zip_bytes(good_files))
-    r = invoke("admin", "upload-adapter", "bot", str(archive), "--tenant", "acme", *cli_env)
+    r = run_cli("admin", "upload-adapter", "bot", str(archive), "--tenant", "acme", *cli_env)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["rank"] == 4
     engine = make_db_engine(f"sqlite:///{tmp_path / 'data' / 'loraplex.db'}")
@@ -54,16 +38,16 @@ def test_db_upgrade_and_admin_helpers(tmp_path, cli_env, good_files):
 
 
 def test_cli_errors_are_one_clear_line(tmp_path, cli_env, good_files):
-    invoke("admin", "create-tenant", "acme", *cli_env)
-    r = invoke("admin", "create-tenant", "acme", *cli_env)
+    run_cli("admin", "create-tenant", "acme", *cli_env)
+    r = run_cli("admin", "create-tenant", "acme", *cli_env)
     assert r.exit_code == 1 and "already exists" in r.output
-    r = invoke("admin", "create-tenant", "bad name", *cli_env)
+    r = run_cli("admin", "create-tenant", "bad name", *cli_env)
     assert r.exit_code == 2 and "name" in r.output
-    r = invoke("admin", "create-key", "nobody", *cli_env)
+    r = run_cli("admin", "create-key", "nobody", *cli_env)
     assert r.exit_code == 1 and "no tenant" in r.output
     bad = tmp_path / "bad.zip"
     bad.write_bytes(zip_bytes({**good_files, "../evil": b"x"}))
-    r = invoke("admin", "upload-adapter", "bot", str(bad), "--tenant", "acme", *cli_env)
+    r = run_cli("admin", "upload-adapter", "bot", str(bad), "--tenant", "acme", *cli_env)
     assert r.exit_code == 1 and ".." in r.output
-    r = invoke("db", "upgrade", "--config", str(tmp_path / "missing.toml"))
+    r = run_cli("db", "upgrade", "--config", str(tmp_path / "missing.toml"))
     assert r.exit_code == 2 and "not found" in r.output

@@ -83,8 +83,16 @@ def test_kill9_under_streaming_load_then_restart(
             assert row["completion_tokens"] < 1500
         seen_ids = {s.request_id for s in traffic.seen if s.request_id}
         assert seen_ids <= set(rows)
-        # requests admitted but cut before any byte reached their client: on record too
-        assert {r["status"] for rid, r in rows.items() if rid not in seen_ids} <= {"interrupted"}
+        # requests admitted but cut before any byte reached their client: on record too, as
+        # interrupted -- except a short (non-streamed) answer whose final record committed in the
+        # moment between that commit and its bytes reaching the socket (docs/billing.md): at most one
+        # per short-request client whose request died with the server, never more than it asked for
+        unseen = [r for rid, r in rows.items() if rid not in seen_ids]
+        lost_shorts = [s for s in traffic.seen if s.kind == "short" and s.error and s.request_id is None]
+        finished_unseen = [r for r in unseen if r["status"] == "ok"]
+        assert {r["status"] for r in unseen} <= {"interrupted", "ok"}
+        assert len(finished_unseen) <= len(lost_shorts), (finished_unseen, lost_shorts)
+        assert all(r["completion_tokens"] <= 6 for r in finished_unseen)
 
         # degraded, not down: the adapter with missing files is unavailable, the rest serves
         adapters = {a["name"]: a for a in httpx.get(again.url + "/admin/v1/adapters", headers=H).json()["data"]}

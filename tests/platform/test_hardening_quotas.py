@@ -10,6 +10,7 @@ import asyncio
 import httpx
 import pytest
 from billing_helpers import auth, new_tenant, usage_rows
+from harness.examples import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +90,7 @@ shapes = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes=shapes, tpm=st.integers(50, 3000), budget=st.integers(50, 3000), concurrent=st.integers(1, 8))
 def test_served_never_exceeds_the_limits_for_any_request_shapes(shapes, tpm, budget, concurrent):
     """Interleaved admissions and finishes of random shapes: whatever is admitted, what is served

@@ -85,15 +85,15 @@ def _post(setup, path, body):
         ("completions", {"model": "bot", "prompt": "x", "min_tokens": 2**70}, 400),
     ],
 )
-def test_hostile_bodies(tenant_setup, path, body, status):
-    r = _post(tenant_setup, path, body)
+def test_hostile_bodies(module_tenant_setup, path, body, status):
+    r = _post(module_tenant_setup, path, body)
     assert r.status_code == status, r.text
     if status >= 400:
         err = r.json()["error"]
         assert err["message"] and err["type"]
 
 
-def test_n_choices_stream_tools_independently(tenant_setup):
+def test_n_choices_stream_tools_independently(module_tenant_setup):
     """n > 1 with tools offered and a forced Hermes call: each choice streams its own call."""
     call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     body = {
@@ -105,7 +105,7 @@ def test_n_choices_stream_tools_independently(tenant_setup):
         "max_tokens": 300,
         "guided_regex": call.replace("{", "\\{").replace("}", "\\}"),
     }
-    _, url, _, key, _, _ = tenant_setup
+    _, url, _, key, _, _ = module_tenant_setup
     calls: dict[int, dict] = {}
     reasons: dict[int, str] = {}
     with httpx.stream(
@@ -132,7 +132,7 @@ def _forced(call: str) -> str:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_call_to_a_tool_that_was_not_offered_is_text(tenant_setup, stream):
+def test_a_call_to_a_tool_that_was_not_offered_is_text(module_tenant_setup, stream):
     """The model writes a Hermes call to ``g`` while only ``f`` is offered (forced by a regex): no
     choice returns it as a call, streamed or not, with n > 1; the text comes back as content."""
     call = '<tool_call>{"name": "g", "arguments": {"a": 1}}</tool_call>'
@@ -145,7 +145,7 @@ def test_a_call_to_a_tool_that_was_not_offered_is_text(tenant_setup, stream):
         "max_tokens": 300,
         "guided_regex": _forced(call),
     }
-    _, url, _, key, _, _ = tenant_setup
+    _, url, _, key, _, _ = module_tenant_setup
     content: dict[int, str] = {0: "", 1: ""}
     reasons: dict[int, str] = {}
     headers = {"authorization": f"Bearer {key}"}
@@ -169,7 +169,7 @@ def test_a_call_to_a_tool_that_was_not_offered_is_text(tenant_setup, stream):
     assert content == {0: call, 1: call} and reasons == {0: "stop", 1: "stop"}
 
 
-def test_prompt_logprobs_with_tools_n_and_an_adapter(tenant_setup):
+def test_prompt_logprobs_with_tools_n_and_an_adapter(module_tenant_setup):
     """prompt_logprobs combined with tools (a forced call), n > 1, an adapter and a JSON schema on a
     second prompt: one list per response, as long as the rendered prompt, and the call still parsed."""
     call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
@@ -182,14 +182,14 @@ def test_prompt_logprobs_with_tools_n_and_an_adapter(tenant_setup):
         "guided_regex": _forced(call),
         "prompt_logprobs": 2,
     }
-    r = _post(tenant_setup, "chat/completions", body)
+    r = _post(module_tenant_setup, "chat/completions", body)
     assert r.status_code == 200, r.text
     out = r.json()
     assert len(out["prompt_logprobs"]) == out["usage"]["prompt_tokens"] and out["prompt_logprobs"][0] is None
     assert all(c["message"]["tool_calls"][0]["function"]["name"] == "f" for c in out["choices"])
     schema = {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}
     r = _post(
-        tenant_setup,
+        module_tenant_setup,
         "completions",
         {
             "model": "bot",

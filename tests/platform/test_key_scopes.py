@@ -4,7 +4,7 @@ and rpm / tpm / concurrency limits of its own on top of its tenant's."""
 from __future__ import annotations
 
 from platform_helpers import admin_headers, zip_bytes
-from test_admin_tenants import assert_error as _assert_error
+from platform_helpers import assert_error as _assert_error
 
 
 def assert_error(resp, status: int, *, param: str | None = None, code: str | None = None) -> dict:

@@ -338,6 +338,57 @@ def test_prompt_logprobs_of_completions_and_chat(surface, demo_model_dir):
         client.completions.create(model=base, prompt="x", max_tokens=1, extra_body={"prompt_logprobs": 21})
 
 
+def test_echo_with_logprobs_lists_the_prompt_then_the_completion(surface, demo_model_dir):
+    """echo + logprobs (OpenAI, vLLM): the prompt's tokens with their logprobs first (the first one
+    null: nothing predicts it), then the completion's. Oracle: transformers' log-softmax of the
+    prompt (its top 2 too), for a token-id and a text prompt in one list, n > 1 (each choice carries
+    its prompt's tokens), prompt_logprobs asked beside it at another k; the completion's part is
+    the same request's without echo."""
+    ctx, *_, client = surface
+    base = ctx.gateway.model_name
+    tok = ctx.gateway.tokenizer
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
+    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)
+    prompts: list = [[5, 17, 42, 8, 99], tok.encode("The quick brown fox")]  # a list of token-id prompts
+    kw = dict(model=base, prompt=prompts, max_tokens=3, n=2, temperature=0, logprobs=2)
+    r = client.completions.create(**kw, echo=True, extra_body={"ignore_eos": True, "prompt_logprobs": 1})
+    alone = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c, without in zip(r.choices, alone.choices):
+        prompt = prompts[c.index // 2]
+        ids = prompt if isinstance(prompt, list) else tok.encode(prompt)
+        echo = prompt if isinstance(prompt, str) else tok.decode(prompt)
+        assert c.text == echo + without.text
+        lp = c.logprobs
+        n = len(ids)
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n + 3
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.tokens[:n] == [tok.decode([t]) for t in ids]
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1], -1)
+        for p in range(1, n):
+            assert lp.token_logprobs[p] == pytest.approx(ref[p - 1, ids[p]].item(), abs=tol), p
+            top = ref[p - 1].topk(2)
+            if tol <= 1e-3:  # a bf16 engine (the cluster's default) may order near-ties differently
+                assert list(lp.top_logprobs[p]) == [tok.decode([i]) for i in top.indices.tolist()]
+            assert sorted(lp.top_logprobs[p].values(), reverse=True) == pytest.approx(top.values.tolist(), abs=tol)
+        assert lp.text_offset[:n] == [sum(len(t) for t in lp.tokens[:i]) for i in range(n)]
+        # the completion's part: what the request without echo answers, offsets after the echo
+        w = without.logprobs
+        assert lp.tokens[n:] == w.tokens and lp.token_logprobs[n:] == pytest.approx(w.token_logprobs, abs=tol)
+        assert lp.text_offset[n:] == [len(echo) + o for o in w.text_offset]
+        # prompt_logprobs asked beside it: vLLM's layout at its own k (the prompt token + its top 1)
+        plps = c.model_extra["prompt_logprobs"]
+        assert plps[0] is None and len(plps) == n and all(1 <= len(e) <= 2 for e in plps[1:])
+    text = "The quick brown fox"  # a text prompt: its tokens as the server tokenizes it
+    plain = client.completions.create(model=base, prompt=text, max_tokens=2, echo=True, logprobs=0)
+    assert "prompt_logprobs" not in (plain.choices[0].model_extra or {})
+    assert plain.choices[0].text.startswith(text) and plain.choices[0].logprobs.top_logprobs[1] == {}
+    assert plain.choices[0].logprobs.tokens[: len(prompts[1])] == [tok.decode([t]) for t in prompts[1]]
+
+
 def test_penalties_change_a_greedy_output(surface):
     *_, client = surface
     kw = dict(model="bot", prompt="The quick brown", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
@@ -410,8 +461,8 @@ def test_unsupported_parameters_are_400_and_unknown_ones_ignored(surface):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(**{"model": "bot", "messages": MSGS, "max_tokens": 2, **kwargs})
         assert e.value.body["param"] == param, kwargs
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="bot", prompt="x", max_tokens=2, echo=True, logprobs=1)
+    with pytest.raises(openai.BadRequestError) as e:  # the prompt's logprobs come with the answer
+        client.completions.create(model="bot", prompt="x", max_tokens=2, echo=True, logprobs=1, stream=True)
     assert e.value.body["param"] == "echo"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="bot", prompt="x", max_tokens=2, logit_bias={"999999": 5})

@@ -5,19 +5,24 @@ whole reservation until it ends. The oracle is the ledger itself: the rows each 
 
 from __future__ import annotations
 
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta, timezone
 
 import httpx
+import pytest
 from billing_helpers import H, auth, new_tenant
-from hypothesis import given, settings
+from harness.examples import examples
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
 from loraplex.platform.db.base import utcnow
-from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.db.session import make_db_engine, make_session_factory, unit_of_work
 from loraplex.platform.errors import RateLimited
-from loraplex.platform.quotas.store import InProcessQuotaStore, Others, QuotaView
+from loraplex.platform.quotas.shared import LedgerAdmission
+from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
 from loraplex.platform.usage import repository
+from loraplex.platform.usage.ledger import UsageLedger
 from loraplex.platform.usage.models import ServerInstance, UsageRecord
 
 
@@ -134,45 +139,72 @@ def test_another_servers_running_request_counts_at_its_reservation(live_factory)
     assert _complete(live.url, key, model, max_tokens=20) == 200
 
 
-@settings(max_examples=100, deadline=None)
+@pytest.fixture
+def sessions(db_url):
+    engine = make_db_engine(db_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+# The budget period's start is pinned (a run across midnight UTC would otherwise change the period
+# between two admissions); every ledger row written now is inside it.
+PERIOD_WALL = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+
+
+# Each example is a tenant of its own on the one database of the test: the function-scoped
+# ``sessions`` fixture is shared by the examples on purpose.
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     steps=st.lists(st.tuples(st.integers(0, 1), st.integers(1, 80), st.floats(0, 1)), min_size=1, max_size=40),
     tpm=st.integers(50, 2000),
     budget=st.integers(50, 2000),
     rpm=st.integers(1, 30),
 )
-def test_stores_that_count_each_other_hold_one_limit(steps, tpm, budget, rpm):
-    """The combination rule, as a property: two stores (two servers), each told what the other
-    admitted exactly as the ledger query reports it (running requests at their reservation), never
-    admit more than one limit between them, whatever the interleaving."""
-    stores: list[InProcessQuotaStore] = []
-
-    def seen_by(i: int):
-        def others(_tenant: str, _start) -> Others:
-            st_ = stores[1 - i]._tenants.get("t")
-            if st_ is None:
-                return Others()
-            return Others(len(st_.requests), sum(e[1] for e in st_.tokens), st_.budget_used + st_.budget_reserved)
-
-        return others
-
-    stores.extend(InProcessQuotaStore(lambda t, s: 0, clock=lambda: 0.0, others=seen_by(i)) for i in range(2))
+def test_stores_that_count_each_other_hold_one_limit(sessions, tmp_path, steps, tpm, budget, rpm):
+    """The combination rule, as a property: two stores (two servers) on one database, each with the
+    production shared window (``LedgerAdmission``: the others' usage read from the ledger and this
+    admission's hold written under the tenant's lock) and its own usage ledger that books what a
+    request served when it ends, never admit more than one limit between them, whatever the
+    interleaving. The oracle is plain counting of what the test admitted and served."""
+    tenant = f"ten_{uuid.uuid4().hex[:24]}"  # the column holds 32 characters (PostgreSQL enforces it)
+    ledgers = [UsageLedger(sessions, tmp_path / f"spool-{i}") for i in range(2)]  # not started: writes inline
+    stores = [
+        InProcessQuotaStore(
+            lambda t, s: 0, clock=lambda: 0.0, wall=lambda: PERIOD_WALL, shared=LedgerAdmission(sessions, ledger)
+        )
+        for ledger in ledgers
+    ]
     quota = QuotaView(rpm=rpm, tpm=tpm, token_budget=budget, budget_period="day")
-    live: list[tuple[InProcessQuotaStore, object, int]] = []
+    live: list[tuple[int, Reservation, int]] = []
     admitted = served = 0
+
+    def settle(server: int, res: Reservation, used: int) -> None:
+        stores[server].settle(res, used)
+        ledgers[server].write(  # the request's final record, as inference/generation.py writes it
+            request_id=res.request_id,
+            tenant_id=tenant,
+            endpoint="completions",
+            prompt_tokens=used,
+            completion_tokens=0,
+            reserved_tokens=res.tokens,
+            status="ok",
+        )
+        ledgers[server].flush()
+
     for server, cost, frac in steps:
         try:
-            res = stores[server].reserve("t", quota, cost)
+            res = stores[server].reserve(tenant, quota, cost)
         except RateLimited:
             continue
+        assert res.held_in_db  # the other store sees it from now on
         admitted += 1
-        live.append((stores[server], res, int(frac * cost)))
+        live.append((server, res, int(frac * cost)))
         if len(live) > 2:
-            store, old, used = live.pop(0)
-            store.settle(old, used)
+            old_server, old, used = live.pop(0)
+            settle(old_server, old, used)
             served += used
-    for store, res, used in live:
-        store.settle(res, used)
+    for server, res, used in live:
+        settle(server, res, used)
         served += used
     assert admitted <= rpm and served <= min(tpm, budget)
 

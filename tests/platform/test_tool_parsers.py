@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from harness.examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,7 +111,7 @@ def test_finished_output(parser, text, content, calls):
     assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=st.sampled_from(STREAMED), cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=40))
 def test_any_chunking_streams_the_same_answer(case, cuts):
     parser, text, content, calls = case

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import expect
-from test_admin_ui import api_tenant, unique
+from ui_helpers import api_tenant, unique
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ confirmed through the admin API (or the tenant API) too, not just on screen."""
 from __future__ import annotations
 
 import re
-import uuid
 
 import httpx
 import pytest
@@ -15,20 +14,9 @@ except ImportError:  # conftest's _need_browser skips every test here (or fails 
     expect = None
 
 from platform_helpers import ADMIN_KEY, targz_bytes, zip_bytes
-from ui_helpers import screenshot
+from ui_helpers import api_tenant, screenshot, unique
 
 pytestmark = pytest.mark.slow  # a browser
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:6]}"
-
-
-def api_tenant(server, name: str) -> dict:
-    with server.admin() as c:
-        r = c.post("/admin/v1/tenants", json={"name": name})
-        assert r.status_code == 201, r.text
-        return r.json()
 
 
 def open_tenant(page, server, tenant: dict) -> None:

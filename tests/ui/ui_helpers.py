@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 # Where a screenshot of each main view is also copied (looked at by a human; not asserted on).
@@ -26,3 +27,14 @@ def screenshot(page, name: str, tmp_path: Path) -> Path:
         os.makedirs(SCREENSHOT_DIR, exist_ok=True)
         shutil.copy(path, Path(SCREENSHOT_DIR) / path.name)
     return path
+
+
+def unique(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+def api_tenant(server, name: str) -> dict:
+    with server.admin() as c:
+        r = c.post("/admin/v1/tenants", json={"name": name})
+        assert r.status_code == 201, r.text
+        return r.json()
