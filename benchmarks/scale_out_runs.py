@@ -130,7 +130,8 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             srv.stop()
         print(f"\nfaults (2 replicas, {args.fault_clients} closed-loop streams of {args.fault_tokens} tokens):")
         print(
-            f"  control actor SIGKILL: first request sent after the kill answered in {kill['service_back_s']} s; "
+            f"  control actor SIGKILL: a request sent after the kill: first token {kill['first_token_after_kill_s']} s, "
+            f"first completed {kill['service_back_s']} s after the kill; "
             f"statuses {kill['status_counts']}; rows missing {kill['rows_missing']}, rows != received "
             f"{kill['rows_not_equal_received']}; received {kill['tokens_received']} billed {kill['tokens_billed']}"
         )

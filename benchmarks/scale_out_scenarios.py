@@ -184,10 +184,12 @@ def flood(
 
 
 # ------------------------------------------------------------------------------------ faults
-async def counted_stream(c: httpx.AsyncClient, body: dict) -> tuple[int, str, int, str]:
+async def counted_stream(
+    c: httpx.AsyncClient, body: dict, first: list[float] | None = None
+) -> tuple[int, str, int, str]:
     """(status, request id, tokens received, replica) of one streamed completion; the tokens are
     counted one by one from the per-token logprobs (not taken from the usage field). A stream that
-    ends in an error event has status 599."""
+    ends in an error event has status 599. ``first`` gets the perf_counter of the first token."""
     body = {**body, "logprobs": 1, "stream": True}
     rid, received, status = "", 0, 200
     async with c.stream("POST", "/v1/completions", json=body) as r:
@@ -205,6 +207,8 @@ async def counted_stream(c: httpx.AsyncClient, body: dict) -> tuple[int, str, in
             rid = ev["id"].removeprefix("cmpl-")
             for ch in ev.get("choices", []):
                 received += len((ch.get("logprobs") or {}).get("tokens") or [])
+            if first is not None and received and not first:
+                first.append(time.perf_counter())
     return status, rid, received, replica
 
 
@@ -244,6 +248,7 @@ def kill_control(server, key: str, tenant_id: str, clients: int, max_tokens: int
     killed = threading.Event()
     t_kill = [0.0]
     back: list[float | None] = [None]
+    first_token: list[float | None] = [None]  # the first token of a request sent after the kill
     answered: list[tuple[int, str, int, str]] = []
     stop = [False]
 
@@ -253,9 +258,13 @@ def kill_control(server, key: str, tenant_id: str, clients: int, max_tokens: int
             n += 1
             sent = time.perf_counter()
             body = {"model": "demo", "prompt": f"k {i} {n}", "max_tokens": max_tokens, "ignore_eos": True}
-            res = await counted_stream(c, body)
+            first: list[float] = []
+            res = await counted_stream(c, body, first)
             answered.append(res)
-            if killed.is_set() and sent >= t_kill[0] and res[0] == 200 and back[0] is None:
+            after_kill = killed.is_set() and sent >= t_kill[0] and res[0] == 200
+            if after_kill and first and (first_token[0] is None or first[0] - t_kill[0] < first_token[0]):
+                first_token[0] = first[0] - t_kill[0]
+            if after_kill and back[0] is None:
                 back[0] = time.perf_counter() - t_kill[0]
             if killed.is_set() and back[0] is not None and time.perf_counter() - t_kill[0] > back[0] + 5:
                 stop[0] = True
@@ -282,6 +291,7 @@ def kill_control(server, key: str, tenant_id: str, clients: int, max_tokens: int
     new_pid = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]
     return {
         "service_back_s": back[0],
+        "first_token_after_kill_s": first_token[0],
         "status_counts": codes,
         "errors": sum(n for code, n in codes.items() if code != 200),
         "control_restarted": new_pid.get("pid") not in (None, pid),
