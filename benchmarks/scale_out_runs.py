@@ -43,6 +43,10 @@ def _server(Server, model: Path, replicas: int, routing: str, args, extra: str =
     return Server(root, model, replicas, routing, args, extra)
 
 
+def _s(x: float | None) -> str:
+    return "never" if x is None else f"{x:.1f} s"
+
+
 def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], Server) -> None:
     picked = args.scenario.split(",")
     out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg_start": os.getloadavg()}
@@ -115,7 +119,11 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
         srv = _server(Server, model, 2, "affinity", args, "drain_timeout_s = 600")
         try:
             tid, key, _ = _tenant(srv, "faults")
-            kill = kill_control(srv, key, tid, args.fault_clients, args.fault_tokens, args.fault_cap_s)
+            ltid, lkey, _ = _tenant(srv, "faults-limited")
+            with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=120) as c:  # a limit never reached
+                c.put(f"/admin/v1/tenants/{ltid}/quota", json={"rpm": 1_000_000}).raise_for_status()
+            tenants = {"no limit": (tid, key), "rpm limit": (ltid, lkey)}
+            kill = kill_control(srv, tenants, args.fault_clients, args.fault_tokens, args.fault_cap_s)
             save_part = {"kill_control": kill}
             out["faults"] = save_part
             save()
@@ -129,12 +137,14 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
         finally:
             srv.stop()
         print(f"\nfaults (2 replicas, {args.fault_clients} closed-loop streams of {args.fault_tokens} tokens):")
-        print(
-            f"  control actor SIGKILL: a request sent after the kill: first token {kill['first_token_after_kill_s']} s, "
-            f"first completed {kill['service_back_s']} s after the kill; "
-            f"statuses {kill['status_counts']}; rows missing {kill['rows_missing']}, rows != received "
-            f"{kill['rows_not_equal_received']}; received {kill['tokens_received']} billed {kill['tokens_billed']}"
-        )
+        for label in tenants:
+            k = kill[label]
+            print(
+                f"  control actor SIGKILL, tenant with {label}: a request sent after the kill: first token "
+                f"{_s(k['first_token_after_kill_s'])}, first completed {_s(k['first_completed_after_kill_s'])} "
+                f"after the kill; statuses {k['status_counts']}; rows missing {k['rows_missing']}, rows != "
+                f"received {k['rows_not_equal_received']}; received {k['tokens_received']} billed {k['tokens_billed']}"
+            )
         print(
             f"  rolling restart (SIGHUP): complete after {roll['complete_after_s']} s; {roll['cut_or_failed']} of "
             f"{roll['requests']} requests cut or failed; replicas replaced {roll['replaced']} "

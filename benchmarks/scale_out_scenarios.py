@@ -185,14 +185,14 @@ def flood(
 
 # ------------------------------------------------------------------------------------ faults
 async def counted_stream(
-    c: httpx.AsyncClient, body: dict, first: list[float] | None = None
+    c: httpx.AsyncClient, body: dict, first: list[float] | None = None, headers: dict | None = None
 ) -> tuple[int, str, int, str]:
     """(status, request id, tokens received, replica) of one streamed completion; the tokens are
     counted one by one from the per-token logprobs (not taken from the usage field). A stream that
     ends in an error event has status 599. ``first`` gets the perf_counter of the first token."""
     body = {**body, "logprobs": 1, "stream": True}
     rid, received, status = "", 0, 200
-    async with c.stream("POST", "/v1/completions", json=body) as r:
+    async with c.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             await r.aread()
             return r.status_code, "", 0, ""
@@ -239,38 +239,45 @@ def _usage_check(db_path: Path, tenant_id: str, answered: list[tuple[int, str, i
     }
 
 
-def kill_control(server, key: str, tenant_id: str, clients: int, max_tokens: int, cap_s: float) -> dict:
-    """SIGKILL the control-plane actor while ``clients`` closed-loop streams run; seconds until a
-    request sent after the kill is answered 200 and completes, the statuses seen, and the ledger
-    against what every client received (usage lost = 0). Bounded: it stops 5 s after service is
-    back, or after ``cap_s``."""
+def kill_control(server, tenants: dict[str, tuple[str, str]], clients: int, max_tokens: int, cap_s: float) -> dict:
+    """SIGKILL the control-plane actor while ``clients`` closed-loop streams run, spread over
+    ``tenants`` (label -> (tenant id, key); a tenant with a limit waits for the actor, one without
+    does not). Per tenant: seconds from the kill to the first token and to the first completion of
+    a request SENT after the kill, the statuses seen, and the ledger against what every client
+    received (usage lost = 0). Bounded: it stops 5 s after every tenant is back, or after ``cap_s``."""
     pid = int(httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]["pid"])
+    labels = list(tenants)
     killed = threading.Event()
     t_kill = [0.0]
-    back: list[float | None] = [None]
-    first_token: list[float | None] = [None]  # the first token of a request sent after the kill
-    answered: list[tuple[int, str, int, str]] = []
+    back: dict[str, float] = {}  # label -> first completion after the kill
+    first_token: dict[str, float] = {}  # label -> earliest first token of a request sent after it
+    answered: dict[str, list[tuple[int, str, int, str]]] = {label: [] for label in labels}
     stop = [False]
 
     async def loop(c: httpx.AsyncClient, i: int) -> None:
+        label = labels[i % len(labels)]
+        headers = {H_KEY: f"Bearer {tenants[label][1]}"}
         n = 0
         while not stop[0]:
             n += 1
             sent = time.perf_counter()
             body = {"model": "demo", "prompt": f"k {i} {n}", "max_tokens": max_tokens, "ignore_eos": True}
             first: list[float] = []
-            res = await counted_stream(c, body, first)
-            answered.append(res)
-            after_kill = killed.is_set() and sent >= t_kill[0] and res[0] == 200
-            if after_kill and first and (first_token[0] is None or first[0] - t_kill[0] < first_token[0]):
-                first_token[0] = first[0] - t_kill[0]
-            if after_kill and back[0] is None:
-                back[0] = time.perf_counter() - t_kill[0]
-            if killed.is_set() and back[0] is not None and time.perf_counter() - t_kill[0] > back[0] + 5:
+            res = await counted_stream(c, body, first, headers)
+            answered[label].append(res)
+            if killed.is_set() and sent >= t_kill[0] and res[0] == 200:
+                if first:
+                    first_token[label] = min(first_token.get(label, 1e9), first[0] - t_kill[0])
+                back.setdefault(label, time.perf_counter() - t_kill[0])
+            if (
+                killed.is_set()
+                and len(back) == len(labels)
+                and time.perf_counter() - t_kill[0] > max(back.values()) + 5
+            ):
                 stop[0] = True
 
     async def killer() -> None:
-        while len(answered) < clients:  # every client has finished one request: the load is on
+        while sum(map(len, answered.values())) < clients:  # every client has finished one request
             await asyncio.sleep(0.2)
         t_kill[0] = time.perf_counter()
         os.kill(pid, signal.SIGKILL)
@@ -279,24 +286,26 @@ def kill_control(server, key: str, tenant_id: str, clients: int, max_tokens: int
         stop[0] = True
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url=server.url, headers={H_KEY: f"Bearer {key}"}, timeout=300) as c:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
             k = asyncio.create_task(killer())
             await asyncio.gather(*[loop(c, i) for i in range(clients)])
             k.cancel()
 
     asyncio.run(run())
-    codes: dict[int, int] = {}
-    for a in answered:
-        codes[a[0]] = codes.get(a[0], 0) + 1
     new_pid = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]
-    return {
-        "service_back_s": back[0],
-        "first_token_after_kill_s": first_token[0],
-        "status_counts": codes,
-        "errors": sum(n for code, n in codes.items() if code != 200),
-        "control_restarted": new_pid.get("pid") not in (None, pid),
-        **_usage_check(server.db_path, tenant_id, answered),
-    }
+    out: dict[str, object] = {"control_restarted": new_pid.get("pid") not in (None, pid)}
+    for label in labels:
+        codes: dict[int, int] = {}
+        for a in answered[label]:
+            codes[a[0]] = codes.get(a[0], 0) + 1
+        out[label] = {
+            "first_token_after_kill_s": first_token.get(label),
+            "first_completed_after_kill_s": back.get(label),
+            "status_counts": codes,
+            "errors": sum(n for code, n in codes.items() if code != 200),
+            **_usage_check(server.db_path, tenants[label][0], answered[label]),
+        }
+    return out
 
 
 def rolling_restart(server, key: str, tenant_id: str, clients: int, max_tokens: int, cap_s: float) -> dict:
