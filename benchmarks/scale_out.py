@@ -13,6 +13,7 @@ from the store), device slot loads and slot evictions. Warm-up requests are not 
     .venv/bin/python benchmarks/scale_out.py                # all configurations
     .venv/bin/python benchmarks/scale_out.py --requests 200 --configs affinity-2
     .venv/bin/python benchmarks/scale_out.py --scenario sessions,flood,faults,autoscale
+    .venv/bin/python benchmarks/scale_out.py --scenario faults   # control kill, rolling restart, drain
 """
 
 from __future__ import annotations
@@ -199,6 +200,9 @@ def main() -> None:
     ap.add_argument("--flood-streams", type=int, default=24, help="flooder streams (both replicas)")
     ap.add_argument("--flood-tokens", type=int, default=24, help="max_tokens of each flood request")
     ap.add_argument("--flood-max-num-seqs", type=int, default=8, help="engine max_num_seqs in the flood")
+    ap.add_argument("--fault-clients", type=int, default=8, help="closed-loop streams in the faults scenario")
+    ap.add_argument("--fault-tokens", type=int, default=64, help="max_tokens of each faults-scenario stream")
+    ap.add_argument("--fault-cap-s", type=float, default=180.0, help="bound on the control-kill wait (rollout: 3x)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--adapters", type=int, default=32)
     ap.add_argument("--requests", type=int, default=400)

@@ -11,7 +11,16 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from scale_out_scenarios import autoscale, flood, kill_control, last_usage_id, ledger_ttft_ms, sessions, sigterm_drain
+from scale_out_scenarios import (
+    autoscale,
+    flood,
+    kill_control,
+    last_usage_id,
+    ledger_ttft_ms,
+    rolling_restart,
+    sessions,
+    sigterm_drain,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -34,13 +43,18 @@ def _server(Server, model: Path, replicas: int, routing: str, args, extra: str =
     return Server(root, model, replicas, routing, args, extra)
 
 
+def _s(x: float | None) -> str:
+    return "never" if x is None else f"{x:.1f} s"
+
+
 def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], Server) -> None:
     picked = args.scenario.split(",")
-    out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg": os.getloadavg()}
+    out: dict[str, object] = {"args": vars(args), "cpu_cores": os.cpu_count(), "load_avg_start": os.getloadavg()}
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"scale_out_scenarios-{args.scenario.replace(',', '-')}.json"
 
     def save() -> None:  # after each scenario: a later one failing (a loaded box) keeps the earlier ones
+        out["load_avg_end"] = os.getloadavg()
         path.write_text(json.dumps(out, indent=2, default=str))
 
     if "sessions" in picked:
@@ -101,26 +115,49 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             )
         out["flood"] = rows
         save()
-    if "faults" in picked:
-        srv = _server(Server, model, 2, "affinity", args)
+    if "faults" in picked:  # one cluster: control actor kill, rolling restart, SIGTERM drain
+        srv = _server(Server, model, 2, "affinity", args, "drain_timeout_s = 600")
         try:
-            _t, key, _ = _tenant(srv, "faults")
-            kill = kill_control(srv, key, 16)
-            tid, key2, _ = _tenant(srv, "drain")
-            drain = sigterm_drain(srv, key2, tid, srv.root / "data" / "loraplex.db", 64)
+            tid, key, _ = _tenant(srv, "faults")
+            ltid, lkey, _ = _tenant(srv, "faults-limited")
+            with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=120) as c:  # a limit never reached
+                c.put(f"/admin/v1/tenants/{ltid}/quota", json={"rpm": 1_000_000}).raise_for_status()
+            tenants = {"no limit": (tid, key), "rpm limit": (ltid, lkey)}
+            kill = kill_control(srv, tenants, args.fault_clients, args.fault_tokens, args.fault_cap_s)
+            save_part = {"kill_control": kill}
+            out["faults"] = save_part
+            save()
+            tid, key, _ = _tenant(srv, "rolling")
+            roll = rolling_restart(srv, key, tid, args.fault_clients, args.fault_tokens, 3 * args.fault_cap_s)
+            save_part["rolling_restart"] = roll
+            save()
+            tid, key, _ = _tenant(srv, "drain")
+            drain = sigterm_drain(srv, key, tid, args.fault_clients, 4 * args.fault_tokens)
+            save_part["sigterm_drain"] = drain
         finally:
             srv.stop()
-        print("\nfaults (2 replicas):")
+        print(f"\nfaults (2 replicas, {args.fault_clients} closed-loop streams of {args.fault_tokens} tokens):")
+        for label in tenants:
+            k = kill[label]
+            print(
+                f"  control actor SIGKILL, tenant with {label}: a request sent after the kill: first token "
+                f"{_s(k['first_token_after_kill_s'])}, first completed {_s(k['first_completed_after_kill_s'])} "
+                f"after the kill; statuses {k['status_counts']}; rows missing {k['rows_missing']}, rows != "
+                f"received {k['rows_not_equal_received']}; received {k['tokens_received']} billed {k['tokens_billed']}"
+            )
         print(
-            f"  control actor SIGKILL: first request admitted after the kill done in {kill['service_back_s']}, "
-            f"status counts {kill['status_counts']}"
+            f"  rolling restart (SIGHUP): complete after {roll['complete_after_s']} s; {roll['cut_or_failed']} of "
+            f"{roll['requests']} requests cut or failed; replicas replaced {roll['replaced']} "
+            f"({roll['replicas_before']} -> {roll['replicas_after']}); most streams a stopping replica drained "
+            f"{roll['max_ongoing_while_draining']}; rows missing {roll['rows_missing']}, rows != received "
+            f"{roll['rows_not_equal_received']}; received {roll['tokens_received']} billed {roll['tokens_billed']}"
         )
         print(
             f"  SIGTERM drain: {drain['streams_completed']}/{drain['streams']} streams completed, "
-            f"delivered {drain['tokens_delivered']} billed {drain['tokens_billed']} tokens, "
-            f"exit {drain['exit_code']} after {drain['exit_after_sigterm_s']:.1f} s"
+            f"received {drain['tokens_received']} billed {drain['tokens_billed']} tokens ({drain['rows_ok']} rows ok), "
+            f"drained after {drain['drained_after_sigterm_s']} s, exit {drain['exit_code']} after "
+            f"{drain['exit_after_sigterm_s']:.1f} s"
         )
-        out["faults"] = {"kill_control": kill, "sigterm_drain": drain}
         save()
     if "autoscale" in picked:
         extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"

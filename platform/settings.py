@@ -187,8 +187,13 @@ class ClusterSettings(_Table):
     max_adapters_per_replica: int = Field(0, ge=0)  # 0 = engine.max_loras (the device slots)
     # The ingress never waits longer than this for a replica's next chunk (a dead or stuck replica).
     chunk_timeout_s: float = Field(60.0, gt=0)
-    # Scaling down lets a replica finish its requests for up to this long before it stops.
+    # Scaling down and a rolling restart let a replica finish its requests for up to this long
+    # before it stops.
     drain_timeout_s: float = Field(120.0, gt=0)
+    # Extra engine replicas a rolling restart (SIGHUP) starts before it stops old ones: the old
+    # keep serving until their successors are up. 0 where the nodes have no room for one more (one
+    # replica per GPU, all in use): an old replica then drains and stops before its successor starts.
+    rollout_surge: int = Field(1, ge=0)
     # How often a replica pulls the control plane's tenant/adapter state and reports its stats.
     sync_interval_s: float = Field(0.5, gt=0)
     # Fair-share (VTC) counters shared by the replicas through the control plane (docs/scale-out.md).

@@ -111,7 +111,8 @@ def start(settings: Settings) -> Any:
     else:  # a local instance: enough logical CPUs for the replicas' shares (they are scheduling units)
         for name, value in SERVE_PATIENCE.items():
             os.environ.setdefault(name, value)
-        need = max(cl.replicas, cl.max_replicas) * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
+        engines = max(cl.replicas, cl.max_replicas) + cl.rollout_surge  # a rolling restart's successors too
+        need = engines * cl.replica_num_cpus + cl.ingress_replicas * cl.ingress_num_cpus
         init["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need + 1))
         if cl.replica_num_gpus:
             init["num_gpus"] = None  # let Ray detect them
@@ -157,7 +158,7 @@ def start(settings: Settings) -> Any:
     return control
 
 
-def _init_ray(init: dict[str, Any], attempts: int = 3) -> None:
+def _init_ray(init: dict[str, Any], attempts: int = 5) -> None:
     """``ray.init``, made again when a local start timed out: Ray waits a fixed 30 s for its raylet
     to register with the GCS, which a loaded 2-core box can exceed. The processes the failed
     attempt started are killed before the next one (they are this process's children)."""
@@ -196,12 +197,13 @@ def _kill_new_children(before: set[int]) -> None:
                 pass
 
 
-def deploy_app(settings: Settings, dump: dict[str, Any], generation: int) -> None:
+def deploy_app(settings: Settings, dump: dict[str, Any], generation: int, wait: bool = True) -> None:
     """(Re)deploy the app. Both deployments carry explicit versions, so deploying again with the
-    next ``generation`` replaces the engine replicas only, as a rolling update: Serve stops one old
-    replica at a time (it takes no new request and finishes its streams, for up to
-    ``drain_timeout_s``) and starts its successor; the ingresses, and the streams through them,
-    stay."""
+    next ``generation`` replaces the engine replicas only, as a rolling update: Serve starts
+    ``rollout_surge`` successors, and once one is up it stops an old replica, which takes no new
+    request and finishes its streams (for up to ``drain_timeout_s``) before it exits; the other
+    replicas serve meanwhile, and the ingresses, and the streams through them, stay. ``wait``:
+    return once the app is running (the first deploy); a rollout is followed by ``rollout_done``."""
     from ray import serve
 
     from loraplex.platform.cluster import replica
@@ -217,7 +219,20 @@ def deploy_app(settings: Settings, dump: dict[str, Any], generation: int) -> Non
         # streams get as long as the engine replicas' to finish
         graceful_shutdown_timeout_s=cl.drain_timeout_s,
     )(serve.ingress()(Ingress))
-    serve.run(_versioned(ingress, "ingress-0").bind(dump, engine), name=APP_NAME, route_prefix="/", blocking=False)
+    app = _versioned(ingress, "ingress-0").bind(dump, engine)
+    # serve._run is serve.run with the wait for RUNNING optional: a rollout takes as long as the
+    # old replicas' drain, and the driver must stay responsive to SIGTERM meanwhile
+    serve._run(app, name=APP_NAME, route_prefix="/", _blocking=wait)
+
+
+def rollout_state() -> tuple[str, int]:
+    """The engine deployment's Serve status (HEALTHY once a rollout has replaced every replica
+    and they all run) and how many of its replicas are running."""
+    from ray import serve
+
+    engine = serve.status().applications[APP_NAME].deployments["engine"]
+    states = {getattr(k, "value", k): n for k, n in engine.replica_states.items()}
+    return str(getattr(engine.status, "value", engine.status)), int(states.get("RUNNING", 0))
 
 
 def _versioned(deployment: Any, version: str) -> Any:
@@ -258,7 +273,6 @@ def run(settings: Settings) -> None:
     import ray
     from ray import serve
 
-    control = start(settings)  # this reference keeps the control-plane actor alive
     stop, wake = threading.Event(), threading.Event()
     rollouts = [0]  # SIGHUPs received
 
@@ -270,26 +284,33 @@ def run(settings: Settings) -> None:
         rollouts[0] += 1
         wake.set()
 
+    # SIGHUP: a rolling restart of the engine replicas (new code or weights on disk, a leaking
+    # replica), cutting nothing. Installed before the start (the default action would end the
+    # driver); one received meanwhile rolls the replicas once they are up.
+    signal.signal(signal.SIGHUP, on_hup)
+    control = start(settings)  # this reference keeps the control-plane actor alive
     # After ray.init, which installs its own SIGTERM handler in the driver (it would exit at once,
-    # cutting every stream): a signal here starts the drain instead. SIGHUP: a rolling restart
-    # of the engine replicas (new code or weights on disk, a leaking replica), cutting nothing.
+    # cutting every stream): a signal here starts the drain instead.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
     print(
         f"loraplex serving on http://{settings.server.host}:{settings.server.port} "
         f"({settings.cluster.replicas} engine replicas on Ray Serve)",
         flush=True,
     )
     generation = 0
+    rollout: list[str] | None = None  # the statuses seen since a rollout began, until it is complete
     dump = cluster_settings_dump(settings)
     while not stop.is_set():
-        wake.wait()
+        wake.wait(timeout=2.0 if rollout is not None else None)
         wake.clear()
         if rollouts[0] > generation and not stop.is_set():
             generation = rollouts[0]
-            print(f"loraplex: rolling restart {generation} of the engine replicas", flush=True)
-            deploy_app(settings, dump, generation)
+            print(f"loraplex: rolling restart {generation} of the engine replicas started", flush=True)
+            deploy_app(settings, dump, generation, wait=False)
+            rollout = []
+        elif rollout is not None and _rollout_done(generation, rollout):
+            rollout = None
     try:
         drain(control, settings.cluster.drain_timeout_s, settings.cluster.sync_interval_s)
         serve.delete(APP_NAME)  # replicas first, the control plane they talk to last
@@ -297,6 +318,21 @@ def run(settings: Settings) -> None:
     finally:
         del control
         ray.shutdown()
+
+
+def _rollout_done(generation: int, seen: list[str]) -> bool:
+    """Say (once) that the rollout finished: Serve reported the engine deployment updating and
+    now healthy again (it stays UPDATING until no replica of the old version is left)."""
+    try:
+        status, running = rollout_state()
+    except Exception as exc:  # noqa: BLE001 - the controller busy: ask again at the next tick
+        log.warning("rolling restart: no status: %s", exc)
+        return False
+    seen.append(status)
+    if status != "HEALTHY" or all(s == "HEALTHY" for s in seen):
+        return False
+    print(f"loraplex: rolling restart {generation} complete ({running} engine replicas running)", flush=True)
+    return True
 
 
 def drain(control: Any, timeout_s: float, tick_s: float) -> int:

@@ -10,7 +10,9 @@ hands its call to this store's own event loop (``ActorLoop``) and waits on a pla
 loop gathers the reserves that arrive while its previous call is in flight into ONE
 ``reserve_many`` call, so a burst of 40 admissions costs the actor a handful of calls and a busy
 machine no thread storm. Keys are chosen here, so a call sent again after a lost answer is
-answered with the same hold, never a second one. ``precheck`` (the cheap refusal before
+answered with the same hold, never a second one. A tenant with no limit at all is not waited
+for (``_reserve_unlimited``): nothing could refuse it, so the control plane's restart does not
+stall its requests. ``precheck`` (the cheap refusal before
 tokenizing) answers from this ingress's memory of the tenant's last refusal, for at most
 ``REFUSAL_MEMORY_S``, instead of asking the actor; ``reserve`` checks every limit atomically there
 anyway.
@@ -67,6 +69,8 @@ class ActorQuotaStore:
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         key = uuid.uuid4().hex
+        if _unlimited(quota):
+            return self._reserve_unlimited(tenant_id, quota, tokens, key)
         try:
             got = self._calls.run(self._reserve((key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10)
         except BaseException:
@@ -82,6 +86,18 @@ class ActorQuotaStore:
         with self._lock:
             self._live[res.key] = res
         self.saw_epoch(got["epoch"])
+        return res
+
+    def _reserve_unlimited(self, tenant_id: str, quota: QuotaView, tokens: int, key: str) -> Reservation:
+        """A view with no limit cannot be refused: the hold is sent and not waited for. The actor
+        still records it (the running counts, what a drain waits for), and this call is submitted
+        before the request's settle or cancel, so the actor sees them in that order (one caller's
+        calls run in submission order, on a restarted instance too). So such a tenant's requests
+        are served while the control plane restarts; its live holds are adopted like any other."""
+        self._actor.reserve.remote(tenant_id, quota, tokens, self._owner, key)
+        res = ActorReservation(tenant_id, tokens, {}, time.monotonic(), key=key, period=None)
+        with self._lock:
+            self._live[key] = res
         return res
 
     async def _reserve(self, item: tuple[str, str, QuotaView, int]) -> dict[str, Any]:
@@ -168,6 +184,10 @@ class ActorQuotaStore:
 
 async def _await_actor(submit: Any, what: str) -> Any:  # the seam a test without Ray replaces
     return await call_actor_async(submit, what=what)
+
+
+def _unlimited(quota: QuotaView) -> bool:
+    return quota.rpm is None and quota.tpm is None and quota.max_concurrent is None and quota.token_budget is None
 
 
 def _key(reservation: Reservation) -> str:

@@ -213,7 +213,9 @@ def deployment(settings: Settings) -> Any:
         "ray_actor_options": {"num_cpus": cl.replica_num_cpus, "num_gpus": cl.replica_num_gpus},
         # the engine batches: let it see its whole batch plus a queue, not Serve's default of 5
         "max_ongoing_requests": max(16, 2 * _batch_size(settings)),
-        "graceful_shutdown_timeout_s": cl.drain_timeout_s,  # scale-down drains
+        "graceful_shutdown_timeout_s": cl.drain_timeout_s,  # scale-down and rolling restarts drain
+        # a rolling restart starts rollout_surge successors before it stops (drains) old replicas
+        "max_surge_percent": surge_percent(cl.rollout_surge, cl.replicas),
         "graceful_shutdown_wait_loop_s": 1.0,
         "health_check_period_s": 2.0,
         # check_health is a flag read; a loaded box can still take many seconds to answer it, and
@@ -238,6 +240,15 @@ def deployment(settings: Settings) -> Any:
     else:
         options["num_replicas"] = cl.replicas
     return serve.deployment(**options)(EngineReplica)
+
+
+def surge_percent(surge: int, replicas: int) -> int:
+    """Serve's ``max_surge_percent`` (of the target count, rounded up to whole replicas) that
+    allows ``surge`` extra replicas during a rollout (Serve rounds the percentage up: 34 % of 3
+    would be 2, so the percentage is rounded down here)."""
+    if surge <= 0:
+        return 0
+    return max(1, min(100, 100 * surge // max(replicas, 1)))
 
 
 def _batch_size(settings: Settings) -> int:

@@ -12,8 +12,8 @@ from platform_helpers import admin_headers, zip_bytes
 H = admin_headers()
 
 
-def new_tenant(url: str, name: str, *, quota: dict | None = None) -> tuple[str, str]:
-    with httpx.Client(base_url=url, headers=H, timeout=30) as c:
+def new_tenant(url: str, name: str, *, quota: dict | None = None, timeout: float = 30) -> tuple[str, str]:
+    with httpx.Client(base_url=url, headers=H, timeout=timeout) as c:
         tid = c.post("/admin/v1/tenants", json={"name": name}).json()["id"]
         key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
         if quota:
@@ -107,10 +107,10 @@ def stream(
         return res
 
 
-def usage_rows(url: str, tenant_id: str | None = None) -> dict[str, dict]:
+def usage_rows(url: str, tenant_id: str | None = None, *, timeout: float = 30) -> dict[str, dict]:
     """Every usage record (the JSON lines export), by request id."""
     params = {"format": "jsonl", **({"tenant_id": tenant_id} if tenant_id else {})}
-    r = httpx.get(url + "/admin/v1/usage/export", params=params, headers=H, timeout=30)
+    r = httpx.get(url + "/admin/v1/usage/export", params=params, headers=H, timeout=timeout)
     assert r.status_code == 200, r.text
     rows = [json.loads(line) for line in r.text.splitlines() if line]
     return {row["request_id"]: row for row in rows}

@@ -218,6 +218,40 @@ def test_the_ingress_store_batches_concurrent_reserves_into_few_actor_calls(monk
     assert cp.running("t") == 0 and store.live_count() == 0
 
 
+def test_a_tenant_without_limits_is_admitted_without_waiting_for_the_actor(monkeypatch):
+    """A view with no limit cannot be refused, so the ingress does not wait for the actor (a
+    restarting control plane stalls nobody who has no quota), yet the actor records the hold
+    before the request's settle (drains and running counts see it), and a new instance adopts it.
+    A limited view still waits for the actor's answer."""
+    import loraplex.platform.cluster.quota_store as qs
+    from loraplex.platform.cluster.quota_store import ActorQuotaStore
+
+    cp = ControlPlane("sqlite://")
+    handle = _Direct(cp)
+    store = ActorQuotaStore(handle, owner="ingress-x")
+    waited: list[str] = []
+
+    async def counted(submit, what=""):
+        waited.append(what)
+        return submit()
+
+    monkeypatch.setattr(qs, "_await_actor", counted)
+    free = store.reserve("t", QuotaView(), 50)
+    assert waited == [] and handle.calls == ["reserve"], (waited, handle.calls)
+    assert cp.running("t") == 1 and cp.live_reservations() == 1 and store.live_count() == 1
+    store.saw_epoch(cp.epoch)
+    new = ControlPlane("sqlite://")  # restarted: the hold is handed back at the new epoch
+    handle.target = new
+    store.saw_epoch(new.epoch)
+    assert new.running("t") == 1, new.live_reservations()
+    store.settle(free, 20)
+    assert new.running("t") == 0 and new.live_reservations() == 0 and store.live_count() == 0
+    limited = store.reserve("t", QuotaView(max_concurrent=1), 50)
+    assert waited == ["the quota coordinator"] and new.running("t") == 1
+    store.cancel(limited)
+    assert new.live_reservations() == 0
+
+
 def test_admin_aborts_and_draining_reach_every_ingress_snapshot():
     cp = ControlPlane("sqlite://")
     first = cp.snapshot("ingress-a", 0, 0)

@@ -15,9 +15,10 @@ import signal
 import threading
 import time
 
+import billing_helpers
 import httpx
 import pytest
-from billing_helpers import H, StreamResult, auth, new_adapter, new_tenant, stream, usage_rows
+from billing_helpers import H, StreamResult, auth, new_adapter, stream
 from harness.ray import ServeCluster
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
@@ -45,6 +46,20 @@ sync_interval_s = 0.5
 chunk_timeout_s = 10
 drain_timeout_s = 600
 """
+
+
+def new_tenant(url: str, name: str, *, quota: dict | None = None) -> tuple[str, str]:
+    return billing_helpers.new_tenant(url, name, quota=quota, timeout=WAIT_S)
+
+
+def usage_rows(url: str, tenant_id: str) -> dict[str, dict]:
+    return billing_helpers.usage_rows(url, tenant_id, timeout=WAIT_S)
+
+
+def _admin(method: str, url: str, **kw) -> httpx.Response:
+    """An admin call with the module's patience: httpx's default of 5 s is shorter than an admin
+    call takes on the shared box at load ~40 (measured 2-5.6 s; one GET timed out that way)."""
+    return httpx.request(method, url, headers=H, timeout=WAIT_S, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +178,9 @@ def test_adapter_affinity_and_state_reach_every_replica(cluster, demo_model_dir,
     assert len(used) == 2, seen  # adapters and base-model load spread over both replicas
 
     # a tenant weight change and an adapter deletion reach every replica, at once or nearly
-    assert httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"weight": 3.0}, headers=H).status_code == 200
-    victim = httpx.get(cluster.url + "/admin/v1/adapters", headers=H).json()["data"][0]
-    assert httpx.delete(f"{cluster.url}/admin/v1/adapters/{victim['id']}", headers=H).status_code in (200, 204)
+    assert _admin("PATCH", f"{cluster.url}/admin/v1/tenants/{tid}", json={"weight": 3.0}).status_code == 200
+    victim = _admin("GET", cluster.url + "/admin/v1/adapters").json()["data"][0]
+    assert _admin("DELETE", f"{cluster.url}/admin/v1/adapters/{victim['id']}").status_code in (200, 204)
     gone = _post(cluster.url, key, {**body, "model": victim["name"]})
     assert gone.status_code == 404
     deadline = time.time() + WAIT_S
@@ -218,16 +233,14 @@ def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
     first = asyncio.run(_many(cluster.url, key, body, 8))
     assert {r.status_code for r in first} == {200}, [r.text for r in first if r.status_code != 200]
-    key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
-    assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
+    key_id = _admin("GET", f"{cluster.url}/admin/v1/tenants/{tid}/keys").json()["data"][0]["id"]
+    assert _admin("DELETE", f"{cluster.url}/admin/v1/keys/{key_id}").status_code in (200, 204)
     # immediately after: 16 requests spread over both ingress replicas, all refused
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key, body, 16))} == {401}
     # a suspended tenant likewise, on its other key
-    key2 = httpx.post(f"{cluster.url}/admin/v1/tenants/{tid}/keys", json={}, headers=H).json()["key"]
+    key2 = _admin("POST", f"{cluster.url}/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
     assert _post(cluster.url, key2, body).status_code == 200
-    assert (
-        httpx.patch(f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"}, headers=H).status_code == 200
-    )
+    assert _admin("PATCH", f"{cluster.url}/admin/v1/tenants/{tid}", json={"status": "suspended"}).status_code == 200
     assert {r.status_code for r in asyncio.run(_many(cluster.url, key2, body, 16))} <= {401, 403}
 
 
@@ -237,8 +250,8 @@ def test_admin_abort_reaches_streams_on_every_ingress(cluster):
     through the control plane. Each stream ends with the request_cancelled error event."""
     tid, key = new_tenant(cluster.url, "abort-all")
     results, threads = _hold_streams(cluster.url, key, 8, 2000, "Abort")
-    key_id = httpx.get(f"{cluster.url}/admin/v1/tenants/{tid}/keys", headers=H).json()["data"][0]["id"]
-    assert httpx.delete(f"{cluster.url}/admin/v1/keys/{key_id}", headers=H).status_code in (200, 204)
+    key_id = _admin("GET", f"{cluster.url}/admin/v1/tenants/{tid}/keys").json()["data"][0]["id"]
+    assert _admin("DELETE", f"{cluster.url}/admin/v1/keys/{key_id}").status_code in (200, 204)
     for t in threads:
         t.join(WAIT_S)
     assert not any(t.is_alive() for t in threads), "a stream of the revoked key kept running"
