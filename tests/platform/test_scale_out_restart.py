@@ -35,6 +35,13 @@ pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(2400),
+    # Written 2026-12-02 and NOT yet seen passing: in that session the shared machine let the cluster
+    # start once, and that run failed before the SIGHUP on a test bug (fixed, not rerun). Run with
+    # LORAPLEX_TEST_SCALE_OUT_RESTART=1 (beside two CPU burners, CONTRIBUTING.md) before removing this.
+    pytest.mark.skipif(
+        os.environ.get("LORAPLEX_TEST_SCALE_OUT_RESTART") != "1",
+        reason="not yet seen passing on a real cluster: set LORAPLEX_TEST_SCALE_OUT_RESTART=1 to run",
+    ),
 ]
 
 WAIT_S = 180  # a bound on one wait, never a measurement
