@@ -17,12 +17,10 @@ from loraplex.engine import LLM, SamplingParams
 from loraplex.kernels import cpu_native
 
 
-@pytest.mark.parametrize("variant", ["llama_gqa", "qwen2_bias", "llama3_rope_tied"])
-def test_cpu_backend_greedy_matches_transformers(model_factory, variant):
-    model_dir = model_factory(variant)
-    max_new = 12
-    # Chunked prefill over cached prefixes (16-token budget), decodes of mixed lengths, preemption.
-    llm = LLM(
+def _chunked_cpu_llm(model_dir):
+    """The native CPU backend with a 16-token budget and 40 small KV blocks: chunked prefill over
+    cached prefixes, decodes of mixed lengths and preemption in one run."""
+    return LLM(
         model=model_dir,
         dtype="float32",
         max_num_seqs=4,
@@ -31,6 +29,14 @@ def test_cpu_backend_greedy_matches_transformers(model_factory, variant):
         num_kv_blocks=40,
         kernel_backend="cpu",
     )
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa", "qwen2_bias", "llama3_rope_tied"])
+def test_cpu_backend_greedy_matches_transformers(model_factory, variant):
+    model_dir = model_factory(variant)
+    max_new = 12
+    # Chunked prefill over cached prefixes (16-token budget), decodes of mixed lengths, preemption.
+    llm = _chunked_cpu_llm(model_dir)
     assert llm.engine.runner.ops.name == "cpu"
     prompts = make_prompts(14, llm.engine.model_config.vocab_size)
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True))
@@ -47,15 +53,7 @@ def test_packed_bf16_weights_match_transformers(model_factory, variant):
     bf16 copy of its weight; greedy tokens still equal HF transformers' float32 model, under
     chunked prefill (the float32 GEMM) and preemption."""
     model_dir = model_factory(variant)
-    llm = LLM(
-        model=model_dir,
-        dtype="float32",
-        max_num_seqs=4,
-        max_num_batched_tokens=16,
-        block_size=4,
-        num_kv_blocks=40,
-        kernel_backend="cpu",
-    )
+    llm = _chunked_cpu_llm(model_dir)
     model = llm.engine.runner.model
     projs = [p for ps in model.lora_projections().values() for p in ps]
     if cpu_native.pack_linear_weight(projs[0].weight) is None:
