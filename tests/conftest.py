@@ -100,6 +100,10 @@ SLOW_TESTS = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # LORAPLEX_TEST_TIMELINE=prefix: a per-worker timeline of the run (tests/harness/timeline.py).
+    from harness.timeline import register
+
+    register(config)
     # The inner loop runs each Hypothesis property with a fifth of its examples (harness/examples.py);
     # set before collection, where the tests' @settings are evaluated (xdist workers do the same).
     if config.option.markexpr.strip() == "not slow":
