@@ -4,7 +4,8 @@
 # Extra args go to pytest; the inner loop is `scripts/test.sh -m "not slow"` (see CONTRIBUTING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-venv.sh test,bench,ray
+source scripts/phase.sh
+phase setup-venv scripts/setup-venv.sh test,bench,ray
 
 # PostgreSQL (a real server on loopback, owned by this run) and Chromium (admin UI tests), from
 # Debian in one apt-get call.
@@ -36,11 +37,11 @@ export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 # Every Triton kernel compiles for sm_80 and sm_90 without spills or excess shared memory (no GPU
 # needed). Only on a whole-suite run (no pytest arguments): a targeted run stays quick.
 if [ "$#" -eq 0 ]; then
-    scripts/gpu-check.sh --aot
+    phase triton-aot scripts/gpu-check.sh --aot
 fi
 # Two xdist workers; which tests share one is decided by tests/harness/xdist_groups.py (a module, the
 # Ray tests, the demo model). Coverage on request only (LORAPLEX_TEST_COVERAGE=1): tracing made the
 # in-process tests 20-50% slower here, and it does not see the servers started as subprocesses.
 COV_ARGS=()
 if [ "${LORAPLEX_TEST_COVERAGE:-0}" = 1 ]; then COV_ARGS=(--cov=loraplex --cov-report=term:skip-covered); fi
-.venv/bin/python -m pytest -q -n "${LORAPLEX_TEST_WORKERS:-2}" --dist loadscope ${COV_ARGS[@]+"${COV_ARGS[@]}"} "$@"
+phase pytest .venv/bin/python -m pytest -q -n "${LORAPLEX_TEST_WORKERS:-2}" --dist loadscope ${COV_ARGS[@]+"${COV_ARGS[@]}"} "$@"

@@ -60,6 +60,9 @@ SLOW_TESTS = (
     # keeps k = 2 with a point-mass draft (accepted drafts and the bonus token); k = 1 and k = 3 here.
     "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[1-False]",
     "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[3-False]",
+    # A full compile of the native CPU kernel library into an empty cache (the C++ compiler for
+    # 10-35 s): the inner loop loads the library from the per-machine cache like every other test.
+    "tests/kernels/test_kernels_cpu_native.py::test_build_is_cached_and_keyed_by_source",
     # A rolling restart: three 1200-token streams kept alive across a second server's start-up
     # (long on purpose, so the recovery really meets running records): ~1200 decode steps.
     "tests/platform/test_instances.py::test_a_second_server_leaves_a_live_servers_streams_alone",
@@ -99,7 +102,21 @@ SLOW_TESTS = (
 )
 
 
+# Modules whose tests check what the engine and the HTTP layer answer (tool calls, grammars, the
+# OpenAI surface), where the control-plane database only looks up the tenant, key and adapter: their
+# PostgreSQL runs repeat the SQLite ones through the same code. CI runs both backends; the inner loop
+# keeps SQLite. (Modules about storage, quotas, billing and the ledger keep both in the inner loop.)
+DATABASE_AGNOSTIC_MODULES = (
+    "tests/platform/test_tool_calling.py::",
+    "tests/platform/test_openai_surface.py::",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # LORAPLEX_TEST_TIMELINE=prefix: a per-worker timeline of the run (tests/harness/timeline.py).
+    from harness.timeline import register
+
+    register(config)
     # The inner loop runs each Hypothesis property with a fifth of its examples (harness/examples.py);
     # set before collection, where the tests' @settings are evaluated (xdist workers do the same).
     if config.option.markexpr.strip() == "not slow":
@@ -127,6 +144,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith(DATABASE_AGNOSTIC_MODULES) and item.get_closest_marker("postgres"):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith("tests/demo/"):
             # The real 135M model: its session fixtures convert the GGUF and train two adapters

@@ -34,7 +34,9 @@ class ServeProcess:
         port: int | None = None,
         config: str | None = SMALL_KV,
         args: tuple[str, ...] = (),
-        start_timeout: float = 180,  # a loaded 2-core machine can take a while to import torch
+        # A loaded 2-core machine can take minutes to import torch (a clean clone at load ~17 took
+        # over 180 s); a process that dies is seen at once (poll), so a long ceiling costs nothing.
+        start_timeout: float = 600,
         new_session: bool = False,
         python: str = sys.executable,  # a benchmark may serve another checkout's venv
         clean_env: bool = False,  # drop inherited LORAPLEX_* settings (LORAPLEX_TEST_* stay): defaults only

@@ -52,6 +52,39 @@ def make_lora_weights(num_slots, ranks, hidden, widths, dtype, seed=0, padding=1
     return a.to(dtype), b.to(dtype), torch.tensor(ranks, dtype=torch.int32), scales, tuple(offsets)
 
 
+# SGMV cases of the reference/Triton tests and the native CPU tests:
+# name -> (segments [(slot, length)], ranks per slot, hidden, slice widths)
+SGMV_CASES = {
+    # decode: 1-token segments over many adapters, mixed ranks 1..64, fused q|k|v widths, slot -1.
+    "decode_qkv": (
+        [(0, 1), (1, 1), (2, 1), (-1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)],
+        [1, 64, 8, 16, 0, 33, 64, 2],
+        72,
+        [48, 16, 16],
+    ),  # slot 4: rank 0 (layer not targeted)
+    # 32 adapters one token each, single slice, hidden not a power of two.
+    "decode_32_adapters": ([(s, 1) for s in range(32)], [1 + (7 * s) % 64 for s in range(32)], 40, [24]),
+    # prefill-sized segments (long runs) with gate|up, a -1 run in the middle, rank 1 and 64.
+    "prefill_gate_up": ([(0, 37), (-1, 5), (1, 3), (2, 20)], [64, 1, 9], 100, [40, 40]),
+    # mixture: long and short runs of the same slot, adapter order not sorted.
+    "mixed": ([(2, 1), (0, 18), (1, 2), (2, 9), (-1, 1), (0, 1)], [5, 16, 64], 33, [20, 12, 12]),
+}
+
+
+def garbage_beyond_rank(shrunk, token_slots, ranks):
+    """Expand must read only the first ``rank`` columns of each token's shrunk activations."""
+    g = shrunk.clone()
+    for t, s in enumerate(token_slots):
+        g[:, t, (int(ranks[s]) if s >= 0 else 0) :] = 7.0
+    return g
+
+
+def check_untouched_rows(y_after, y_before, token_slots):
+    for t, s in enumerate(token_slots):
+        if s < 0:
+            assert torch.equal(y_after[t], y_before[t]), f"token {t} (slot -1) was modified"
+
+
 def oracle_shrink(x, lora_a, token_slots, ranks):
     num_slices, _, max_rank, _ = lora_a.shape
     out = torch.zeros(num_slices, x.shape[0], max_rank, dtype=torch.float64)

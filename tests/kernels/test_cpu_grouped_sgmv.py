@@ -8,14 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_oracles import (
+    SGMV_CASES,
     assert_close_scaled,
+    check_untouched_rows,
+    garbage_beyond_rank,
     make_lora_weights,
     oracle_expand,
     oracle_shrink,
     token_slots_from_segments,
 )
-from test_kernels_sgmv import CASES as SGMV_CASES
-from test_kernels_sgmv import _check_untouched_rows, _garbage_beyond_rank
 
 from loraplex.kernels import cpu_native, get_kernel_ops, make_lora_segments, reference
 
@@ -55,13 +56,13 @@ def test_native_sgmv_matches_oracle(case, dtype):
     # Zeros for slot -1 tokens and beyond every slot's rank (the padding there is 1e3: reading it shows).
     assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "native shrink")
 
-    shrunk = _garbage_beyond_rank(shrunk, token_slots, ranks)
+    shrunk = garbage_beyond_rank(shrunk, token_slots, ranks)
     y_in = y.clone()
     y_out = cpu_native.sgmv_expand(y_in, shrunk, b, seg, ranks, scales, offsets)
     assert y_out is y_in and y_out.dtype == dtype
     expected = oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_out, expected, dtype, "native expand")
-    _check_untouched_rows(y_out, y, token_slots)
+    check_untouched_rows(y_out, y, token_slots)
     y_ref = reference.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)
     assert_close_scaled(y_out, y_ref, dtype, "native expand vs reference")
 
@@ -135,7 +136,7 @@ def _check_against_oracle(act_dtype, case, seed, what):
     assert y_out.dtype == act_dtype
     expected = oracle_expand(y, shrunk, b16, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_out, expected, act_dtype, f"{what} expand")
-    _check_untouched_rows(y_out, y, token_slots)
+    check_untouched_rows(y_out, y, token_slots)
     y_ref = reference.sgmv_expand(y.clone(), shrunk, b16, seg, ranks, scales, offsets)  # the torch twin
     assert_close_scaled(y_out, y_ref, act_dtype, f"{what} expand vs reference")
 

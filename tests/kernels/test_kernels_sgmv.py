@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_oracles import SGMV_CASES as CASES
 from kernel_oracles import (
     assert_close_scaled,
+    check_untouched_rows,
+    garbage_beyond_rank,
     make_lora_weights,
     oracle_expand,
     oracle_shrink,
@@ -15,22 +18,6 @@ from kernel_oracles import (
 
 from loraplex.kernels import make_lora_segments, reference
 
-# name -> (segments [(slot, length)], ranks per slot, hidden, slice widths)
-CASES = {
-    # decode: 1-token segments over many adapters, mixed ranks 1..64, fused q|k|v widths, slot -1.
-    "decode_qkv": (
-        [(0, 1), (1, 1), (2, 1), (-1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)],
-        [1, 64, 8, 16, 0, 33, 64, 2],
-        72,
-        [48, 16, 16],
-    ),  # slot 4: rank 0 (layer not targeted)
-    # 32 adapters one token each, single slice, hidden not a power of two.
-    "decode_32_adapters": ([(s, 1) for s in range(32)], [1 + (7 * s) % 64 for s in range(32)], 40, [24]),
-    # prefill-sized segments (long runs) with gate|up, a -1 run in the middle, rank 1 and 64.
-    "prefill_gate_up": ([(0, 37), (-1, 5), (1, 3), (2, 20)], [64, 1, 9], 100, [40, 40]),
-    # mixture: long and short runs of the same slot, adapter order not sorted.
-    "mixed": ([(2, 1), (0, 18), (1, 2), (2, 9), (-1, 1), (0, 1)], [5, 16, 64], 33, [20, 12, 12]),
-}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -42,20 +29,6 @@ def _build(case, dtype, seed=0):
     x = torch.randn(len(token_slots), hidden, generator=g).to(dtype)
     y = torch.randn(len(token_slots), offsets[-1], generator=g).to(dtype)
     return token_slots, make_lora_segments(token_slots), x, y, a, b, ranks_t, scales, offsets
-
-
-def _garbage_beyond_rank(shrunk, token_slots, ranks):
-    """Expand must read only the first ``rank`` columns of each token's shrunk activations."""
-    g = shrunk.clone()
-    for t, s in enumerate(token_slots):
-        g[:, t, (int(ranks[s]) if s >= 0 else 0) :] = 7.0
-    return g
-
-
-def _check_untouched_rows(y_after, y_before, token_slots):
-    for t, s in enumerate(token_slots):
-        if s < 0:
-            assert torch.equal(y_after[t], y_before[t]), f"token {t} (slot -1) was modified"
 
 
 # ------------------------------------------------------------------------------------- reference
@@ -73,11 +46,11 @@ def test_reference_sgmv_matches_oracle(case, dtype, path, monkeypatch):
     assert shrunk.dtype == torch.float32
     assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "shrink")
 
-    shrunk = _garbage_beyond_rank(shrunk, token_slots, ranks)
+    shrunk = garbage_beyond_rank(shrunk, token_slots, ranks)
     y_out = expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)
     assert y_out.dtype == dtype
     assert_close_scaled(y_out, oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets), dtype, "expand")
-    _check_untouched_rows(y_out, y, token_slots)
+    check_untouched_rows(y_out, y, token_slots)
 
 
 def test_reference_rank_mask_ignores_nonzero_padding():
@@ -131,12 +104,12 @@ def test_triton_sgmv_matches_oracle(triton_ops, case, dtype):
     fresh = triton_ops.sgmv_shrink(x, a, seg, ranks)
     assert torch.equal(fresh, shrunk)
 
-    shrunk = _garbage_beyond_rank(shrunk, token_slots, ranks)
+    shrunk = garbage_beyond_rank(shrunk, token_slots, ranks)
     y_in = y.clone()
     y_out = triton_ops.sgmv_expand(y_in, shrunk, b, seg, ranks, scales, offsets)
     assert y_out is y_in
     assert_close_scaled(y_out, oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets), dtype, "expand")
-    _check_untouched_rows(y_out, y, token_slots)
+    check_untouched_rows(y_out, y, token_slots)
     # And against the reference the engine serves with on CPU.
     y_ref = reference.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)
     assert_close_scaled(y_out, y_ref, dtype, "expand vs reference")
