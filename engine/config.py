@@ -161,11 +161,13 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
     max_num_seqs: int | None = None  # None: sized from the device and the KV memory (engine/memory.py)
     # A step with no decodes takes a whole burst of prompts at once (16 x 128 tokens: one step,
-    # before anyone streams); while sequences decode, a step carries at most
-    # max_prefill_tokens_with_decodes prompt tokens (new and continuing prefills): a long prefill
-    # chunk makes that step several times slower and every running stream's next token waits
-    # for it (inter-token latency spikes). None: only max_num_batched_tokens bounds them.
-    # benchmarks/itl.py measured this pair against 512 / None (docs/cpu-performance.md).
+    # before anyone streams); while sequences decode, each prompt adds at most
+    # max_prefill_tokens_with_decodes tokens to a step (a new admission or a continuing prefill):
+    # a long prefill chunk makes that step several times slower and every running stream's next
+    # token waits for it. Per prompt, not per step: prompts that arrive together still join one
+    # step (up to max_num_batched_tokens), so a burst stalls the streams once, not once per prompt
+    # (that kept arrivals staggered and put ITL p99 on those steps: docs/cpu-performance.md).
+    # None: only max_num_batched_tokens bounds them.
     max_num_batched_tokens: int = 2048
     max_prefill_tokens_with_decodes: int | None = 128
     block_size: int = 16

@@ -171,18 +171,18 @@ class Scheduler:
         # 1. Running sequences, most important first; decodes before unfinished prefills.
         ordered = self.policy.order_running(self.running, now)
         queue = [s for s in ordered if s.in_decode] + [s for s in ordered if not s.in_decode]
-        # Prompt tokens this step may carry: capped while decodes share the step (their pace).
+        # While decodes share the step, each prompt adds at most `cap` tokens to it (a long prompt is
+        # chunked, so the streams keep their pace). The cap is per prompt, not per step: prompts that
+        # arrive together join one step (bounded by the budget) instead of one per step, which
+        # would stall the running streams once per arrival and keep later arrivals staggered.
         cap = self.config.max_prefill_tokens_with_decodes
-        prefill_left = cap if cap is not None and queue and queue[0].in_decode else budget
+        chunk_cap = cap if cap is not None and queue and queue[0].in_decode else budget
         while queue and budget > 0:
             seq = queue.pop(0)
             if not seq.in_decode:
-                if prefill_left <= 0:
-                    continue
-                n = min(seq.num_uncomputed_tokens, budget, prefill_left)
+                n = min(seq.num_uncomputed_tokens, budget, chunk_cap)
                 if self._schedule_running(seq, n, [], queue, out, now):
                     budget -= n
-                    prefill_left -= n
                 continue
             # Drafts ride on the decode token within the budget; the ones that do not fit wait.
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
@@ -196,8 +196,8 @@ class Scheduler:
         if self.config.batching == "static":
             if not self.running and not out.preempted:
                 self._admit_static_batch(out, budget, now)
-        elif not out.preempted and prefill_left > 0:  # memory short: don't admit what we would preempt next
-            self._admit_waiting(out, min(budget, prefill_left), now)
+        elif not out.preempted:  # memory short: don't admit what we would preempt next
+            self._admit_waiting(out, budget, now, chunk_cap)
         out.block_copies = self.kv.take_block_copies()
         out.forks = {
             s.seq_id: list(self._followers[s.seq_id]) for s in out.sampling_seqs if s.seq_id in self._followers
@@ -219,7 +219,7 @@ class Scheduler:
         out.chunks.append(ScheduledChunk(seq, n, drafts[: n - seq.num_uncomputed_tokens]))
         return True
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, chunk_cap: int) -> None:
         exclude: set[int] = set()
         running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
         starving = self._starving_adapter()
@@ -234,11 +234,11 @@ class Scheduler:
                 exclude.add(seq.seq_id)
                 continue
             cached = self.kv.cached_prefix_len(seq)  # prefix caching: prefill only the rest
-            n = min(seq.num_uncomputed_tokens - cached, budget)
+            n = min(seq.num_uncomputed_tokens - cached, budget, chunk_cap)
             if full or not self.kv.can_admit(seq, n, cached):
                 # The policy may let a waiting request push running ones out (a better class...).
                 budget = self._preempt_for(seq, n, cached, out, budget, running_adapters, now)
-                n = min(seq.num_uncomputed_tokens - cached, budget)
+                n = min(seq.num_uncomputed_tokens - cached, budget, chunk_cap)
                 if self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs or not self.kv.can_admit(
                     seq, n, cached
                 ):

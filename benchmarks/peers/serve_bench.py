@@ -14,6 +14,10 @@ Systems (``--systems``, each one server process held up for the whole run):
   * ``loraplex@NAME``: ``loraplex serve`` of this checkout with the environment of ``--variant
     NAME:KEY=VALUE,...`` (e.g. ``--variant nocap:LORAPLEX_ENGINE__MAX_PREFILL_TOKENS_WITH_DECODES=``
     to compare an engine setting in one run).
+``--step-log``: every loraplex server logs each engine step (benchmarks/peers/step_log/); each row
+then also reports the steps that carried prompt tokens beside decodes ("prompt steps") and the share
+of decode tokens those steps delayed ("stalled gaps": the ITLs a prefill stretched, which decide
+ITL p99 once they pass 1% of the gaps).
 ``--profile``: py-spy samples every loraplex server while it serves each row (its Python frames,
 per thread, idle excluded); the summary prints each thread's share and its top frames, and the raw
 folded stacks land next to the JSON.
@@ -122,6 +126,7 @@ class Server:
         self.key = "none"
         self.model = "base"
         self.adapter_names: list[str] = []
+        self.step_log: Path | None = None
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -190,7 +195,13 @@ def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, thr
 
 
 def start_loraplex(
-    name: str, python: Path, model: Path, tmp: Path, fast: bool, extra_env: dict[str, str] | None = None
+    name: str,
+    python: Path,
+    model: Path,
+    tmp: Path,
+    fast: bool,
+    extra_env: dict[str, str] | None = None,
+    step_log: bool = False,
 ) -> Server:
     env = {
         **os.environ,
@@ -211,11 +222,37 @@ def start_loraplex(
             env[k] = v
         else:
             env.pop(k, None)
+    log_path = tmp / f"{name}-steps.txt"
+    if step_log:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "step_log"), env.get("PYTHONPATH")) if p)
+        env["LORAPLEX_STEPLOG"] = str(log_path)
     port = _free_port()
     data = tmp / f"{name}-data"
     cmd = [str(python.parent / "loraplex"), "serve", "--model", str(model), "--data-dir", str(data)]
     cmd += ["--port", str(port)]
-    return Server(name, cmd, env, tmp / f"{name}.log")
+    server = Server(name, cmd, env, tmp / f"{name}.log")
+    server.step_log = log_path if step_log else None
+    return server
+
+
+def _step_lines(server: Server) -> list[list[float]]:
+    if server.step_log is None or not server.step_log.is_file():
+        return []
+    return [[float(x) for x in line.split()] for line in server.step_log.read_text().splitlines() if line.strip()]
+
+
+def step_summary(lines: list[list[float]]) -> dict:
+    """From step-log lines (wall start, wall ms, thread CPU ms, decode rows, prompt tokens)."""
+    gaps = sum(ln[3] for ln in lines)
+    mixed = [ln for ln in lines if ln[4] > 0 and ln[3] > 0]
+    stalled = sum(ln[3] for ln in mixed)
+    return {
+        "steps": float(len(lines)),
+        "prompt_steps": float(sum(1 for ln in lines if ln[4] > 0)),
+        "mixed_steps": float(len(mixed)),
+        "stalled_gap_share": stalled / gaps if gaps else 0.0,
+        "engine_cpu_s": sum(ln[2] for ln in lines) / 1000,
+    }
 
 
 def register_loraplex(server: Server, adapters: dict[str, str]) -> None:
@@ -249,6 +286,7 @@ def run_row(server: Server, venv: Path, model: Path, row: str, out_len: int, pro
         cmd += ["--lora-modules", *server.adapter_names[:n_adapters]]
     env = {**os.environ, "OPENAI_API_KEY": server.key, "HF_HUB_OFFLINE": "1"}
     env.pop("LD_PRELOAD", None)
+    steps0 = len(_step_lines(server))
     cpu0 = _tree_cpu_seconds(server.proc.pid)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -258,7 +296,9 @@ def run_row(server: Server, venv: Path, model: Path, row: str, out_len: int, pro
         raise RuntimeError(f"bench failed for {server.name} {row}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     r = json.loads(result.read_text())
     toks = r.get("total_output_tokens") or 0
+    steps = step_summary(_step_lines(server)[steps0:]) if server.step_log is not None else {}
     return {
+        **steps,
         "tok_s": r["output_throughput"],
         "ttft_p50_ms": r["median_ttft_ms"],
         "ttft_p99_ms": r["p99_ttft_ms"],
@@ -285,6 +325,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,... for a loraplex@NAME system")
     ap.add_argument("--profile", action="store_true", help="py-spy the loraplex servers during every row")
+    ap.add_argument("--step-log", action="store_true", help="log every loraplex engine step (prompt steps, stalls)")
     args = ap.parse_args()
     variants = {}
     for v in args.variant:
@@ -309,7 +350,7 @@ def main() -> None:
                 fast = s == "loraplex" or s.startswith("loraplex@")
                 py = ROOT / ".venv" / "bin" / "python" if fast else args.before_venv / "bin" / "python"
                 extra = variants[s.split("@", 1)[1]] if "@" in s else None
-                servers[s] = start_loraplex(s.replace("@", "-"), py, model, tmp, fast, extra)
+                servers[s] = start_loraplex(s.replace("@", "-"), py, model, tmp, fast, extra, args.step_log)
                 servers[s].wait_ready(600)
                 register_loraplex(servers[s], adapters)
             print(f"{s}: up in {servers[s].startup_s:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
@@ -408,6 +449,7 @@ def print_profile(folded: Path, top: int = 12) -> None:
 
 def summarize(results: dict, servers: dict, rows: list[str], systems: list[str]) -> list[dict]:
     keys = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "cpu_ms_per_token", "cores", "rss_mb")
+    step_keys = ("steps", "prompt_steps", "mixed_steps", "stalled_gap_share")
     table = []
     print(f"\nmedians of {len(next(iter(next(iter(results.values())).values())))} alternating rounds")
     print(
@@ -415,13 +457,23 @@ def summarize(results: dict, servers: dict, rows: list[str], systems: list[str])
     )
     for row in rows:
         med = {
-            s: {k: statistics.median(x[k] for x in results[s][row]) for k in keys} for s in systems if results[s][row]
+            s: {
+                k: statistics.median(x[k] for x in results[s][row]) for k in keys + step_keys if k in results[s][row][0]
+            }
+            for s in systems
+            if results[s][row]
         }
         for s, m in med.items():
             ratio = m["tok_s"] / med["vllm"]["tok_s"] if "vllm" in med else float("nan")
             table.append({"row": row, "system": s, **m, "tok_s_vs_vllm": ratio})
             print(
                 f"{row:9s} {s:16s} {m['tok_s']:7.1f} {ratio:6.2f} {m['ttft_p50_ms']:8.0f} {m['ttft_p99_ms']:8.0f} {m['itl_p50_ms']:7.0f} {m['itl_p99_ms']:7.0f} {m['cpu_ms_per_token']:10.1f} {m['cores']:5.2f} {m['rss_mb']:7.0f}"
+            )
+    for t in table:
+        if "stalled_gap_share" in t:
+            print(
+                f"step log {t['row']:9s} {t['system']:16s} prompt steps {t['prompt_steps']:.0f} of {t['steps']:.0f}, "
+                f"beside decodes {t['mixed_steps']:.0f}, stalled gaps {100 * t['stalled_gap_share']:.1f}%"
             )
     for s in systems:
         print(f"start-up {s}: {servers[s].startup_s:.1f} s")

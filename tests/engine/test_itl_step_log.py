@@ -53,7 +53,8 @@ def test_step_log_counts_gaps_and_sees_the_cap(tiny_llama, cap):
     if cap is None:
         assert res["max_prompt_tok_with_decodes"] > 8, "uncapped, a 30-token prompt lands beside decodes"
     else:
-        assert 0 < res["max_prompt_tok_with_decodes"] <= cap
+        # The cap is per prompt: with 3 in flight, at most 2 prompts join a step that decodes.
+        assert 0 < res["max_prompt_tok_with_decodes"] <= 2 * cap
     assert res["itl_p99_ms"] >= res["itl_p50_ms"] > 0
     assert not hasattr(engine.scheduler, "__dict__") or "schedule" not in engine.scheduler.__dict__, (
         "the scheduler's own schedule() is restored after the run"
