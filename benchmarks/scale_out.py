@@ -202,11 +202,6 @@ def main() -> None:
     ap.add_argument("--flood-max-num-seqs", type=int, default=8, help="engine max_num_seqs in the flood")
     ap.add_argument("--fault-clients", type=int, default=8, help="closed-loop streams in the faults scenario")
     ap.add_argument("--fault-tokens", type=int, default=64, help="max_tokens of each faults-scenario stream")
-    ap.add_argument(
-        "--fault-kinds",
-        default="kill,rollout,drain",
-        help="faults scenario parts: kill (control actor), rollout, drain",
-    )
     ap.add_argument("--fault-cap-s", type=float, default=180.0, help="bound on the control-kill wait (rollout: 3x)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--adapters", type=int, default=32)

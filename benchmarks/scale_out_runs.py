@@ -127,17 +127,13 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             save_part = {"kill_control": kill}
             out["faults"] = save_part
             save()
-            kinds = args.fault_kinds.split(",")
-            roll = drain = None
-            if "rollout" in kinds:
-                tid, key, _ = _tenant(srv, "rolling")
-                roll = rolling_restart(srv, key, tid, args.fault_clients, args.fault_tokens, 3 * args.fault_cap_s)
-                save_part["rolling_restart"] = roll
-                save()
-            if "drain" in kinds:
-                tid, key, _ = _tenant(srv, "drain")
-                drain = sigterm_drain(srv, key, tid, args.fault_clients, 4 * args.fault_tokens)
-                save_part["sigterm_drain"] = drain
+            tid, key, _ = _tenant(srv, "rolling")
+            roll = rolling_restart(srv, key, tid, args.fault_clients, args.fault_tokens, 3 * args.fault_cap_s)
+            save_part["rolling_restart"] = roll
+            save()
+            tid, key, _ = _tenant(srv, "drain")
+            drain = sigterm_drain(srv, key, tid, args.fault_clients, 4 * args.fault_tokens)
+            save_part["sigterm_drain"] = drain
         finally:
             srv.stop()
         print(f"\nfaults (2 replicas, {args.fault_clients} closed-loop streams of {args.fault_tokens} tokens):")
@@ -149,21 +145,19 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
                 f"after the kill; statuses {k['status_counts']}; rows missing {k['rows_missing']}, rows != "
                 f"received {k['rows_not_equal_received']}; received {k['tokens_received']} billed {k['tokens_billed']}"
             )
-        if roll is not None:
-            print(
-                f"  rolling restart (SIGHUP): complete after {roll['complete_after_s']} s; {roll['cut_or_failed']} of "
-                f"{roll['requests']} requests cut or failed; replicas replaced {roll['replaced']} "
-                f"({roll['replicas_before']} -> {roll['replicas_after']}); most streams a stopping replica drained "
-                f"{roll['max_ongoing_while_draining']}; rows missing {roll['rows_missing']}, rows != received "
-                f"{roll['rows_not_equal_received']}; received {roll['tokens_received']} billed {roll['tokens_billed']}"
-            )
-        if drain is not None:
-            print(
-                f"  SIGTERM drain: {drain['streams_completed']}/{drain['streams']} streams completed, "
-                f"received {drain['tokens_received']} billed {drain['tokens_billed']} tokens ({drain['rows_ok']} rows ok), "
-                f"drained after {drain['drained_after_sigterm_s']} s, exit {drain['exit_code']} after "
-                f"{drain['exit_after_sigterm_s']:.1f} s"
-            )
+        print(
+            f"  rolling restart (SIGHUP): complete after {roll['complete_after_s']} s; {roll['cut_or_failed']} of "
+            f"{roll['requests']} requests cut or failed; replicas replaced {roll['replaced']} "
+            f"({roll['replicas_before']} -> {roll['replicas_after']}); most streams a stopping replica drained "
+            f"{roll['max_ongoing_while_draining']}; rows missing {roll['rows_missing']}, rows != received "
+            f"{roll['rows_not_equal_received']}; received {roll['tokens_received']} billed {roll['tokens_billed']}"
+        )
+        print(
+            f"  SIGTERM drain: {drain['streams_completed']}/{drain['streams']} streams completed, "
+            f"received {drain['tokens_received']} billed {drain['tokens_billed']} tokens ({drain['rows_ok']} rows ok), "
+            f"drained after {drain['drained_after_sigterm_s']} s, exit {drain['exit_code']} after "
+            f"{drain['exit_after_sigterm_s']:.1f} s"
+        )
         save()
     if "autoscale" in picked:
         extra = "min_replicas = 1\nmax_replicas = 2\ntarget_ongoing_requests = 4\nupscale_delay_s = 5\ndownscale_delay_s = 15"

@@ -23,9 +23,7 @@ Why an actor and not the database: see docs/scale-out.md.
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 import uuid
 from datetime import datetime
@@ -33,8 +31,6 @@ from typing import Any
 
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
-
-log = logging.getLogger(__name__)
 
 ACTOR_NAME = "loraplex-control"
 NAMESPACE = "loraplex"
@@ -46,13 +42,7 @@ class ControlPlane:
     It heals: Ray restarts the actor (``max_restarts``) with the same arguments, and a new
     instance rebuilds everything it held from the outside: the desired engine state from the
     database, the replica registry from the replicas' next heartbeats, and the live reservations
-    from the ingresses, which notice the new ``epoch`` and ``adopt`` theirs back.
-
-    The database read runs in a thread of its own, so a restarted instance answers quota calls
-    before it has imported SQLAlchemy and read the tables (seconds of a restart on a loaded box,
-    and every admission of a limited tenant waits for the instance). Until it is done ``state``
-    answers "nothing new" (the replicas keep what they applied) and the calls that change the
-    state wait for it; the first start waits for it too (``wait_rebuilt``, from the driver)."""
+    from the ingresses, which notice the new ``epoch`` and ``adopt`` theirs back."""
 
     def __init__(
         self, db_url: str, replica_ttl_s: float = 5.0, store_root: str | None = None, ingress_lease_s: float = 30.0
@@ -82,28 +72,11 @@ class ControlPlane:
         self._ingresses: dict[str, dict[str, Any]] = {}
         self._aborts: list[dict[str, Any]] = []  # admin aborts every ingress applies (by sequence)
         self._abort_seq = 0
-        self._db_lock = threading.Lock()  # the session factory, made once by whichever thread asks first
-        self._rebuilt = threading.Event()
-        if store_root is None:
-            self._rebuilt.set()
-        else:
-            threading.Thread(target=self._rebuild_until_done, name="loraplex-control-rebuild", daemon=True).start()
-
-    def _rebuild_until_done(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                self._rebuild_from_db()
-                return
-            except Exception:  # noqa: BLE001 - the database away: state stays "nothing new" meanwhile
-                log.exception("control plane: reading the desired engine state failed; retrying")
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        if store_root is not None:
+            self._rebuild_from_db()
 
     def _rebuild_from_db(self) -> None:
-        """The desired engine state as the database has it (what every ingress pushed at start).
-        Runs beside the actor's calls: nothing is visible until it is whole (``_rebuilt``), and a
-        change made meanwhile (it waits for this) cannot be overwritten by an older row."""
+        """The desired engine state as the database has it (what every ingress pushed at start)."""
         from pathlib import Path
 
         from loraplex.platform.adapters import repository as adapters_repo
@@ -111,32 +84,22 @@ class ControlPlane:
         from loraplex.platform.tenants import repository as tenants_repo
 
         assert self._store_root is not None
-        tenants: dict[str, tuple[int, float, int | None]] = {}
-        adapters: dict[str, str] = {}
         with self._session_factory()() as session:
             quotas = {q.tenant_id: q for q in quotas_repo.all_quotas(session)}
             for t in tenants_repo.all_tenants(session):
                 if t.status != "deleted":
                     q = quotas.get(t.id)
-                    tenants[t.id] = (t.priority, t.weight, q.max_concurrent if q else None)
+                    self._tenants[t.id] = (t.priority, t.weight, q.max_concurrent if q else None)
             for a in adapters_repo.served_adapters(session):
                 if a.status == "active":
-                    adapters[a.id] = str(Path(self._store_root) / a.storage_path)
-        self._tenants.update(tenants)
-        self._adapters.update(adapters)
-        self._rebuilt.set()
-
-    def wait_rebuilt(self, timeout_s: float = 60.0) -> bool:
-        """Whether the desired state is read (the driver waits for it at the first start)."""
-        return self._rebuilt.wait(timeout_s)
+                    self._adapters[a.id] = str(Path(self._store_root) / a.storage_path)
 
     def _session_factory(self) -> Any:
         from loraplex.platform.db.session import make_db_engine, make_session_factory
 
-        with self._db_lock:
-            if self._sessions is None:
-                self._sessions = make_session_factory(make_db_engine(self._db_url))
-            return self._sessions
+        if self._sessions is None:
+            self._sessions = make_session_factory(make_db_engine(self._db_url))
+        return self._sessions
 
     # -- quotas (the QuotaStore calls, by reservation key) ---------------------------------
     def precheck(self, tenant_id: str, quota: QuotaView) -> dict[str, Any] | None:
@@ -248,7 +211,6 @@ class ControlPlane:
 
     # -- desired engine state ----------------------------------------------------------------
     def set_tenant(self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None) -> int:
-        self._rebuilt.wait()
         value = (priority, weight, max_running_seqs)
         if self._tenants.get(tenant_id) != value:
             self._tenants[tenant_id] = value
@@ -256,14 +218,12 @@ class ControlPlane:
         return self._version
 
     def add_adapter(self, key: str, path: str) -> int:
-        self._rebuilt.wait()
         if self._adapters.get(key) != path:
             self._adapters[key] = path
             self._version += 1
         return self._version
 
     def remove_adapter(self, key: str) -> int:
-        self._rebuilt.wait()
         if self._adapters.pop(key, None) is not None:
             self._version += 1
         return self._version
@@ -272,9 +232,8 @@ class ControlPlane:
         return self._version
 
     def state(self, known_version: int = -1) -> dict[str, Any] | None:
-        """The whole desired state (it is small), or None when the caller is up to date or a
-        restarted instance has not read it yet (then the caller keeps what it applied)."""
-        if known_version == self._version or not self._rebuilt.is_set():
+        """The whole desired state (it is small), or None when the caller is up to date."""
+        if known_version == self._version:
             return None
         return {"version": self._version, "tenants": dict(self._tenants), "adapters": dict(self._adapters)}
 

@@ -147,9 +147,6 @@ def start(settings: Settings) -> Any:
             ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
         )
     )
-    # The first instance has read the desired state before any replica pulls it (a restarted one
-    # reads it in the background: control.py).
-    ray.get(control.wait_rebuilt.remote(300.0), timeout=360)  # type: ignore[attr-defined]
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
     deploy_app(settings, dump, generation=0)
     log.info(
