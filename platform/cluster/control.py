@@ -13,10 +13,13 @@ It holds three facts that must mean the same thing on every replica:
   ``/admin/v1/engine`` shows.
 
 Every reservation belongs to the ingress that made it and is held on a lease that the ingress's
-calls renew (its snapshot tick, its reserves). An ingress that stops calling (killed, its node
-gone) loses its holds after ``ingress_lease_s``: the tenant's concurrency slots and tokens come back
-without anyone restarting the actor. A live ingress that was merely silent that long (a stall) is
-told so at its next snapshot (``readopt``) and hands its live reservations back, as after a restart.
+calls renew (its snapshot tick, its reserves). An ingress silent for longer than
+``ingress_lease_s`` is asked whether it lives (``liveness.py``): one that Ray confirms dead (killed,
+its node gone) loses its holds, so the tenant's concurrency slots and tokens come back without
+anyone restarting the actor; one that is only slow keeps them (releasing a live ingress's holds
+would let the others admit past a cap while its streams run). An ingress that cannot be asked (no
+actor handle registered) is released by the clock alone and, if it was merely stalled, told so at
+its next snapshot (``readopt``) to hand its live reservations back, as after a restart.
 
 Why an actor and not the database: see docs/scale-out.md.
 """
@@ -29,6 +32,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from loraplex.platform.cluster.liveness import IngressLiveness, RayActorLiveness, Verdict
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
 
@@ -45,7 +49,12 @@ class ControlPlane:
     from the ingresses, which notice the new ``epoch`` and ``adopt`` theirs back."""
 
     def __init__(
-        self, db_url: str, replica_ttl_s: float = 5.0, store_root: str | None = None, ingress_lease_s: float = 30.0
+        self,
+        db_url: str,
+        replica_ttl_s: float = 5.0,
+        store_root: str | None = None,
+        ingress_lease_s: float = 30.0,
+        liveness: IngressLiveness | None = None,
     ) -> None:
         self._db_url = db_url
         self._store_root = store_root
@@ -57,6 +66,7 @@ class ControlPlane:
         self._lapsed: set[str] = set()  # ingresses whose holds expired: told at their next snapshot
         self._lease_s = ingress_lease_s
         self._lease_released = 0  # holds released because their ingress went silent (admin view)
+        self._liveness = liveness or RayActorLiveness()
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
@@ -166,18 +176,27 @@ class ControlPlane:
     def _renew(self, owner: str) -> None:
         if owner:
             self._leases[owner] = time.monotonic()
+            self._liveness.heard(owner)
         self._expire_leases()
 
     def _expire_leases(self) -> int:
-        """Release the holds of every ingress silent for longer than the lease: settled as
-        serving nothing (slot and held tokens back; the request still counts against rpm: it
-        was made). What it did deliver is in the usage ledger, recovered as interrupted."""
+        """Release the holds of every ingress silent for longer than the lease and not alive:
+        confirmed dead by Ray, or with no way to ask (``liveness.py``). Settled as serving nothing
+        (slot and held tokens back; the request still counts against rpm: it was made). What it
+        did deliver is in the usage ledger, recovered as interrupted."""
         now = time.monotonic()
-        gone = [o for o, seen in self._leases.items() if now - seen > self._lease_s]
         released = 0
-        for owner in gone:
+        for owner in [o for o, seen in self._leases.items() if now - seen > self._lease_s]:
+            verdict = self._liveness.verdict(owner)
+            if verdict is Verdict.ALIVE:  # it answered: only slow, its holds stay
+                self._leases[owner] = now
+                continue
+            if verdict is Verdict.UNKNOWN:  # asked, no answer yet: keep its holds meanwhile
+                continue
             del self._leases[owner]
-            self._lapsed.add(owner)
+            self._liveness.forget(owner)
+            if verdict is Verdict.UNWATCHED:  # released on the clock alone: it may be stalled, not dead
+                self._lapsed.add(owner)
             for key in [k for k, o in self._owner.items() if o == owner]:
                 self.settle(key, 0)
                 released += 1
@@ -263,10 +282,12 @@ class ControlPlane:
             self._retired[tid] = self._retired.get(tid, 0.0) + amount
 
     # -- what every ingress polls: registry, draining, admin aborts ---------------------------
-    def snapshot(self, ingress: str, in_flight: int, abort_seq: int) -> dict[str, Any]:
+    def snapshot(self, ingress: str, in_flight: int, abort_seq: int, handle: Any = None) -> dict[str, Any]:
         """One call per ingress tick: it reports its in-flight count and gets the replicas, the
         instance epoch, whether the deployment is draining, and the admin aborts after ``abort_seq``;
-        the call renews the ingress's lease on its reservations (``readopt``: it had lapsed)."""
+        the call renews the ingress's lease on its reservations (``readopt``: it had lapsed).
+        ``handle``: the ingress's own Ray actor, asked whether it lives when it falls silent."""
+        self._liveness.watch(ingress, handle)
         self._renew(ingress)
         readopt = ingress in self._lapsed
         self._lapsed.discard(ingress)

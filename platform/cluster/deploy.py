@@ -50,7 +50,7 @@ class Ingress:
         quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
         ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
-        client.attach(quotas, ctx.inflight)
+        client.attach(quotas, ctx.inflight, me=ray.get_runtime_context().current_actor)
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress

@@ -1,0 +1,118 @@
+"""The control plane's ingress leases on a real local Ray: a silent ingress keeps its holds while it
+lives and loses them once its process is gone.
+
+Real processes: the control plane is the Ray actor ``deploy.py`` makes, each "ingress" is a Ray actor
+process holding an ``ActorQuotaStore`` and ticking ``snapshot`` with its own handle, as the Serve
+ingress does. The stall is a real ``SIGSTOP`` of ingress A's process and the death a real
+``SIGKILL``; nothing is faked. What would break: releasing on silence alone (the old rule) lets B
+admit while A is stopped with two requests running — the cap of 2 exceeded, as a whole-suite run
+beside CPU burners once showed on the cluster (6 running at ``max_concurrent=3``); never releasing
+leaves the dead A's slots held forever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the lease tests need loraplex[ray]")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+LEASE_S = 2.0
+WAIT_S = 180  # bounds a wait on a loaded 2-core box; nothing here measures time
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    env = os.environ.pop("RAY_ADDRESS", None)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="loraplex-lease-test",
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+    )
+    yield
+    ray.shutdown()
+    if env is not None:
+        os.environ["RAY_ADDRESS"] = env
+
+
+@ray.remote(num_cpus=0)
+class Ingress:
+    """What the Serve ingress does with the control plane, and nothing else."""
+
+    def __init__(self, control, name: str) -> None:
+        from loraplex.platform.cluster.quota_store import ActorQuotaStore
+
+        self.control, self.name = control, name
+        self.store = ActorQuotaStore(control, owner=name)
+        self.me = ray.get_runtime_context().current_actor
+        self.held: list = []
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def tick(self) -> dict:
+        return ray.get(self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+
+    def admit(self, limit: int) -> str:
+        from loraplex.platform.errors import RateLimited
+        from loraplex.platform.quotas.store import QuotaView
+
+        try:
+            self.held.append(self.store.reserve("tenant", QuotaView(max_concurrent=limit), 10))
+            return "admitted"
+        except RateLimited as exc:
+            return str(exc)
+
+
+def _control():
+    from loraplex.platform.cluster.control import ControlPlane
+
+    # the options deploy.py gives it (one call at a time; no database needed for quotas)
+    return (
+        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
+        .options(max_concurrency=1)
+        .remote("sqlite://", ingress_lease_s=LEASE_S)
+    )
+
+
+def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray):
+    control = _control()
+    a, b = Ingress.remote(control, "ingress-a"), Ingress.remote(control, "ingress-b")
+    ray.get([a.tick.remote(), b.tick.remote()])  # both registered their handles
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
+    pid_a = ray.get(a.pid.remote())
+
+    os.kill(pid_a, signal.SIGSTOP)  # A lives but says nothing: its pings go unanswered
+    try:
+        # B keeps ticking for many leases; every tick runs the expiry, and A's holds must stay
+        ticks = 0
+        start = time.monotonic()
+        while time.monotonic() - start < 5 * LEASE_S or ticks < 20:
+            ray.get(b.tick.remote())
+            ticks += 1
+            time.sleep(0.1)
+        assert ray.get(control.running.remote("tenant")) == 2
+        assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
+        assert ray.get(b.tick.remote())["control"]["released_by_lease"] == 0
+    finally:
+        os.kill(pid_a, signal.SIGCONT)
+    # A answers again: nothing was released, so nothing is re-adopted (no readopt), holds intact
+    assert ray.get(a.tick.remote())["readopt"] is False
+    assert ray.get(control.running.remote("tenant")) == 2
+
+    os.kill(pid_a, signal.SIGKILL)  # now gone: Ray confirms the death, the slots come back
+    deadline = time.monotonic() + WAIT_S
+    while ray.get(b.admit.remote(2)) != "admitted":
+        assert time.monotonic() < deadline, "the killed ingress's holds were never released"
+        ray.get(b.tick.remote())
+        time.sleep(0.2)
+    snap = ray.get(b.tick.remote())
+    assert snap["control"]["released_by_lease"] == 2 and snap["control"]["ingresses"] == ["ingress-b"]
+    assert ray.get(b.admit.remote(2)) == "admitted"  # both of the dead ingress's slots, no more
+    assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
