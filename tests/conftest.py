@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _has_cuda() -> bool:
+    # No NVIDIA device node: no CUDA, known without importing torch (seconds of CPU in the xdist
+    # controller, which runs no test and otherwise never imports it).
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
+        return False
     try:
         import torch
 
@@ -109,6 +115,8 @@ SLOW_TESTS = (
 DATABASE_AGNOSTIC_MODULES = (
     "tests/platform/test_tool_calling.py::",
     "tests/platform/test_openai_surface.py::",
+    "tests/platform/test_vllm_extensions.py::",  # request extensions honoured or refused by name
+    "tests/platform/test_hardening_routes.py::",  # bounds checked before templating (in-process quotas)
 )
 
 
@@ -130,6 +138,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+
+
+_MODULE_SLOW = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.slow\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The inner loop (exactly ``-m "not slow"``) does not even import a module marked slow as a
+    whole (``pytestmark = ... pytest.mark.slow``): its tests would all be deselected, and importing
+    it (Ray, Playwright, the agent frameworks) cost each xdist worker ~9 CPU-s of collection."""
+    if config.option.markexpr.strip() != "not slow" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    try:
+        return True if _MODULE_SLOW.search(collection_path.read_text(encoding="utf-8")) else None
+    except OSError:
+        return None
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist may be absent (-p no:xdist)
