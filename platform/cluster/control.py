@@ -55,6 +55,8 @@ class ControlPlane:
         store_root: str | None = None,
         ingress_lease_s: float = 30.0,
         liveness: IngressLiveness | None = None,
+        expected_ingresses: int = 0,
+        adopt_grace_s: float = 10.0,
     ) -> None:
         self._db_url = db_url
         self._store_root = store_root
@@ -67,6 +69,14 @@ class ControlPlane:
         self._lease_s = ingress_lease_s
         self._lease_released = 0  # holds released because their ingress went silent (admin view)
         self._liveness = liveness or RayActorLiveness()
+        # A restarted instance starts with no holds: until every ingress has handed its live ones
+        # back (``adopt``), a limited tenant's new hold could pass a cap that another ingress's
+        # running requests already fill. So it asks for new limited holds to be sent again
+        # ("retry") until ``expected_ingresses`` have reported, for at most ``adopt_grace_s`` (an
+        # ingress that died with the old instance never reports). A first start has nothing to wait for.
+        self._reported: set[str] = set()
+        self._expected_ingresses = expected_ingresses if _was_restarted() else 0
+        self._settle_until = time.monotonic() + adopt_grace_s
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
@@ -128,6 +138,8 @@ class ControlPlane:
         key = key or uuid.uuid4().hex
         res = self._reservations.get(key)
         if res is None:
+            if self._adopting() and not quota.unlimited:
+                return {"retry": True, "epoch": self.epoch}
             try:
                 res = self._quotas.reserve(tenant_id, quota, tokens)
             except RateLimited as exc:
@@ -146,6 +158,15 @@ class ControlPlane:
         quota, tokens) each. An ingress batches the admissions that arrive while its previous
         batch is in flight, so a burst costs the actor a few calls, not one per request."""
         return [self.reserve(tenant, quota, tokens, owner, key) for key, tenant, quota, tokens in items]
+
+    def _adopting(self) -> bool:
+        """A restarted instance still waiting for the ingresses' live holds (see ``__init__``)."""
+        if len(self._reported) >= self._expected_ingresses:
+            return False
+        if time.monotonic() > self._settle_until:
+            self._expected_ingresses = 0  # the missing ones are gone: stop waiting for good
+            return False
+        return True
 
     def _hold(self, key: str, res: Reservation, owner: str) -> None:
         self._reservations[key] = res
@@ -216,6 +237,8 @@ class ControlPlane:
         Returns how many were new here."""
         self._renew(owner)
         self._lapsed.discard(owner)
+        if owner:
+            self._reported.add(owner)
         adopted = 0
         for h in held:
             if h["key"] in self._reservations:
@@ -351,3 +374,13 @@ def _refusal(exc: RateLimited) -> dict[str, Any]:
 
 def raise_refusal(refusal: dict[str, Any]) -> None:
     raise RateLimited(refusal["message"], code=refusal["code"], headers=refusal["headers"])
+
+
+def _was_restarted() -> bool:
+    """Whether this instance replaces one that died (Ray restarted the actor); False outside Ray."""
+    try:
+        import ray
+
+        return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - not in an actor: a plain object (tests) is a first start
+        return False

@@ -145,6 +145,8 @@ def start(settings: Settings) -> Any:
             replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
             store_root=str(Path(dump["data_dir"]) / "adapters"),
             ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
+            # a restarted instance admits new limited holds once this many ingresses handed theirs back
+            expected_ingresses=cl.ingress_replicas,
         )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})

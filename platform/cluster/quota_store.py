@@ -34,6 +34,7 @@ from loraplex.platform.cluster.control import raise_refusal
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
 REFUSAL_MEMORY_S = 0.5  # a slot freed on another ingress is seen at most this late
+RETRY_PAUSE_S = 0.1  # between resends of holds a restarted control plane asked to send again
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ActorQuotaStore:
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         key = uuid.uuid4().hex
-        if _unlimited(quota):
+        if quota.unlimited:
             return self._reserve_unlimited(tenant_id, quota, tokens, key)
         try:
             got = self._calls.run(self._reserve((key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10)
@@ -124,9 +125,16 @@ class ActorQuotaStore:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
-                for (_, fut), got in zip(batch, answers):
-                    if not fut.done():
+                again = []
+                for (item, fut), got in zip(batch, answers):
+                    if got.get("retry"):  # a restarted instance still collecting the live holds
+                        self.saw_epoch(got["epoch"])  # ours among them: sent before the retry
+                        again.append((item, fut))
+                    elif not fut.done():
                         fut.set_result(got)
+                if again:
+                    self._queue = again + self._queue
+                    await asyncio.sleep(RETRY_PAUSE_S)
         finally:
             self._sending = False
 
@@ -160,14 +168,14 @@ class ActorQuotaStore:
         with self._lock:
             if self._epoch == epoch and not readopt:
                 return
-            first = self._epoch is None and not readopt
             self._epoch = epoch
             held = [
                 {"key": r.key, "tenant_id": r.tenant_id, "tokens": r.tokens, "budget_period": r.period}
                 for r in self._live.values()
             ]
-            if not first and held:
-                self._actor.adopt.remote(held, self._owner)
+            # sent even when empty: a restarted instance counts the ingresses that reported before
+            # it admits new limited holds (control.py); at a first start it is a no-op
+            self._actor.adopt.remote(held, self._owner)
 
     def live_count(self) -> int:
         with self._lock:
@@ -184,10 +192,6 @@ class ActorQuotaStore:
 
 async def _await_actor(submit: Any, what: str) -> Any:  # the seam a test without Ray replaces
     return await call_actor_async(submit, what=what)
-
-
-def _unlimited(quota: QuotaView) -> bool:
-    return quota.rpm is None and quota.tpm is None and quota.max_concurrent is None and quota.token_budget is None
 
 
 def _key(reservation: Reservation) -> str:

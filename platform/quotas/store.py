@@ -41,6 +41,11 @@ class QuotaView:
     token_budget: int | None = None
     budget_period: str = "month"
 
+    @property
+    def unlimited(self) -> bool:
+        """No limit at all: nothing could refuse a request under this view."""
+        return self.rpm is None and self.tpm is None and self.max_concurrent is None and self.token_budget is None
+
 
 @dataclass(frozen=True)
 class Others:

@@ -56,7 +56,26 @@ class Ingress:
         return os.getpid()
 
     def tick(self) -> dict:
-        return ray.get(self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+        snap = ray.get(self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+        self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))  # as the ingress's poller
+        return snap
+
+    def start_polling(self, interval_s: float) -> None:
+        """The ingress's poller: a snapshot every ``interval_s`` in a thread of its own."""
+        import threading
+
+        from loraplex.platform.cluster.actor_calls import call_actor
+
+        def poll() -> None:
+            while True:
+                try:
+                    snap = call_actor(lambda: self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+                    self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))
+                except Exception:  # noqa: BLE001 - the control plane restarting: next tick
+                    pass
+                time.sleep(interval_s)
+
+        threading.Thread(target=poll, daemon=True).start()
 
     def admit(self, limit: int) -> str:
         from loraplex.platform.errors import RateLimited
@@ -69,14 +88,14 @@ class Ingress:
             return str(exc)
 
 
-def _control():
+def _control(**kw):
     from loraplex.platform.cluster.control import ControlPlane
 
     # the options deploy.py gives it (one call at a time; no database needed for quotas)
     return (
         ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
         .options(max_concurrency=1)
-        .remote("sqlite://", ingress_lease_s=LEASE_S)
+        .remote("sqlite://", ingress_lease_s=LEASE_S, **kw)
     )
 
 
@@ -116,3 +135,24 @@ def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray
     assert snap["control"]["released_by_lease"] == 2 and snap["control"]["ingresses"] == ["ingress-b"]
     assert ray.get(b.admit.remote(2)) == "admitted"  # both of the dead ingress's slots, no more
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
+
+
+def test_a_restarted_control_plane_admits_no_limited_hold_before_the_ingresses_hand_theirs_back(local_ray):
+    """Ingress A holds 2 of 2 slots; the control actor is killed and Ray restarts it empty. B's
+    admission reaches the new instance first (A learns of it only at its next poll): it must wait
+    until A has handed its two holds back, then be refused. The old instance-blind answer admitted B
+    at once: 3 running at a cap of 2."""
+    control = _control(expected_ingresses=2)
+    a, b = Ingress.remote(control, "ingress-a"), Ingress.remote(control, "ingress-b")
+    ray.get([a.tick.remote(), b.tick.remote()])
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    epoch = ray.get(b.tick.remote())["epoch"]
+    ray.get(a.start_polling.remote(0.5))  # the real ingress's sync_interval_s in the cluster tests
+    ray.kill(control, no_restart=False)  # Ray restarts it (max_restarts=-1), as after a crash
+    assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
+    snap = ray.get(b.tick.remote())
+    assert snap["epoch"] != epoch  # it was a new instance that answered
+    assert ray.get(control.running.remote("tenant")) == 2  # A's two, adopted; nothing more
+    # the adopted holds count: a cap of 3 admits exactly one more
+    assert ray.get(b.admit.remote(3)) == "admitted"
+    assert ray.get(b.admit.remote(3)).startswith("too many concurrent requests")
