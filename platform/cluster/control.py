@@ -57,6 +57,7 @@ class ControlPlane:
         liveness: IngressLiveness | None = None,
         expected_ingresses: int = 0,
         adopt_grace_s: float = 10.0,
+        ingress_prefix: str | None = None,
     ) -> None:
         self._db_url = db_url
         self._store_root = store_root
@@ -68,14 +69,19 @@ class ControlPlane:
         self._lapsed: set[str] = set()  # ingresses whose holds expired: told at their next snapshot
         self._lease_s = ingress_lease_s
         self._lease_released = 0  # holds released because their ingress went silent (admin view)
-        self._liveness = liveness or RayActorLiveness()
+        self._liveness = liveness or RayActorLiveness(ingress_prefix)
         # A restarted instance starts with no holds: until every ingress has handed its live ones
         # back (``adopt``), a limited tenant's new hold could pass a cap that another ingress's
         # running requests already fill. So it asks for new limited holds to be sent again
-        # ("retry") until ``expected_ingresses`` have reported, for at most ``adopt_grace_s`` (an
-        # ingress that died with the old instance never reports). A first start has nothing to wait for.
+        # ("retry") until every ingress Ray holds alive has reported — a frozen one too: it still
+        # holds real slots; one that dies leaves Ray's list (and Serve replaces a frozen one when
+        # its health checks fail). Without that list (no Ray, the GCS unreachable): until
+        # ``expected_ingresses`` have reported, for at most ``adopt_grace_s``. A first start has
+        # nothing to wait for.
         self._reported: set[str] = set()
-        self._expected_ingresses = expected_ingresses if _was_restarted() else 0
+        self._restarted = _was_restarted()
+        self._adopted_all = not self._restarted
+        self._expected_ingresses = expected_ingresses if self._restarted else 0
         self._settle_until = time.monotonic() + adopt_grace_s
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
@@ -161,12 +167,14 @@ class ControlPlane:
 
     def _adopting(self) -> bool:
         """A restarted instance still waiting for the ingresses' live holds (see ``__init__``)."""
-        if len(self._reported) >= self._expected_ingresses:
+        if self._adopted_all:
             return False
-        if time.monotonic() > self._settle_until:
-            self._expected_ingresses = 0  # the missing ones are gone: stop waiting for good
-            return False
-        return True
+        live = self._liveness.live_ingresses()
+        if live is not None:
+            self._adopted_all = live <= self._reported
+        else:
+            self._adopted_all = len(self._reported) >= self._expected_ingresses or time.monotonic() > self._settle_until
+        return not self._adopted_all
 
     def _hold(self, key: str, res: Reservation, owner: str) -> None:
         self._reservations[key] = res
@@ -317,6 +325,7 @@ class ControlPlane:
         # draining_seen: this ingress has been told (the driver waits for every one before it
         # takes the app down, so a new request meets a 503, never a vanished route).
         self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time(), "draining_seen": self._draining}
+        live = self._liveness.live_ingresses()
         return {
             "epoch": self.epoch,
             "readopt": readopt,
@@ -325,6 +334,8 @@ class ControlPlane:
                 "epoch": self.epoch,
                 "live_reservations": len(self._reservations),
                 "ingresses": sorted(self._leases),
+                # the ingress actors Ray holds alive (what a restarted instance waits for)
+                "live_ingresses": None if live is None else sorted(live),
                 "released_by_lease": self._lease_released,
             },
             "version": self._version,

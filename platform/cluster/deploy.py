@@ -22,6 +22,9 @@ from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.cluster")
 APP_NAME = "loraplex"
+# Ray names every Serve replica's actor "SERVE_REPLICA::<app>#<deployment>#<id>" (Ray 2.60's
+# ReplicaID.to_full_id_str); the ingress deployment is named "ingress" below.
+INGRESS_ACTOR_PREFIX = f"SERVE_REPLICA::{APP_NAME}#ingress#"
 
 
 class Ingress:
@@ -46,6 +49,9 @@ class Ingress:
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
+        # named by its Ray actor, which the control plane can list (liveness.py): a restarted
+        # instance waits for every live ingress, by name, before it admits new limited holds
+        client.name = ray.get_runtime_context().get_actor_name() or client.name
         ctx = PlatformContext.build(settings, client)
         quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
@@ -147,6 +153,7 @@ def start(settings: Settings) -> Any:
             ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
             # a restarted instance admits new limited holds once this many ingresses handed theirs back
             expected_ingresses=cl.ingress_replicas,
+            ingress_prefix=INGRESS_ACTOR_PREFIX,
         )
     )
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})

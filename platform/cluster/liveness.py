@@ -32,13 +32,41 @@ class IngressLiveness(Protocol):
 
     def verdict(self, owner: str) -> Verdict: ...
 
+    def live_ingresses(self) -> frozenset[str] | None: ...
+
 
 class RayActorLiveness:
-    """Asks Ray about the ingress's actor: one ping in flight per silent ingress, never waited on."""
+    """Asks Ray about the ingress's actor: one ping in flight per silent ingress, never waited on.
 
-    def __init__(self) -> None:
+    ``ingress_prefix``: the Ray actor names of the ingresses (an ingress names itself by its actor
+    name, ``deploy.py``), so that a restarted control plane can list the ingresses Ray holds alive
+    and wait for each of them — a frozen one included — to hand its holds back (``control.py``)."""
+
+    def __init__(self, ingress_prefix: str | None = None) -> None:
         self._handles: dict[str, Any] = {}
         self._pings: dict[str, Any] = {}  # owner -> the ObjectRef of its ping in flight
+        self._prefix = ingress_prefix
+        self._listed: tuple[float, frozenset[str] | None] = (-1.0, None)
+
+    def live_ingresses(self) -> frozenset[str] | None:
+        """The names of the ingress actors Ray holds alive (a stopped process is alive to Ray; a
+        killed one leaves the list), at most a second old; None when not known (no prefix, no Ray)."""
+        if self._prefix is None:
+            return None
+        import time
+
+        at, names = self._listed
+        if time.monotonic() - at < 1.0:
+            return names
+        try:
+            import ray
+
+            actors = ray.util.list_named_actors(all_namespaces=True)
+            names = frozenset(a["name"] for a in actors if a["name"].startswith(self._prefix))
+        except Exception:  # noqa: BLE001 - the GCS unreachable for now: not known
+            names = None
+        self._listed = (time.monotonic(), names)
+        return names
 
     def watch(self, owner: str, handle: Any) -> None:
         if handle is not None and owner not in self._handles:

@@ -31,6 +31,7 @@ from typing import Any
 
 from loraplex.platform.cluster.actor_calls import RETRY_BUDGET_S, ActorLoop, call_actor, call_actor_async
 from loraplex.platform.cluster.control import raise_refusal
+from loraplex.platform.errors import ServiceUnavailable
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
 REFUSAL_MEMORY_S = 0.5  # a slot freed on another ingress is seen at most this late
@@ -108,7 +109,13 @@ class ActorQuotaStore:
         if not self._sending:
             self._sending = True
             asyncio.ensure_future(self._send())
-        return await answer
+        try:  # bounded: a restarted instance may keep asking for a resend while an ingress is frozen
+            return await asyncio.wait_for(answer, timeout=RETRY_BUDGET_S)
+        except asyncio.TimeoutError:
+            raise ServiceUnavailable(
+                f"the quota coordinator did not admit or refuse in {RETRY_BUDGET_S:.0f} s",
+                headers={"retry-after": "5"},
+            ) from None
 
     async def _send(self) -> None:
         """One ``reserve_many`` at a time, each carrying every reserve queued meanwhile."""
@@ -129,7 +136,8 @@ class ActorQuotaStore:
                 for (item, fut), got in zip(batch, answers):
                     if got.get("retry"):  # a restarted instance still collecting the live holds
                         self.saw_epoch(got["epoch"])  # ours among them: sent before the retry
-                        again.append((item, fut))
+                        if not fut.done():  # (its caller may have given up: no resend then)
+                            again.append((item, fut))
                     elif not fut.done():
                         fut.set_result(got)
                 if again:

@@ -188,7 +188,9 @@ def test_the_ingress_store_batches_concurrent_reserves_into_few_actor_calls(monk
 
     async def held_first(submit, what=""):
         if handle.calls.count("reserve_many") == 0:
-            deadline = time.monotonic() + 60
+            # (if a second reserve slipped into the first batch, 19 never queue: go on after a
+            # bound well inside the store's own 60 s for an answer, still two calls in all)
+            deadline = time.monotonic() + 20
             while len(store._queue) < 19 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         return submit()

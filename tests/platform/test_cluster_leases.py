@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray", reason="the lease tests need loraplex[ray]")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 LEASE_S = 2.0
+PREFIX = "lease-test#ingress#"  # the test's ingress actors are named like Serve's (deploy.py)
 WAIT_S = 180  # bounds a wait on a loaded 2-core box; nothing here measures time
 
 
@@ -88,6 +89,11 @@ class Ingress:
             return str(exc)
 
 
+def _ingress(control, name: str):
+    """An ingress actor named as Serve names its replicas' actors, which the control plane lists."""
+    return Ingress.options(name=PREFIX + name).remote(control, PREFIX + name)
+
+
 def _control(**kw):
     from loraplex.platform.cluster.control import ControlPlane
 
@@ -95,13 +101,13 @@ def _control(**kw):
     return (
         ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
         .options(max_concurrency=1)
-        .remote("sqlite://", ingress_lease_s=LEASE_S, **kw)
+        .remote("sqlite://", ingress_lease_s=LEASE_S, ingress_prefix=PREFIX, **kw)
     )
 
 
 def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray):
     control = _control()
-    a, b = Ingress.remote(control, "ingress-a"), Ingress.remote(control, "ingress-b")
+    a, b = _ingress(control, "a"), _ingress(control, "b")
     ray.get([a.tick.remote(), b.tick.remote()])  # both registered their handles
     assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
@@ -132,7 +138,7 @@ def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray
         ray.get(b.tick.remote())
         time.sleep(0.2)
     snap = ray.get(b.tick.remote())
-    assert snap["control"]["released_by_lease"] == 2 and snap["control"]["ingresses"] == ["ingress-b"]
+    assert snap["control"]["released_by_lease"] == 2 and snap["control"]["ingresses"] == [PREFIX + "b"]
     assert ray.get(b.admit.remote(2)) == "admitted"  # both of the dead ingress's slots, no more
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
 
@@ -143,7 +149,7 @@ def test_a_restarted_control_plane_admits_no_limited_hold_before_the_ingresses_h
     until A has handed its two holds back, then be refused. The old instance-blind answer admitted B
     at once: 3 running at a cap of 2."""
     control = _control(expected_ingresses=2)
-    a, b = Ingress.remote(control, "ingress-a"), Ingress.remote(control, "ingress-b")
+    a, b = _ingress(control, "a"), _ingress(control, "b")
     ray.get([a.tick.remote(), b.tick.remote()])
     assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
     epoch = ray.get(b.tick.remote())["epoch"]
@@ -156,3 +162,27 @@ def test_a_restarted_control_plane_admits_no_limited_hold_before_the_ingresses_h
     # the adopted holds count: a cap of 3 admits exactly one more
     assert ray.get(b.admit.remote(3)) == "admitted"
     assert ray.get(b.admit.remote(3)).startswith("too many concurrent requests")
+
+
+def test_a_frozen_ingress_keeps_its_holds_through_a_control_plane_restart(local_ray):
+    """Two faults at once (found by the hostile tester on a real cluster: 5 running at a cap of 3):
+    A holds 2 of 2 and is frozen (SIGSTOP) when the control actor is killed. B's admission reaches
+    the new instance, which has never seen A's holds: it must neither admit nor refuse while A,
+    alive to Ray, has not handed them back — for longer than the count-based grace (10 s), which
+    used to admit B — and be refused once A is resumed and has adopted its two."""
+    control = _control(expected_ingresses=2)
+    a, b = _ingress(control, "a"), _ingress(control, "b")
+    ray.get([a.tick.remote(), b.tick.remote()])
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    ray.get(a.start_polling.remote(0.5))
+    pid_a = ray.get(a.pid.remote())
+    os.kill(pid_a, signal.SIGSTOP)
+    try:
+        ray.kill(control, no_restart=False)
+        pending = b.admit.remote(2)
+        ready, _ = ray.wait([pending], timeout=20)  # how long A stays frozen, not a measurement
+        assert not ready, ray.get(ready[0])  # B neither admitted nor refused while A's holds are unknown
+    finally:
+        os.kill(pid_a, signal.SIGCONT)
+    assert ray.get(pending).startswith("too many concurrent requests")
+    assert ray.get(control.running.remote("tenant")) == 2

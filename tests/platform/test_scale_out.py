@@ -499,6 +499,13 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
         assert time.time() < deadline, "the control plane did not come back as a new instance"
         time.sleep(0.5)
     assert now["pid"] != before["pid"]
+    # the restarted instance knows both ingresses by the names Ray lists them under (what it waits
+    # for before admitting new limited holds: an empty or foreign list would guard nothing)
+    deadline = time.time() + WAIT_S
+    while len((now := cluster.engine()["control"]).get("ingresses", [])) < 2:
+        assert time.time() < deadline, now
+        time.sleep(0.5)
+    assert now["live_ingresses"] == now["ingresses"] and len(now["ingresses"]) == 2, now
     print(f"control plane killed: first request answered {back_after:.1f} s after the kill")
     if all(t.is_alive() for t in threads):  # the adopted reservations still hold the three slots
         r = _post(cluster.url, key, {"model": "demo", "prompt": "fourth", "max_tokens": 2})
