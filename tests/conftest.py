@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An xdist worker leaves at once when its session is over. Its results went to the controller
+    with ``workerfinished`` (sent at the end of the session, before this hook); what a normal exit
+    adds is pytest's last garbage collections (~2 s with models and apps in the heap) and the
+    interpreter's finalization of torch, tokenizers and thread pools (~5 s), during which the
+    controller waits for the process, and nothing it could report reaches the controller any more.
+    Not when something needs the normal exit: coverage data written at exit, a Ray session not shut
+    down, multiprocessing children to reap."""
+    if not hasattr(config, "workerinput") or getattr(config.option, "cov_source", None):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.active_children():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 _MODULE_SLOW = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.slow\b", re.MULTILINE)
