@@ -49,14 +49,15 @@ class Ingress:
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
         client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
-        # named by its Ray actor, which the control plane can list (liveness.py): a restarted
-        # instance waits for every live ingress, by name, before it admits new limited holds
+        # named by its Ray actor, which the control plane lists (liveness.py): a silent ingress
+        # keeps its holds while Ray holds its actor, and a restarted instance waits for every
+        # live ingress, by name, before it admits new limited holds
         client.name = ray.get_runtime_context().get_actor_name() or client.name
         ctx = PlatformContext.build(settings, client)
         quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
         ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
-        client.attach(quotas, ctx.inflight, me=ray.get_runtime_context().current_actor)
+        client.attach(quotas, ctx.inflight)
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress

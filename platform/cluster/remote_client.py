@@ -72,17 +72,14 @@ class RemoteEngineClient:
         self.view = ClusterView()
         self.name = f"ingress-{os.getpid()}"
         self._quotas: ActorQuotaStore | None = None
-        self._me: Any = None
         self._inflight: InflightRegistry | None = None
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="loraplex-cluster-view", daemon=True)
 
-    def attach(self, quotas: ActorQuotaStore, inflight: InflightRegistry, me: Any = None) -> None:
-        """The ingress's quota store (told about a restarted control plane), its in-flight
-        registry (admin aborts from other ingresses land there) and its own Ray actor (``me``: the
-        control plane asks it whether it lives before it releases a silent ingress's holds,
-        ``liveness.py``); starts the poller."""
-        self._quotas, self._inflight, self._me = quotas, inflight, me
+    def attach(self, quotas: ActorQuotaStore, inflight: InflightRegistry) -> None:
+        """The ingress's quota store (told about a restarted control plane) and its in-flight
+        registry (admin aborts from other ingresses land there); starts the poller."""
+        self._quotas, self._inflight = quotas, inflight
         self._poller.start()
 
     # -- the cluster view ------------------------------------------------------------------------
@@ -98,9 +95,7 @@ class RemoteEngineClient:
     def refresh(self) -> None:
         """One snapshot (blocking: the poller's thread, or a worker thread)."""
         in_flight = self._inflight.count() if self._inflight is not None else 0
-        snap: Any = call_actor(
-            lambda: self._control.snapshot.remote(self.name, in_flight, self.view.abort_seq, self._me)
-        )
+        snap: Any = call_actor(lambda: self._control.snapshot.remote(self.name, in_flight, self.view.abort_seq))
         view = self.view
         view.replicas, view.draining, view.epoch = snap["replicas"], snap["draining"], snap["epoch"]
         view.control = snap["control"]

@@ -2,8 +2,8 @@
 lives and loses them once its process is gone.
 
 Real processes: the control plane is the Ray actor ``deploy.py`` makes, each "ingress" is a Ray actor
-process holding an ``ActorQuotaStore`` and ticking ``snapshot`` with its own handle, as the Serve
-ingress does. The stall is a real ``SIGSTOP`` of ingress A's process and the death a real
+process named as Serve names its replicas, holding an ``ActorQuotaStore`` and ticking ``snapshot``
+under that name, as the Serve ingress does. The stall is a real ``SIGSTOP`` of ingress A's process and the death a real
 ``SIGKILL``; nothing is faked. What would break: releasing on silence alone (the old rule) lets B
 admit while A is stopped with two requests running — the cap of 2 exceeded, as a whole-suite run
 beside CPU burners once showed on the cluster (6 running at ``max_concurrent=3``); never releasing
@@ -50,14 +50,13 @@ class Ingress:
 
         self.control, self.name = control, name
         self.store = ActorQuotaStore(control, owner=name)
-        self.me = ray.get_runtime_context().current_actor
         self.held: list = []
 
     def pid(self) -> int:
         return os.getpid()
 
     def tick(self) -> dict:
-        snap = ray.get(self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+        snap = ray.get(self.control.snapshot.remote(self.name, len(self.held), 0))
         self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))  # as the ingress's poller
         return snap
 
@@ -70,7 +69,7 @@ class Ingress:
         def poll() -> None:
             while True:
                 try:
-                    snap = call_actor(lambda: self.control.snapshot.remote(self.name, len(self.held), 0, self.me))
+                    snap = call_actor(lambda: self.control.snapshot.remote(self.name, len(self.held), 0))
                     self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))
                 except Exception:  # noqa: BLE001 - the control plane restarting: next tick
                     pass
@@ -108,12 +107,12 @@ def _control(**kw):
 def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray):
     control = _control()
     a, b = _ingress(control, "a"), _ingress(control, "b")
-    ray.get([a.tick.remote(), b.tick.remote()])  # both registered their handles
+    ray.get([a.tick.remote(), b.tick.remote()])  # both hold leases
     assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
     pid_a = ray.get(a.pid.remote())
 
-    os.kill(pid_a, signal.SIGSTOP)  # A lives but says nothing: its pings go unanswered
+    os.kill(pid_a, signal.SIGSTOP)  # A lives (Ray still lists it) but says nothing
     try:
         # B keeps ticking for many leases; every tick runs the expiry, and A's holds must stay
         ticks = 0
