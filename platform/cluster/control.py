@@ -14,12 +14,13 @@ It holds three facts that must mean the same thing on every replica:
 
 Every reservation belongs to the ingress that made it and is held on a lease that the ingress's
 calls renew (its snapshot tick, its reserves). An ingress silent for longer than
-``ingress_lease_s`` is asked whether it lives (``liveness.py``): one that Ray confirms dead (killed,
-its node gone) loses its holds, so the tenant's concurrency slots and tokens come back without
-anyone restarting the actor; one that is only slow keeps them (releasing a live ingress's holds
-would let the others admit past a cap while its streams run). An ingress that cannot be asked (no
-actor handle registered) is released by the clock alone and, if it was merely stalled, told so at
-its next snapshot (``readopt``) to hand its live reservations back, as after a restart.
+``ingress_lease_s`` is looked up in Ray's list of live ingress actors (``liveness.py``): one Ray no
+longer holds (killed, its node gone) loses its holds, so the tenant's concurrency slots and tokens
+come back without anyone restarting the actor; one still listed is only slow and keeps them
+(releasing a live ingress's holds would let the others admit past a cap while its streams run). An
+ingress Ray does not list by name (not a Serve actor) is released by the clock alone and, if it was
+merely stalled, told so at its next snapshot (``readopt``) to hand its live reservations back, as
+after a restart.
 
 Why an actor and not the database: see docs/scale-out.md.
 """
@@ -32,7 +33,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from loraplex.platform.cluster.liveness import IngressLiveness, RayActorLiveness, Verdict
+from loraplex.platform.cluster.liveness import IngressDirectory, RayIngressDirectory, Verdict
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
 
@@ -54,7 +55,6 @@ class ControlPlane:
         replica_ttl_s: float = 5.0,
         store_root: str | None = None,
         ingress_lease_s: float = 30.0,
-        liveness: IngressLiveness | None = None,
         expected_ingresses: int = 0,
         adopt_grace_s: float = 10.0,
         ingress_prefix: str | None = None,
@@ -69,7 +69,7 @@ class ControlPlane:
         self._lapsed: set[str] = set()  # ingresses whose holds expired: told at their next snapshot
         self._lease_s = ingress_lease_s
         self._lease_released = 0  # holds released because their ingress went silent (admin view)
-        self._liveness = liveness or RayActorLiveness(ingress_prefix)
+        self._ingress_dir: IngressDirectory = RayIngressDirectory(ingress_prefix)
         # A restarted instance starts with no holds: until every ingress has handed its live ones
         # back (``adopt``), a limited tenant's new hold could pass a cap that another ingress's
         # running requests already fill. So it asks for new limited holds to be sent again
@@ -79,6 +79,8 @@ class ControlPlane:
         # ``expected_ingresses`` have reported, for at most ``adopt_grace_s``. A first start has
         # nothing to wait for.
         self._reported: set[str] = set()
+        self.started_at = time.time()  # wall clock: an operator (or a benchmark) compares it with a kill
+        self.admitting_at: float | None = None  # when limited holds were admitted again
         self._restarted = _was_restarted()
         self._adopted_all = not self._restarted
         self._expected_ingresses = expected_ingresses if self._restarted else 0
@@ -100,6 +102,8 @@ class ControlPlane:
         self._abort_seq = 0
         if store_root is not None:
             self._rebuild_from_db()
+        if self._adopted_all:
+            self.admitting_at = time.time()
 
     def _rebuild_from_db(self) -> None:
         """The desired engine state as the database has it (what every ingress pushed at start)."""
@@ -169,11 +173,13 @@ class ControlPlane:
         """A restarted instance still waiting for the ingresses' live holds (see ``__init__``)."""
         if self._adopted_all:
             return False
-        live = self._liveness.live_ingresses()
+        live = self._ingress_dir.live()
         if live is not None:
             self._adopted_all = live <= self._reported
         else:
             self._adopted_all = len(self._reported) >= self._expected_ingresses or time.monotonic() > self._settle_until
+        if self._adopted_all:
+            self.admitting_at = time.time()
         return not self._adopted_all
 
     def _hold(self, key: str, res: Reservation, owner: str) -> None:
@@ -205,26 +211,24 @@ class ControlPlane:
     def _renew(self, owner: str) -> None:
         if owner:
             self._leases[owner] = time.monotonic()
-            self._liveness.heard(owner)
         self._expire_leases()
 
     def _expire_leases(self) -> int:
-        """Release the holds of every ingress silent for longer than the lease and not alive:
-        confirmed dead by Ray, or with no way to ask (``liveness.py``). Settled as serving nothing
+        """Release the holds of every ingress silent for longer than the lease and not alive: gone
+        from Ray's list, or not on it by name (``liveness.py``). Settled as serving nothing
         (slot and held tokens back; the request still counts against rpm: it was made). What it
         did deliver is in the usage ledger, recovered as interrupted."""
         now = time.monotonic()
         released = 0
         for owner in [o for o, seen in self._leases.items() if now - seen > self._lease_s]:
-            verdict = self._liveness.verdict(owner)
-            if verdict is Verdict.ALIVE:  # it answered: only slow, its holds stay
+            verdict = self._ingress_dir.verdict(owner)
+            if verdict is Verdict.ALIVE:  # Ray holds it: only slow, its holds stay
                 self._leases[owner] = now
                 continue
-            if verdict is Verdict.UNKNOWN:  # asked, no answer yet: keep its holds meanwhile
+            if verdict is Verdict.UNKNOWN:  # the list unreadable for now: keep its holds meanwhile
                 continue
             del self._leases[owner]
-            self._liveness.forget(owner)
-            if verdict is Verdict.UNWATCHED:  # released on the clock alone: it may be stalled, not dead
+            if verdict is Verdict.UNNAMED:  # released on the clock alone: it may be stalled, not dead
                 self._lapsed.add(owner)
             for key in [k for k, o in self._owner.items() if o == owner]:
                 self.settle(key, 0)
@@ -257,6 +261,7 @@ class ControlPlane:
             )
             self._hold(h["key"], self._quotas.reserve(h["tenant_id"], view, int(h["tokens"])), owner)
             adopted += 1
+        self._adopting()  # the last ingress to report ends the wait (admitting_at says when)
         return adopted
 
     # -- desired engine state ----------------------------------------------------------------
@@ -313,19 +318,17 @@ class ControlPlane:
             self._retired[tid] = self._retired.get(tid, 0.0) + amount
 
     # -- what every ingress polls: registry, draining, admin aborts ---------------------------
-    def snapshot(self, ingress: str, in_flight: int, abort_seq: int, handle: Any = None) -> dict[str, Any]:
+    def snapshot(self, ingress: str, in_flight: int, abort_seq: int) -> dict[str, Any]:
         """One call per ingress tick: it reports its in-flight count and gets the replicas, the
         instance epoch, whether the deployment is draining, and the admin aborts after ``abort_seq``;
-        the call renews the ingress's lease on its reservations (``readopt``: it had lapsed).
-        ``handle``: the ingress's own Ray actor, asked whether it lives when it falls silent."""
-        self._liveness.watch(ingress, handle)
+        the call renews the ingress's lease on its reservations (``readopt``: it had lapsed)."""
         self._renew(ingress)
         readopt = ingress in self._lapsed
         self._lapsed.discard(ingress)
         # draining_seen: this ingress has been told (the driver waits for every one before it
         # takes the app down, so a new request meets a 503, never a vanished route).
         self._ingresses[ingress] = {"in_flight": in_flight, "seen": time.time(), "draining_seen": self._draining}
-        live = self._liveness.live_ingresses()
+        live = self._ingress_dir.live()
         return {
             "epoch": self.epoch,
             "readopt": readopt,
@@ -337,6 +340,11 @@ class ControlPlane:
                 # the ingress actors Ray holds alive (what a restarted instance waits for)
                 "live_ingresses": None if live is None else sorted(live),
                 "released_by_lease": self._lease_released,
+                # this instance's start and when it admitted limited holds again (a restart waits
+                # for the ingresses' adopts; wall clock, seconds)
+                "started_at": self.started_at,
+                "admitting_at": self.admitting_at,
+                "restarted": self._restarted,
             },
             "version": self._version,
             "replicas": self.replicas(),
