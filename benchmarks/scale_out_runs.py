@@ -115,6 +115,41 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
             )
         out["flood"] = rows
         save()
+    if "kill" in picked:  # the control actor killed --kill-rounds times on one cluster
+        srv = _server(Server, model, 2, "affinity", args)
+        rounds = []
+        try:
+            tenants = {}
+            for label, quota in (("no limit", None), ("rpm limit", {"rpm": 1_000_000})):
+                tid, key, _ = _tenant(srv, f"kill-{label.replace(' ', '-')}")
+                if quota:  # a limit never reached: its admissions wait for the restarted actor
+                    with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=120) as c:
+                        c.put(f"/admin/v1/tenants/{tid}/quota", json=quota).raise_for_status()
+                tenants[label] = (tid, key)
+            for _ in range(args.kill_rounds):
+                rounds.append(kill_control(srv, tenants, args.fault_clients, args.fault_tokens, args.fault_cap_s))
+                out["kill"] = rounds
+                save()
+        finally:
+            srv.stop()
+        print(
+            f"\ncontrol actor SIGKILL x {len(rounds)} (2 replicas, {args.fault_clients} closed-loop streams of "
+            f"{args.fault_tokens} tokens, two tenants): seconds after the kill"
+        )
+        print(
+            f"{'round':<6} {'new actor':>9} {'admitting':>9} {'probe, no limit':>15} {'probe, rpm limit':>16} "
+            f"{'loop 1st token (no limit / rpm)':>31} {'non-200':>7} {'rows missing / != received':>26}"
+        )
+        for i, k in enumerate(rounds, 1):
+            nl, rl = k["no limit"], k["rpm limit"]
+            print(
+                f"{i:<6} {_s(k['new_instance_started_after_kill_s']):>9} "
+                f"{_s(k['limited_holds_admitted_again_after_kill_s']):>9} "
+                f"{_s(nl['probe_first_token_after_kill_s']):>15} {_s(rl['probe_first_token_after_kill_s']):>16} "
+                f"{_s(nl['first_token_after_kill_s']) + ' / ' + _s(rl['first_token_after_kill_s']):>31} "
+                f"{nl['errors'] + rl['errors']:7d} "
+                f"{str(nl['rows_missing'] + rl['rows_missing']) + ' / ' + str(nl['rows_not_equal_received'] + rl['rows_not_equal_received']):>26}"
+            )
     if "faults" in picked:  # one cluster: control actor kill, rolling restart, SIGTERM drain
         srv = _server(Server, model, 2, "affinity", args, "drain_timeout_s = 600")
         try:

@@ -244,13 +244,20 @@ def kill_control(server, tenants: dict[str, tuple[str, str]], clients: int, max_
     ``tenants`` (label -> (tenant id, key); a tenant with a limit waits for the actor, one without
     does not). Per tenant: seconds from the kill to the first token and to the first completion of
     a request SENT after the kill, the statuses seen, and the ledger against what every client
-    received (usage lost = 0). Bounded: it stops 5 s after every tenant is back, or after ``cap_s``."""
+    received (usage lost = 0). Bounded: it stops 5 s after every tenant is back, or after ``cap_s``.
+
+    Also per tenant: a probe (one 1-token stream at a time, the next 0.25 s after a failure) sent
+    right after the kill: seconds to its first token, i.e. how long a request made at the moment of
+    the kill waits. And the new instance's own times (``/admin/v1/engine`` → control): its start
+    and when it admitted limited holds again, in seconds after the kill."""
     pid = int(httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]["pid"])
     labels = list(tenants)
     killed = threading.Event()
     t_kill = [0.0]
     back: dict[str, float] = {}  # label -> first completion after the kill
     first_token: dict[str, float] = {}  # label -> earliest first token of a request sent after it
+    probe_token: dict[str, float] = {}  # label -> first token of the probe sent at the kill
+    t_kill_wall = [0.0]
     answered: dict[str, list[tuple[int, str, int, str]]] = {label: [] for label in labels}
     stop = [False]
 
@@ -276,10 +283,26 @@ def kill_control(server, tenants: dict[str, tuple[str, str]], clients: int, max_
             ):
                 stop[0] = True
 
+    async def probe(c: httpx.AsyncClient, label: str) -> None:
+        await asyncio.wait_for(asyncio.to_thread(killed.wait), timeout=None)
+        headers = {H_KEY: f"Bearer {tenants[label][1]}"}
+        n = 0
+        while not stop[0] and label not in probe_token:
+            n += 1
+            first: list[float] = []
+            body = {"model": "demo", "prompt": f"probe {n}", "max_tokens": 1}
+            res = await counted_stream(c, body, first, headers)
+            answered[label].append(res)
+            if res[0] == 200 and first:
+                probe_token[label] = first[0] - t_kill[0]
+            else:
+                await asyncio.sleep(0.25)
+
     async def killer() -> None:
         while sum(map(len, answered.values())) < clients:  # every client has finished one request
             await asyncio.sleep(0.2)
         t_kill[0] = time.perf_counter()
+        t_kill_wall[0] = time.time()
         os.kill(pid, signal.SIGKILL)
         killed.set()
         await asyncio.sleep(cap_s)
@@ -288,17 +311,24 @@ def kill_control(server, tenants: dict[str, tuple[str, str]], clients: int, max_
     async def run() -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
             k = asyncio.create_task(killer())
-            await asyncio.gather(*[loop(c, i) for i in range(clients)])
+            probes = [probe(c, label) for label in labels]
+            await asyncio.gather(*[loop(c, i) for i in range(clients)], *probes)
             k.cancel()
 
     asyncio.run(run())
-    new_pid = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]
-    out: dict[str, object] = {"control_restarted": new_pid.get("pid") not in (None, pid)}
+    control = httpx.get(server.url + "/admin/v1/engine", headers=server.headers, timeout=60).json()["control"]
+    since = {k: (control[k] - t_kill_wall[0]) if control.get(k) else None for k in ("started_at", "admitting_at")}
+    out: dict[str, object] = {
+        "control_restarted": control.get("pid") not in (None, pid),
+        "new_instance_started_after_kill_s": since["started_at"],
+        "limited_holds_admitted_again_after_kill_s": since["admitting_at"],
+    }
     for label in labels:
         codes: dict[int, int] = {}
         for a in answered[label]:
             codes[a[0]] = codes.get(a[0], 0) + 1
         out[label] = {
+            "probe_first_token_after_kill_s": probe_token.get(label),
             "first_token_after_kill_s": first_token.get(label),
             "first_completed_after_kill_s": back.get(label),
             "status_counts": codes,
