@@ -22,15 +22,17 @@ _NO_NUL = ("user", "model", "name")
 _METHODS = {"POST", "PUT", "PATCH"}
 
 
-def bad_text_at(value: Any) -> str | None:
-    """Where the parsed body holds text that cannot be stored: a lone surrogate anywhere, or a NUL
-    in a top-level field that reaches the database."""
+def bad_text_at(value: Any) -> tuple[str, str] | None:
+    """Where the parsed body holds text that cannot be stored, and what is wrong with it: a lone
+    surrogate anywhere, or a NUL in a top-level field that reaches the database (a NUL elsewhere,
+    in a prompt or a message, is text like any other: it is tokenized, never stored)."""
     if isinstance(value, dict):
         for field in _NO_NUL:
             v = value.get(field)
             if isinstance(v, str) and "\x00" in v:
-                return field
-    return lone_surrogate_at(value)
+                return field, "a NUL character, which this field cannot hold"
+    where = lone_surrogate_at(value)
+    return None if where is None else (where, "a lone UTF-16 surrogate")
 
 
 def lone_surrogate_at(value: Any, path: str = "") -> str | None:
@@ -59,7 +61,7 @@ def _encodable(s: str) -> bool:
     return True
 
 
-def body_lone_surrogate(body: bytes) -> str | None:
+def body_bad_text(body: bytes) -> tuple[str, str] | None:
     if not _CANDIDATE.search(body):
         return None
     try:
@@ -91,11 +93,12 @@ class LoneSurrogateGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        where = body_lone_surrogate(body)
-        if where is not None:
+        bad = body_bad_text(body)
+        if bad is not None:
+            where, why = bad
             response = error_response(
                 400,
-                f"{where} is not text that can be stored (a lone UTF-16 surrogate, or a NUL character)",
+                f"{where} is not text that can be stored: it holds {why}",
                 param=where,
                 code="invalid_text",
             )

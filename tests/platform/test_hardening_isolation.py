@@ -64,6 +64,7 @@ def test_a_lone_surrogate_anywhere_is_a_400_before_anything_is_reserved(live):
             assert r.status_code == 400, (path, where, r.text)
             err = r.json()["error"]
             assert err["code"] == "invalid_text" and err["param"] == where, err
+            assert "a lone UTF-16 surrogate" in err["message"] and "NUL" not in err["message"], err
         # raw CESU-8 bytes of a surrogate decode to one too (json.loads uses surrogatepass)
         raw = b'{"model": "' + model.encode() + b'", "prompt": "hi", "max_tokens": 2, "user": "\xed\xa0\x80"}'
         r = c.post("/v1/completions", content=raw, headers={**auth(key), "content-type": "application/json"})
@@ -214,8 +215,19 @@ def test_a_nul_in_stored_or_searched_fields_is_a_400_never_a_500(live):
         ):
             r = c.post(path, content=_raw(body), headers={**auth(key), "content-type": "application/json"})
             assert r.status_code == 400, (path, r.text)
+            assert "a NUL character" in r.json()["error"]["message"], r.text  # says what, not "or"
         r = c.post("/admin/v1/tenants", content=_raw({"name": "n\u0000"}), headers=H)
         assert r.status_code == 400
+        # a NUL in a prompt or a message is text like any other: tokenized, never stored
+        for path, body in (
+            ("/v1/completions", {"model": model, "prompt": "a\u0000b", "max_tokens": 1}),
+            (
+                "/v1/chat/completions",
+                {"model": model, "messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 1},
+            ),
+        ):
+            r = c.post(path, content=_raw(body), headers={**auth(key), "content-type": "application/json"})
+            assert r.status_code == 200, (path, r.text)
         r = c.get("/admin/v1/tenants/ten_%00x", headers=H)  # a NUL in a path parameter
         assert r.status_code in (400, 404), r.text
 
