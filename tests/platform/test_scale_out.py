@@ -506,6 +506,13 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
         assert time.time() < deadline, now
         time.sleep(0.5)
     assert now["live_ingresses"] == now["ingresses"] and len(now["ingresses"]) == 2, now
+    # Ray reconstructed it (so it waited for the adopts), and it admits limited holds again once
+    # both ingresses have handed theirs back
+    deadline = time.time() + WAIT_S
+    while (now := cluster.engine()["control"]).get("admitting_at") is None:
+        assert time.time() < deadline, now
+        time.sleep(0.5)
+    assert now["restarted"] is True and now["admitting_at"] >= now["started_at"], now
     print(f"control plane killed: first request answered {back_after:.1f} s after the kill")
     if all(t.is_alive() for t in threads):  # the adopted reservations still hold the three slots
         r = _post(cluster.url, key, {"model": "demo", "prompt": "fourth", "max_tokens": 2})
