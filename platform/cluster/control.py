@@ -73,11 +73,14 @@ class ControlPlane:
         # A restarted instance starts with no holds: until every ingress has handed its live ones
         # back (``adopt``), a limited tenant's new hold could pass a cap that another ingress's
         # running requests already fill. So it asks for new limited holds to be sent again
-        # ("retry") until every ingress Ray holds alive has reported — a frozen one too: it still
-        # holds real slots; one that dies leaves Ray's list (and Serve replaces a frozen one when
-        # its health checks fail). Without that list (no Ray, the GCS unreachable): until
-        # ``expected_ingresses`` have reported, for at most ``adopt_grace_s``. A first start has
-        # nothing to wait for.
+        # ("retry") until every ingress Ray held alive when this instance started, and still
+        # holds, has reported — a frozen one too: it still holds real slots; one that dies leaves
+        # Ray's list (and Serve replaces a frozen one when its health checks fail). An ingress
+        # that appears later (Serve's replacement for one killed with the actor) was created
+        # after the old instance died: it holds nothing of it, and waiting for its start-up
+        # (tens of seconds on a busy box) would refuse every limited tenant meanwhile. Without
+        # the list (no Ray, the GCS unreachable): until ``expected_ingresses`` have reported, for
+        # at most ``adopt_grace_s``. A first start has nothing to wait for.
         self._reported: set[str] = set()
         self.started_at = time.time()  # wall clock: an operator (or a benchmark) compares it with a kill
         self.admitting_at: float | None = None  # when limited holds were admitted again
@@ -85,6 +88,7 @@ class ControlPlane:
         self._adopted_all = not self._restarted
         self._expected_ingresses = expected_ingresses if self._restarted else 0
         self._settle_until = time.monotonic() + adopt_grace_s
+        self._may_hold: frozenset[str] | None = self._ingress_dir.live() if self._restarted else None
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
@@ -175,7 +179,9 @@ class ControlPlane:
             return False
         live = self._ingress_dir.live()
         if live is not None:
-            self._adopted_all = live <= self._reported
+            if self._may_hold is None:  # the list was not readable at start: its first reading
+                self._may_hold = live
+            self._adopted_all = (self._may_hold & live) <= self._reported
         else:
             self._adopted_all = len(self._reported) >= self._expected_ingresses or time.monotonic() > self._settle_until
         if self._adopted_all:

@@ -185,3 +185,37 @@ def test_a_frozen_ingress_keeps_its_holds_through_a_control_plane_restart(local_
         os.kill(pid_a, signal.SIGCONT)
     assert ray.get(pending).startswith("too many concurrent requests")
     assert ray.get(control.running.remote("tenant")) == 2
+
+
+def test_a_restarted_control_plane_does_not_wait_for_an_ingress_started_after_it(local_ray):
+    """Found by the hostile tester on a real cluster: an ingress killed with the control actor is
+    replaced by Serve, and the restarted instance waited for the replacement's start-up (51 s on a
+    busy box) before admitting any limited tenant — although an ingress created after the old
+    instance died can hold none of its slots. Here: A holds 2 of 2 and is frozen when the actor is
+    killed; C appears only after the new instance is up and never calls. Once A is resumed and has
+    handed its two back, B's admission at a cap of 3 is admitted (3 running) without waiting for
+    C. Waiting for every listed ingress kept B waiting until the store's 60 s budget ran out (a 503)."""
+    control = _control(expected_ingresses=2)
+    a, b = _ingress(control, "a"), _ingress(control, "b")
+    ray.get([a.tick.remote(), b.tick.remote()])
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    ray.get(a.start_polling.remote(0.5))
+    pid_a = ray.get(a.pid.remote())
+    os.kill(pid_a, signal.SIGSTOP)
+    try:
+        ray.kill(control, no_restart=False)
+        ray.get(control.version.remote())  # the new instance is up (the call waits for it)
+        c = _ingress(control, "c")  # Serve's replacement: listed from now on, silent
+        ray.get(c.pid.remote())
+        deadline = time.monotonic() + WAIT_S
+        while PREFIX + "c" not in (ray.get(b.tick.remote())["control"]["live_ingresses"] or []):
+            assert time.monotonic() < deadline, "the control plane never listed C"
+            time.sleep(0.2)
+        pending = b.admit.remote(3)  # room for one more once A's two are back
+    finally:
+        os.kill(pid_a, signal.SIGCONT)
+    ready, _ = ray.wait([pending], timeout=WAIT_S)
+    assert ready, "B's admission still waits (for C, which holds nothing)"
+    assert ray.get(pending) == "admitted"
+    assert ray.get(control.running.remote("tenant")) == 3  # A's two, adopted, and B's
+    ray.kill(c)
