@@ -5,8 +5,11 @@ route runs, so nothing is reserved, tokenized or written. Such a string cannot b
 would otherwise fail deep inside the tokenizer or the usage ledger's commit.
 
 A surrogate reaches Python's ``json`` either as a ``\\uD800``-style escape or as its raw CESU-8
-bytes (``json.loads`` decodes bytes with ``surrogatepass``); a body with neither pattern is passed
-on after one regex scan, without parsing it."""
+bytes (``json.loads`` decodes bytes with ``surrogatepass``); a UTF-8 body with neither pattern is
+passed on after one regex scan, without parsing it. A UTF-16 or UTF-32 body (``json.loads`` reads
+those too) is parsed and checked whole, and so is any body whose content type names JSON in any
+spelling (a hostile run got a lone surrogate past the guard, served and unbillable, with
+``APPLICATION/JSON``, a UTF-16 body, or a second content-type header)."""
 
 from __future__ import annotations
 
@@ -62,13 +65,24 @@ def _encodable(s: str) -> bool:
 
 
 def body_bad_text(body: bytes) -> tuple[str, str] | None:
-    if not _CANDIDATE.search(body):
+    # json.loads (what the routes parse with) also reads UTF-16 and UTF-32 bodies, where the
+    # patterns below cannot be seen in the bytes: those are parsed and checked whole.
+    if json.detect_encoding(body) in ("utf-8", "utf-8-sig") and not _CANDIDATE.search(body):
         return None
     try:
         parsed = json.loads(body)
     except ValueError:  # not JSON: the route's own validation answers
         return None
     return bad_text_at(parsed)
+
+
+def _may_be_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the routes could parse the body as JSON: no content type at all (FastAPI then parses
+    JSON), or any content-type header naming JSON in any letter case (FastAPI reads the media type
+    case-insensitively, from the first of several headers). Only then is the body buffered and
+    scanned: an adapter upload (multipart) streams past untouched."""
+    types = [value.lower() for name, value in headers if name == b"content-type"]
+    return not types or any(b"json" in t for t in types)
 
 
 class LoneSurrogateGuard:
@@ -81,7 +95,7 @@ class LoneSurrogateGuard:
             scope["type"] != "http"
             or scope["method"] not in _METHODS
             or not scope["path"].startswith(self.prefixes)
-            or b"json" not in dict(scope["headers"]).get(b"content-type", b"application/json")
+            or not _may_be_json(scope["headers"])
         ):
             return await self.app(scope, receive, send)
         chunks: list[bytes] = []

@@ -315,8 +315,21 @@ class _SpoolFirst(Exception):
 
 
 def _db_row(row: dict) -> dict:
-    out = {k: v for k, v in row.items() if k != "error"}
+    out = {k: _storable(v) if isinstance(v, str) else v for k, v in row.items() if k != "error"}
     for name in _TIME_FIELDS:
         if isinstance(out.get(name), str):
             out[name] = datetime.fromisoformat(out[name])
     return out
+
+
+def _storable(text: str) -> str:
+    """Text every database can hold: a lone surrogate (not UTF-8) and a NUL (PostgreSQL text cannot
+    hold it) become U+FFFD. The request guard (``text_guard.py``) refuses such text up front; a
+    label that gets past it some other way must not cost the record (refused: its tokens unbilled)."""
+    if "\x00" not in text:
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            pass
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").replace("\x00", "\ufffd")

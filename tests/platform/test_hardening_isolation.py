@@ -83,6 +83,53 @@ def test_a_lone_surrogate_anywhere_is_a_400_before_anything_is_reserved(live):
     assert len(rows) == 1 and next(iter(rows.values()))["user"] == "\U0001f600"
 
 
+def _spellings(body: dict) -> list[tuple[str, list[tuple[str, str]], bytes]]:
+    """The same JSON body as FastAPI would still parse it, in spellings a byte-level guard can miss
+    (found by a hostile run: each carried a lone surrogate past the guard, served, then unbillable)."""
+    raw = _raw(body)
+    return [
+        ("uppercase media type", [("content-type", "APPLICATION/JSON")], raw),
+        ("mixed-case media type", [("content-type", "Application/Json; charset=utf-8")], raw),
+        ("utf-16 body", [("content-type", "application/json")], json.dumps(body).encode("utf-16")),
+        ("utf-16-le body", [("content-type", "application/json")], json.dumps(body).encode("utf-16-le")),
+        ("utf-32 body", [("content-type", "application/json")], json.dumps(body).encode("utf-32")),
+        (
+            "json, then a second content type",
+            [("content-type", "application/json"), ("content-type", "text/plain")],
+            raw,
+        ),
+        ("no content type", [], raw),
+    ]
+
+
+@pytest.mark.parametrize("spelling", range(7))
+def test_bad_text_is_refused_whatever_the_body_spelling(live, spelling):
+    tid, key = new_tenant(live.url, "spelling")
+    model = live.ctx.gateway.model_name
+    bad = (
+        ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "user": "x" + SURROGATE}, "surrogate"),
+        ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "user": "x\u0000"}, "NUL"),
+        ("/admin/v1/tenants", {"name": "evil" + SURROGATE}, "surrogate"),
+    )
+    with httpx.Client(base_url=live.url, timeout=120) as c:
+        for path, body, cause in bad:
+            label, headers, content = _spellings(body)[spelling]
+            who = H if path.startswith("/admin") else auth(key)
+            r = c.post(path, content=content, headers=[*headers, *who.items()])
+            assert r.status_code == 400, (label, path, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "invalid_text" and cause in err["message"], (label, err)
+        # the same spelling with storable text passes the guard: it refuses text, not spellings
+        # (without a content type the route itself wants a JSON body: its own 400, not the guard's)
+        label, headers, content = _spellings({"model": model, "prompt": "hi", "max_tokens": 2, "user": "ok"})[spelling]
+        r = c.post("/v1/completions", content=content, headers=[*headers, *auth(key).items()])
+        served = bool(headers)
+        assert r.status_code == (200 if served else 400), (label, r.text)
+        assert served or r.json()["error"]["code"] != "invalid_text", r.text
+    live.ctx.ledger.flush()
+    assert len(usage_rows(live.url, tid)) == int(served)  # only a storable one was served, and billed
+
+
 class _Flaky:
     """Wraps the ledger's commit: raises an arbitrary exception for some batches and some rows."""
 

@@ -161,19 +161,27 @@ def test_store_sweep_removes_only_old_leftovers(platform, tmp_path):
     assert fresh.exists() and not old.exists() and not orphan.exists()
 
 
-def test_a_row_the_driver_cannot_encode_never_hangs_its_batch(sessions, tmp_path):
+def test_a_label_the_driver_cannot_encode_is_billed_with_it_replaced(sessions, tmp_path):
     """The original bug: a lone surrogate (the OpenAI ``user`` field) raised UnicodeEncodeError in
     the driver during a group commit; not an SQLAlchemyError, so the whole batch was dropped and its
-    waiters never answered. Now every waiter is answered and only the bad row is set aside."""
+    waiters never answered. Then the bad row alone was set aside (refused: its tokens unbilled; a
+    hostile run got such a ``user`` past the request guard). Now such text is stored with U+FFFD in
+    place of the surrogate or NUL: every waiter answered, every record billed, none refused."""
     ledger = UsageLedger(sessions, tmp_path / "spool").start()
     futures: dict[str, Future] = {}
     lock = threading.Lock()
 
+    def label(w: int, i: int) -> str:
+        if w == 0 and i % 5 == 0:
+            return "x\ud800"
+        if w == 1 and i % 5 == 0:
+            return "y\x00"
+        return f"user{w}"
+
     def writer(w: int) -> None:
         for i in range(20):
             rid = f"w{w}-{i}"
-            bad = w == 0 and i % 5 == 0
-            fut = ledger.write(**_row(rid, user="x\ud800" if bad else f"user{w}"))
+            fut = ledger.write(**_row(rid, user=label(w, i), adapter_name="a\udfff" if w == 2 and i == 3 else None))
             with lock:
                 futures[rid] = fut
 
@@ -187,8 +195,10 @@ def test_a_row_the_driver_cannot_encode_never_hangs_its_batch(sessions, tmp_path
             fut.result(60)  # a hang fails here (TimeoutError)
     finally:
         ledger.close()
-    bad = {f"w0-{i}" for i in range(0, 20, 5)}
-    assert set(_records(sessions)) == set(futures) - bad
-    rejected = (tmp_path / "spool" / "usage.rejected.jsonl").read_text().splitlines()
-    assert {json.loads(line)["request_id"] for line in rejected} == bad
-    assert ledger.stats.rejected == len(bad)
+    records = _records(sessions)
+    assert set(records) == set(futures)
+    assert ledger.stats.rejected == 0 and not (tmp_path / "spool" / "usage.rejected.jsonl").exists()
+    assert {records[f"w0-{i}"].user for i in range(0, 20, 5)} == {"x\ufffd"}
+    assert {records[f"w1-{i}"].user for i in range(0, 20, 5)} == {"y\ufffd"}
+    assert records["w2-3"].adapter_name == "a\ufffd" and records["w2-4"].user == "user2"
+    assert all(r.completion_tokens == 5 for r in records.values())  # every one billed
