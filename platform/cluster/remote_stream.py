@@ -100,7 +100,7 @@ class RemoteStream:
                 return await self.__anext__()
             self.close()
             raise ServiceUnavailable(
-                f"the engine replica {self.replica} failed mid-generation: {exc}", headers={"retry-after": "5"}
+                f"generation on engine replica {self.replica} broke off: {exc}", headers={"retry-after": "5"}
             ) from None
         except BaseException:
             self.close()
@@ -121,7 +121,9 @@ class RemoteStream:
         except StopAsyncIteration:
             raise
         except asyncio.TimeoutError:
-            raise _ReplicaLost(f"no answer from the replica in {self._timeout_s:.0f} s") from None
+            # which side stalled is not known here: the replica, or this ingress (a frozen process
+            # finds every deadline passed when it resumes)
+            raise _ReplicaLost(f"no chunk reached this ingress for {self._timeout_s:.0f} s") from None
         except (PlatformError, asyncio.CancelledError):
             raise
         except Exception as exc:
