@@ -249,6 +249,15 @@ class ControlPlane:
         with self._session_factory()() as session:
             return int(tokens_since(session, tenant_id, since))
 
+    def hello(self, ingress: str) -> str:
+        """An ingress starting up (``deploy.py``, before anything else it does): it holds nothing,
+        so a restarted instance need not wait for its ``adopt``. Its later reserves come after
+        this call (one caller's calls run in order), so a hello that reaches this instance was not
+        answered by the one before it. Answers the epoch."""
+        self._reported.add(ingress)
+        self._adopting()
+        return self.epoch
+
     def adopt(self, held: list[dict[str, Any]], owner: str = "") -> int:
         """Live reservations an ingress held with the previous instance (or before its lease
         lapsed), re-held here under their keys (no limit checked: they were admitted already).

@@ -45,12 +45,17 @@ def local_ray(tmp_path_factory):
 class Ingress:
     """What the Serve ingress does with the control plane, and nothing else."""
 
-    def __init__(self, control, name: str) -> None:
+    def __init__(self, control, name: str, hello: bool = True) -> None:
         from loraplex.platform.cluster.quota_store import ActorQuotaStore
 
         self.control, self.name = control, name
         self.store = ActorQuotaStore(control, owner=name)
         self.held: list = []
+        if hello:  # deploy.py: first thing at start-up
+            self.hello()
+
+    def hello(self) -> None:
+        ray.get(self.control.hello.remote(self.name))
 
     def pid(self) -> int:
         return os.getpid()
@@ -88,9 +93,21 @@ class Ingress:
             return str(exc)
 
 
-def _ingress(control, name: str):
+def _ingress(control, name: str, hello: bool = True):
     """An ingress actor named as Serve names its replicas' actors, which the control plane lists."""
-    return Ingress.options(name=PREFIX + name).remote(control, PREFIX + name)
+    return Ingress.options(name=PREFIX + name).remote(control, PREFIX + name, hello)
+
+
+def _restart(control) -> None:
+    """Kill the control actor (Ray restarts it) and return once a NEW instance answers: ``ray.kill``
+    returns before the old one is gone, and a call sent meanwhile may still reach it. The version
+    is milliseconds since the epoch at an instance's start, so the new one's differs."""
+    old = ray.get(control.version.remote())
+    ray.kill(control, no_restart=False)
+    deadline = time.monotonic() + WAIT_S
+    while ray.get(control.version.remote()) == old:
+        assert time.monotonic() < deadline, "the control actor was not restarted"
+        time.sleep(0.05)
 
 
 def _control(**kw):
@@ -177,7 +194,7 @@ def test_a_frozen_ingress_keeps_its_holds_through_a_control_plane_restart(local_
     pid_a = ray.get(a.pid.remote())
     os.kill(pid_a, signal.SIGSTOP)
     try:
-        ray.kill(control, no_restart=False)
+        _restart(control)
         pending = b.admit.remote(2)
         ready, _ = ray.wait([pending], timeout=20)  # how long A stays frozen, not a measurement
         assert not ready, ray.get(ready[0])  # B neither admitted nor refused while A's holds are unknown
@@ -203,9 +220,8 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_started_after_it
     pid_a = ray.get(a.pid.remote())
     os.kill(pid_a, signal.SIGSTOP)
     try:
-        ray.kill(control, no_restart=False)
-        ray.get(control.version.remote())  # the new instance is up (the call waits for it)
-        c = _ingress(control, "c")  # Serve's replacement: listed from now on, silent
+        _restart(control)
+        c = _ingress(control, "c", hello=False)  # Serve's replacement, not as far as its hello yet
         ray.get(c.pid.remote())
         deadline = time.monotonic() + WAIT_S
         while PREFIX + "c" not in (ray.get(b.tick.remote())["control"]["live_ingresses"] or []):
@@ -218,4 +234,29 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_started_after_it
     assert ready, "B's admission still waits (for C, which holds nothing)"
     assert ray.get(pending) == "admitted"
     assert ray.get(control.running.remote("tenant")) == 3  # A's two, adopted, and B's
+    ray.kill(c)
+
+
+def test_a_restarted_control_plane_does_not_wait_for_an_ingress_still_starting(local_ray):
+    """The same hostile scenario when Serve's replacement is listed before the new instance starts
+    (a cluster re-run after the fix above: it was, and limited tenants waited again): an ingress
+    says hello first thing at start-up, before any reserve, so a hello that reaches the new
+    instance means it holds nothing of the old one. C is listed when the new instance starts and
+    has not said hello: B waits (neither admitted nor refused); C's start-up reaches its hello: B
+    is admitted at a cap of 3 once A's two are back."""
+    control = _control(expected_ingresses=2)
+    a, b = _ingress(control, "a"), _ingress(control, "b")
+    c = _ingress(control, "c", hello=False)  # starting: listed, silent
+    ray.get([a.tick.remote(), b.tick.remote(), c.pid.remote()])
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    ray.get(a.start_polling.remote(0.5))
+    _restart(control)  # C was listed when the new instance started
+    pending = b.admit.remote(3)
+    ready, _ = ray.wait([pending], timeout=10)  # how long C stays silent, not a measurement
+    assert not ready, ray.get(ready[0])  # C might hold slots as far as the new instance knows
+    ray.get(c.hello.remote())
+    ready, _ = ray.wait([pending], timeout=WAIT_S)
+    assert ready, "B's admission still waits after C said hello"
+    assert ray.get(pending) == "admitted"
+    assert ray.get(control.running.remote("tenant")) == 3
     ray.kill(c)
