@@ -73,14 +73,14 @@ class ControlPlane:
         # A restarted instance starts with no holds: until every ingress has handed its live ones
         # back (``adopt``), a limited tenant's new hold could pass a cap that another ingress's
         # running requests already fill. So it asks for new limited holds to be sent again
-        # ("retry") until every ingress Ray held alive when this instance started, and still
-        # holds, has reported — a frozen one too: it still holds real slots; one that dies leaves
-        # Ray's list (and Serve replaces a frozen one when its health checks fail). An ingress
-        # that appears later (Serve's replacement for one killed with the actor) was created
-        # after the old instance died: it holds nothing of it, and waiting for its start-up
-        # (tens of seconds on a busy box) would refuse every limited tenant meanwhile. Without
-        # the list (no Ray, the GCS unreachable): until ``expected_ingresses`` have reported, for
-        # at most ``adopt_grace_s``. A first start has nothing to wait for.
+        # ("retry") until every ingress that may hold slots and that Ray still holds alive has
+        # reported — a frozen one too: it still holds real slots; one that dies leaves Ray's list
+        # (and Serve replaces a frozen one when its health checks fail). "May hold slots": Ray's
+        # GCS records each ingress's name when it first holds a reservation (``liveness.py``), so
+        # Serve's replacement for an ingress killed with the actor, listed within seconds but
+        # holding nothing until its start-up is done, is not waited for. Without the list (no Ray,
+        # the GCS unreachable): until ``expected_ingresses`` have reported, for at most
+        # ``adopt_grace_s``. A first start has nothing to wait for.
         self._reported: set[str] = set()
         self.started_at = time.time()  # wall clock: an operator (or a benchmark) compares it with a kill
         self.admitting_at: float | None = None  # when limited holds were admitted again
@@ -88,7 +88,13 @@ class ControlPlane:
         self._adopted_all = not self._restarted
         self._expected_ingresses = expected_ingresses if self._restarted else 0
         self._settle_until = time.monotonic() + adopt_grace_s
-        self._may_hold: frozenset[str] | None = self._ingress_dir.live() if self._restarted else None
+        # the ingresses that may hold slots: those recorded as holders (liveness.py), else every
+        # one Ray lists now
+        self._may_hold: frozenset[str] | None = None
+        if self._restarted:
+            self._may_hold = self._ingress_dir.holders()
+            if self._may_hold is None:
+                self._may_hold = self._ingress_dir.live()
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         # Versions only grow, across restarts too: a replica that applied version N of the old
@@ -192,6 +198,7 @@ class ControlPlane:
         self._reservations[key] = res
         if owner:
             self._owner[key] = owner
+            self._ingress_dir.held_by(owner)
 
     def settle(self, key: str, used_tokens: int) -> None:
         res = self._reservations.pop(key, None)
@@ -248,15 +255,6 @@ class ControlPlane:
 
         with self._session_factory()() as session:
             return int(tokens_since(session, tenant_id, since))
-
-    def hello(self, ingress: str) -> str:
-        """An ingress starting up (``deploy.py``, before anything else it does): it holds nothing,
-        so a restarted instance need not wait for its ``adopt``. Its later reserves come after
-        this call (one caller's calls run in order), so a hello that reaches this instance was not
-        answered by the one before it. Answers the epoch."""
-        self._reported.add(ingress)
-        self._adopting()
-        return self.epoch
 
     def adopt(self, held: list[dict[str, Any]], owner: str = "") -> int:
         """Live reservations an ingress held with the previous instance (or before its lease

@@ -39,7 +39,6 @@ class Ingress:
         import ray
 
         from loraplex.platform.app import create_app
-        from loraplex.platform.cluster.actor_calls import call_actor
         from loraplex.platform.cluster.quota_store import ActorQuotaStore
         from loraplex.platform.cluster.remote_client import RemoteEngineClient
         from loraplex.platform.context import PlatformContext
@@ -49,16 +48,11 @@ class Ingress:
 
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        # Named by its Ray actor, which the control plane lists (liveness.py): a silent ingress
-        # keeps its holds while Ray holds its actor, and a restarted instance waits for the live
-        # ingresses, by name, before it admits new limited holds. Said first, before the slow
-        # start-up (tokenizer, grammar compiler, database): an ingress starting holds nothing, so
-        # a restarted control plane need not wait for it (Serve's replacement for an ingress
-        # killed with the actor kept every limited tenant waiting through its start-up).
-        name = ray.get_runtime_context().get_actor_name() or f"ingress-{os.getpid()}"
-        call_actor(lambda: control.hello.remote(name))
         client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
-        client.name = name
+        # named by its Ray actor, which the control plane lists (liveness.py): a silent ingress
+        # keeps its holds while Ray holds its actor, and a restarted instance waits for the live
+        # ingresses that held reservations, by name, before it admits new limited holds
+        client.name = ray.get_runtime_context().get_actor_name() or client.name
         ctx = PlatformContext.build(settings, client)
         quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
         ctx.quotas = quotas
