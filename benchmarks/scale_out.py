@@ -1,6 +1,7 @@
 """Scale-out on Ray Serve: adapter-affinity routing vs no affinity, and 1 vs 2 engine replicas;
 with ``--scenario``: multi-turn sessions per routing mode, a two-tenant flood (global fairness on
-and off), control-plane kill, SIGTERM drain and autoscaling (``scale_out_scenarios.py``).
+and off), autoscaling (``scale_out_scenarios.py``), control-plane kill and SIGTERM drain
+(``scale_out_faults.py``).
 
 Each configuration is a real ``loraplex serve`` (``--replicas 1`` = the plain process; 2 = Ray
 Serve) on the demo model with 32 PEFT adapters and a small ``max_loras``, driven over HTTP by a

@@ -11,16 +11,8 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from scale_out_scenarios import (
-    autoscale,
-    flood,
-    kill_control,
-    last_usage_id,
-    ledger_ttft_ms,
-    rolling_restart,
-    sessions,
-    sigterm_drain,
-)
+from scale_out_faults import kill_control, rolling_restart, sigterm_drain
+from scale_out_scenarios import autoscale, flood, last_usage_id, ledger_ttft_ms, sessions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

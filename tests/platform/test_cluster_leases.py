@@ -116,6 +116,18 @@ def _control(**kw):
     )
 
 
+def _a_holds_two_of_two():
+    """A control plane that waits for two ingresses after a restart; ingress A holds both slots of
+    a cap of 2 and polls every 0.5 s as the real ingress does (sync_interval_s in the cluster
+    tests); B is registered and holds nothing. Returns (control, a, b)."""
+    control = _control(expected_ingresses=2)
+    a, b = _ingress(control, "a"), _ingress(control, "b")
+    ray.get([a.tick.remote(), b.tick.remote()])
+    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
+    ray.get(a.start_polling.remote(0.5))
+    return control, a, b
+
+
 def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray):
     control = _control()
     a, b = _ingress(control, "a"), _ingress(control, "b")
@@ -181,11 +193,7 @@ def test_a_frozen_ingress_keeps_its_holds_through_a_control_plane_restart(local_
     the new instance, which has never seen A's holds: it must neither admit nor refuse while A,
     alive to Ray, has not handed them back — for longer than the count-based grace (10 s), which
     used to admit B — and be refused once A is resumed and has adopted its two."""
-    control = _control(expected_ingresses=2)
-    a, b = _ingress(control, "a"), _ingress(control, "b")
-    ray.get([a.tick.remote(), b.tick.remote()])
-    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
-    ray.get(a.start_polling.remote(0.5))
+    control, a, b = _a_holds_two_of_two()
     pid_a = ray.get(a.pid.remote())
     os.kill(pid_a, signal.SIGSTOP)
     try:
@@ -207,11 +215,7 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_started_after_it
     killed; C appears only after the new instance is up and never calls. Once A is resumed and has
     handed its two back, B's admission at a cap of 3 is admitted (3 running) without waiting for
     C. Waiting for every listed ingress kept B waiting until the store's 60 s budget ran out (a 503)."""
-    control = _control(expected_ingresses=2)
-    a, b = _ingress(control, "a"), _ingress(control, "b")
-    ray.get([a.tick.remote(), b.tick.remote()])
-    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
-    ray.get(a.start_polling.remote(0.5))
+    control, a, b = _a_holds_two_of_two()
     pid_a = ray.get(a.pid.remote())
     os.kill(pid_a, signal.SIGSTOP)
     try:
@@ -239,12 +243,9 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_that_never_held_
     new instance starts, silent, and never held anything: once A's two are back, B is admitted at
     a cap of 3 without waiting for C (waiting for every ingress listed at the restart kept B
     waiting until the store's 60 s budget ran out: a 503)."""
-    control = _control(expected_ingresses=2)
-    a, b = _ingress(control, "a"), _ingress(control, "b")
+    control, a, b = _a_holds_two_of_two()
     c = _ingress(control, "c")  # starting: listed, silent, holds nothing
-    ray.get([a.tick.remote(), b.tick.remote(), c.pid.remote()])
-    assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
-    ray.get(a.start_polling.remote(0.5))
+    ray.get(c.pid.remote())
     _restart(control)  # C is listed when the new instance starts
     assert PREFIX + "c" in ray.get(b.tick.remote())["control"]["live_ingresses"]
     pending = b.admit.remote(3)
