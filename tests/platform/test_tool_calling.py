@@ -119,13 +119,11 @@ def test_auto_reads_a_hermes_call_and_streams_it_incrementally(tenant_setup):
     content, calls, reasons = _assemble(chunks)
     assert content == prefix and reasons[-1] == "tool_calls"
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3}
-    # incremental: the text before the call and the arguments each came in more than one chunk (a
-    # stream that falls behind gets queued tokens coalesced, so no per-token count is asserted)
-    text_chunks = [ch for ch in chunks if ch.choices and ch.choices[0].delta.content]
-    arg_chunks = [
-        ch for ch in chunks if ch.choices and any(tc.function.arguments for tc in ch.choices[0].delta.tool_calls or [])
-    ]
-    assert len(text_chunks) > 1 and len(arg_chunks) > 1
+    # How many SSE chunks carried it depends on how fast this reader reads (a stream that falls
+    # behind gets queued deltas coalesced), so no count is asserted here: that text and arguments
+    # leave as they are written is ToolStream's property, tested delta by delta in
+    # test_tool_parsers.py (test_any_chunking_streams_the_same_answer,
+    # test_text_is_held_back_only_while_it_could_open_a_call).
 
 
 def test_text_streams_token_by_token_while_tools_are_offered(tenant_setup):
@@ -135,8 +133,9 @@ def test_text_streams_token_by_token_while_tools_are_offered(tenant_setup):
     chunks = list(client.chat.completions.create(**body, stream=True))
     content, calls, _ = _assemble(chunks)
     assert calls == {} and content == whole
-    pieces = [ch for ch in chunks if ch.choices and ch.choices[0].delta.content]
-    assert "<" in whole or len(pieces) > 1  # only a possible "<tool_call>" opening is held back
+    # Not asserted: the number of chunks (a lagging reader gets the deltas coalesced; the CI run
+    # that saw all 24 tokens in one chunk was right). Text is held back only while it could open a
+    # call: test_tool_parsers.py::test_text_is_held_back_only_while_it_could_open_a_call.
 
 
 def test_named_tool_choice_finishes_with_stop_and_a_round_trip_continues(tenant_setup):
