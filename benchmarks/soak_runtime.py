@@ -11,7 +11,10 @@ the time of each death, exit codes (-11 = SIGSEGV), streams completed, 5xx answe
     .venv/bin/python benchmarks/soak_runtime.py --model demo --duration 240  # the SmolLM2 demo model
 
 Configurations: ``default`` (as ``loraplex serve`` starts: fast runtime on), ``off``
-(``LORAPLEX_FAST_RUNTIME=0``); with ``--before PYTHON`` the same for another checkout's interpreter.
+(``LORAPLEX_FAST_RUNTIME=0``), ``dist`` (the fast runtime with Intel OpenMP's ``dist`` barrier
+patterns set by the user, as the launch set them before issue 32: with them a second short-lived
+thread that ran torch crashes the process, so this configuration detects torch work on anyio's
+worker threads); with ``--before PYTHON`` the same for another checkout's interpreter.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def one_run(python: str, base: Path, adapter: Path, env: dict, args, root: Path)
         runtime = next((ln for ln in server.output().splitlines() if "runtime" in ln.lower()), "")
         soak = CrashSoak(
             server.url, ADMIN_KEY, adapter, lambda: server.proc.poll() is None, clients=args.clients,
-            active_s=args.active, idle_s=args.idle,
+            active_s=args.active, idle_s=args.idle, mixed=args.mixed,
         )
         result = soak.run(duration_s=args.duration)
         out = result.summary()
@@ -92,13 +95,15 @@ def main() -> None:
     ap.add_argument("--active", type=float, default=8.0, help="seconds of traffic per round")
     ap.add_argument("--idle", type=float, default=12.0, help="seconds of silence per round (> 10)")
     ap.add_argument("--configs", default="default,off")
+    ap.add_argument("--mixed", action="store_true", help="also structured output, logprobs, tokenize, Responses")
     ap.add_argument("--before", help="another checkout's python: its runs are labelled 'before'")
     ap.add_argument("--name", default="soak_runtime")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="lpx-soakrt-"))
     base, adapter = model_and_adapter(args.model, root)
-    envs = {"default": {}, "off": {"LORAPLEX_FAST_RUNTIME": "0"}}
+    dist = {k: "dist,dist" for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")}
+    envs = {"default": {}, "off": {"LORAPLEX_FAST_RUNTIME": "0"}, "dist": dist}
     pythons = [("after", sys.executable)] + ([("before", args.before)] if args.before else [])
     rows, details = [], []
     for r in range(args.runs):  # configurations alternate, so the machine's load hits all alike

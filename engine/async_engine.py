@@ -31,6 +31,7 @@ from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import OutputKind, RequestOutput
 from .request import EngineRequest
 from .sampling_params import SamplingParams, StructuredOutputSpec
+from .torch_threads import mark_long_lived
 
 log = logging.getLogger("loraplex.engine")
 T = TypeVar("T")
@@ -293,6 +294,7 @@ class AsyncEngine:
             return self._streams.pop(request_id, None)
 
     def _run(self) -> None:
+        mark_long_lived()  # torch work this thread starts (adapter loads) runs here, not on a pool
         try:
             while not self._stopping:
                 self._drain(block=not self.engine.has_unfinished_requests())

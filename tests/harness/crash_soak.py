@@ -79,6 +79,7 @@ class CrashSoak:
         active_s: float = 8.0,
         idle_s: float = 12.0,
         max_tokens: int = 24,
+        mixed: bool = False,
     ) -> None:
         self.url = url
         self.admin = {"Authorization": f"Bearer {admin_key}"}
@@ -89,6 +90,9 @@ class CrashSoak:
         self.active_s = active_s
         self.idle_s = idle_s
         self.max_tokens = max_tokens
+        # mixed: clients also send structured output, logprobs, tokenize/detokenize and Responses
+        # API requests (every route that may run work on a worker thread), not only chat streams
+        self.mixed = mixed
         self.result = SoakResult()
         self._lock = threading.Lock()
         self._started = time.monotonic()
@@ -153,9 +157,35 @@ class CrashSoak:
             self._error(f"{route} {model}: {exc!r}")
             return False
 
-    def _call(self, c: httpx.Client, route: str, method: str, path: str, **kw) -> httpx.Response | None:
+    def other_kind(self, c: httpx.Client, i: int) -> None:
+        """One request of another kind (``mixed``), in turn."""
+        m, kind = self.base_model, i % 4
+        if kind == 0:
+            schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+            body = {
+                "model": m,
+                "messages": [{"role": "user", "content": f"a number, {i}"}],
+                "max_tokens": 12,
+                "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i % 3}", "schema": schema}},
+            }
+            self._call(c, "chat.json_schema", "POST", "/v1/chat/completions", json=body, headers=self.tenant)
+        elif kind == 1:
+            body = {"model": m, "prompt": f"Once upon {i}", "max_tokens": 8, "logprobs": 2, "n": 2}
+            self._call(c, "completions.logprobs", "POST", "/v1/completions", json=body, headers=self.tenant)
+        elif kind == 2:
+            r = self._call(c, "tokenize", "POST", "/tokenize", json={"model": m, "prompt": f"hello {i}"}, headers=self.tenant)
+            if r is not None and r.status_code == 200:
+                tokens = r.json().get("tokens", [])
+                self._call(c, "detokenize", "POST", "/detokenize", json={"model": m, "tokens": tokens}, headers=self.tenant)
+        else:
+            body = {"model": m, "input": f"Say something {i}", "max_output_tokens": 8}
+            self._call(c, "responses", "POST", "/v1/responses", json=body, headers=self.tenant)
+
+    def _call(
+        self, c: httpx.Client, route: str, method: str, path: str, headers: dict | None = None, **kw
+    ) -> httpx.Response | None:
         try:
-            r = c.request(method, path, headers=self.admin, **kw)
+            r = c.request(method, path, headers=headers or self.admin, **kw)
         except httpx.HTTPError as exc:
             self._count(route, "transport-error")
             self._error(f"{route}: {exc!r}")
@@ -194,6 +224,8 @@ class CrashSoak:
                 i = 0
                 while not stop.is_set() and not self._dead():
                     self.stream(c, self.base_model, i)
+                    if self.mixed:
+                        self.other_kind(c, i + k)
                     i += 1
 
         threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(self.clients)]
