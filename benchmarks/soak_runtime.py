@@ -66,14 +66,18 @@ def one_run(python: str, base: Path, adapter: Path, env: dict, args, root: Path)
 
     data = Path(tempfile.mkdtemp(prefix="lpx-soakrt-", dir=root))
     config = None if args.model == "demo" else "[engine]\nkv_cache_memory_gb = 0.1\n"
-    server = ServeProcess(
-        data / "d", base, admin_key=ADMIN_KEY, env=env, config=config, python=python, clean_env=True
-    )
+    server = ServeProcess(data / "d", base, admin_key=ADMIN_KEY, env=env, config=config, python=python, clean_env=True)
     try:
         runtime = next((ln for ln in server.output().splitlines() if "runtime" in ln.lower()), "")
         soak = CrashSoak(
-            server.url, ADMIN_KEY, adapter, lambda: server.proc.poll() is None, clients=args.clients,
-            active_s=args.active, idle_s=args.idle, mixed=args.mixed,
+            server.url,
+            ADMIN_KEY,
+            adapter,
+            lambda: server.proc.poll() is None,
+            clients=args.clients,
+            active_s=args.active,
+            idle_s=args.idle,
+            mixed=args.mixed,
         )
         result = soak.run(duration_s=args.duration)
         out = result.summary()
@@ -102,7 +106,10 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="lpx-soakrt-"))
     base, adapter = model_and_adapter(args.model, root)
-    dist = {k: "dist,dist" for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")}
+    dist = {
+        k: "dist,dist"
+        for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")
+    }
     envs = {"default": {}, "off": {"LORAPLEX_FAST_RUNTIME": "0"}, "dist": dist}
     pythons = [("after", sys.executable)] + ([("before", args.before)] if args.before else [])
     rows, details = [], []
@@ -139,7 +146,14 @@ def main() -> None:
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout
     path = write_json(
         args.name,
-        {"args": vars(args), "cpu": cpu.strip(), "host": host.node(), "rows": rows, "runs": details, "when": time.time()},
+        {
+            "args": vars(args),
+            "cpu": cpu.strip(),
+            "host": host.node(),
+            "rows": rows,
+            "runs": details,
+            "when": time.time(),
+        },
     )
     print(f"wrote {path}")
 

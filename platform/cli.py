@@ -125,7 +125,9 @@ def serve(
     gc.freeze()
     uv_server.run()
     if watchdog.failure is not None:
-        typer.echo(f"error: the engine died ({watchdog.failure}); exiting with status {ENGINE_DEAD_EXIT_CODE}", err=True)
+        typer.echo(
+            f"error: the engine died ({watchdog.failure}); exiting with status {ENGINE_DEAD_EXIT_CODE}", err=True
+        )
         raise typer.Exit(ENGINE_DEAD_EXIT_CODE)
 
 

@@ -24,7 +24,10 @@ from lora_testlib import make_peft_adapter
 
 from loraplex.engine import runtime_env, torch_threads
 
-DIST = {k: "dist,dist" for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")}
+DIST = {
+    k: "dist,dist"
+    for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")
+}
 
 
 def test_callers_on_short_lived_threads_share_a_few_long_lived_ones():

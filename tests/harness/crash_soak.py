@@ -173,10 +173,14 @@ class CrashSoak:
             body = {"model": m, "prompt": f"Once upon {i}", "max_tokens": 8, "logprobs": 2, "n": 2}
             self._call(c, "completions.logprobs", "POST", "/v1/completions", json=body, headers=self.tenant)
         elif kind == 2:
-            r = self._call(c, "tokenize", "POST", "/tokenize", json={"model": m, "prompt": f"hello {i}"}, headers=self.tenant)
+            r = self._call(
+                c, "tokenize", "POST", "/tokenize", json={"model": m, "prompt": f"hello {i}"}, headers=self.tenant
+            )
             if r is not None and r.status_code == 200:
                 tokens = r.json().get("tokens", [])
-                self._call(c, "detokenize", "POST", "/detokenize", json={"model": m, "tokens": tokens}, headers=self.tenant)
+                self._call(
+                    c, "detokenize", "POST", "/detokenize", json={"model": m, "tokens": tokens}, headers=self.tenant
+                )
         else:
             body = {"model": m, "input": f"Say something {i}", "max_output_tokens": 8}
             self._call(c, "responses", "POST", "/v1/responses", json=body, headers=self.tenant)
@@ -198,7 +202,13 @@ class CrashSoak:
     def adapter_cycle(self, c: httpx.Client, n: int) -> None:
         """vLLM API: load, use, unload; admin API: upload, use, delete."""
         name = f"soak-vllm-{n}"
-        r = self._call(c, "vllm.load", "POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(self.adapter_dir)})
+        r = self._call(
+            c,
+            "vllm.load",
+            "POST",
+            "/v1/load_lora_adapter",
+            json={"lora_name": name, "lora_path": str(self.adapter_dir)},
+        )
         if r is not None and r.status_code == 200:
             self.stream(c, name, n)
             self._call(c, "vllm.unload", "POST", "/v1/unload_lora_adapter", json={"lora_name": name})

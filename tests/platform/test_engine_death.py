@@ -39,8 +39,15 @@ def test_engine_death_answers_503_then_exits_non_zero(serve_process, demo_model_
     results: list = []
     reader = threading.Thread(
         target=lambda: results.append(
-            stream(server.url, key, model, max_tokens=1000, ignore_eos=True, timeout=300,
-                   on_chunk=lambda _r: got_tokens.set())
+            stream(
+                server.url,
+                key,
+                model,
+                max_tokens=1000,
+                ignore_eos=True,
+                timeout=300,
+                on_chunk=lambda _r: got_tokens.set(),
+            )
         ),
         daemon=True,
     )
