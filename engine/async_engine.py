@@ -31,6 +31,7 @@ from .llm_engine import UNCHANGED, LLMEngine
 from .outputs import OutputKind, RequestOutput
 from .request import EngineRequest
 from .sampling_params import SamplingParams, StructuredOutputSpec
+from .torch_threads import mark_long_lived
 
 log = logging.getLogger("loraplex.engine")
 T = TypeVar("T")
@@ -106,6 +107,15 @@ class _Call:
     future: concurrent.futures.Future
 
 
+class InjectedFault(RuntimeError):
+    """Raised inside the engine loop by ``AsyncEngine.inject_fault`` (fault tests)."""
+
+
+@dataclass
+class _Fault:
+    message: str
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None):
         if engine is None:
@@ -113,7 +123,7 @@ class AsyncEngine:
                 raise ValueError("AsyncEngine needs an EngineConfig or an LLMEngine")
             engine = LLMEngine(config)
         self.engine = engine
-        self._inbox: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Call | _Fault | None] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # request id -> stream, guarded by _streams_lock
         self._streams_lock = threading.Lock()  # held for dict operations only, never across a step
         self._thread: threading.Thread | None = None
@@ -202,6 +212,13 @@ class AsyncEngine:
             self._inbox.put(_Abort(request_id))
         return known
 
+    def inject_fault(self, message: str = "fault injected by request") -> None:
+        """Make the engine loop die between two steps exactly as a bug in a step would (the same
+        ``except`` in ``_run``): every stream fails, new work is refused, ``is_running`` turns False.
+        For fault tests of whatever supervises the engine; servers expose it only behind a debug
+        setting."""
+        self._inbox.put(_Fault(message))
+
     # ------------------------------------------------------------------ admin (between steps)
     def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between two steps and wait for its result (directly,
@@ -268,9 +285,11 @@ class AsyncEngine:
             except queue.Empty:
                 return
 
-    def _apply(self, item: _Add | _Abort | _Call | None) -> None:
+    def _apply(self, item: _Add | _Abort | _Call | _Fault | None) -> None:
         if item is None:
             return  # shutdown's wake-up
+        if isinstance(item, _Fault):
+            raise InjectedFault(item.message)
         if isinstance(item, _Add):
             try:
                 self.engine.add_request(item.request)
@@ -293,6 +312,7 @@ class AsyncEngine:
             return self._streams.pop(request_id, None)
 
     def _run(self) -> None:
+        mark_long_lived()  # torch work this thread starts (adapter loads) runs here, not on a pool
         try:
             while not self._stopping:
                 self._drain(block=not self.engine.has_unfinished_requests())

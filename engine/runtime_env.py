@@ -33,11 +33,18 @@ MARK_ENV = "LORAPLEX_RUNTIME_REEXEC"  # set in the re-executed process: never re
 _checked = False
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 IOMP_NAME = "libiomp5.so"
-# Intel OpenMP settings vLLM's CPU worker also uses: sleep after 1 ms at a barrier instead of the
-# default 200 ms of spinning (the cores are shared), and the distributed barrier pattern.
+# Intel OpenMP settings: sleep after 1 ms at a barrier instead of the default 200 ms of spinning
+# (the cores are shared). NOT the ``dist`` barrier patterns vLLM's CPU worker also sets (kept below
+# for benchmarks only): with them libiomp 2024.2 segfaults when a second thread that ran a torch op
+# exits (it hands a pooled team with no barrier to the next root thread and frees that NULL barrier
+# at its exit; issue 32 killed ``loraplex serve`` this way), and they measured no faster here
+# (docs/cpu-performance.md). loraplex keeps its own torch work on long-lived threads anyway
+# (``torch_threads.py``), but ``LLM(...)`` scripts run user threads we do not control.
 IOMP_ENV = {
     "KMP_BLOCKTIME": "1",
     "KMP_TPAUSE": "0",
+}
+IOMP_DIST_BARRIERS = {  # not applied: see above
     "KMP_FORKJOIN_BARRIER_PATTERN": "dist,dist",
     "KMP_PLAIN_BARRIER_PATTERN": "dist,dist",
     "KMP_REDUCTION_BARRIER_PATTERN": "dist,dist",

@@ -28,7 +28,7 @@ from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
-from loraplex.platform.health import DatabasePending, readiness
+from loraplex.platform.health import DatabasePending, EngineWatchdog, readiness
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.routes import router as tenant_router
@@ -106,12 +106,15 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
-def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
+def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: EngineWatchdog | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
+        watching = asyncio.create_task(watchdog.run()) if watchdog is not None else None
         yield
         sweeper.cancel()
+        if watching is not None:
+            watching.cancel()
         if owns_engine:
             ctx.gateway.shutdown()
         ctx.close()
@@ -137,9 +140,12 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
             return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
-    def health() -> dict:
-        """Liveness: the process answers. Use /ready to know whether it can serve."""
-        return {"status": "ok", "engine": ctx.gateway.enabled}
+    def health() -> JSONResponse:
+        """Liveness: the process answers and its engine loop (if enabled) has not died (503 then:
+        the process is about to exit). Use /ready to know whether it can serve."""
+        if ctx.gateway.enabled and not ctx.gateway.alive:
+            return JSONResponse({"status": "engine_dead", "engine": True}, status_code=503)
+        return JSONResponse({"status": "ok", "engine": ctx.gateway.enabled})
 
     @app.get("/ready", tags=["health"])
     def ready() -> JSONResponse:

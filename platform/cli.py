@@ -90,8 +90,14 @@ def serve(
     if settings.environment == "demo" and ctx.db_ready:  # a degraded start has no tenants to show yet
         _print_demo_key(ctx, settings)
     from loraplex.platform import access_log
+    from loraplex.platform.health import ENGINE_DEAD_EXIT_CODE, EngineWatchdog
 
-    app = create_app(ctx)
+    # When the engine loop dies the process ends with a non-zero status (a supervisor restarts it):
+    # the watchdog asks uvicorn to stop, and the status is set below, after the shutdown.
+    watchdog = EngineWatchdog(
+        ctx, lambda: setattr(uv_server, "should_exit", True), grace_s=settings.server.engine_death_grace_s
+    )
+    app = create_app(ctx, watchdog=watchdog)
     log_config: dict | None = None
     if settings.observability.json_logs:
         from loraplex.platform.observability.requests import configure_json_logs
@@ -118,6 +124,11 @@ def serve(
     gc.collect()
     gc.freeze()
     uv_server.run()
+    if watchdog.failure is not None:
+        typer.echo(
+            f"error: the engine died ({watchdog.failure}); exiting with status {ENGINE_DEAD_EXIT_CODE}", err=True
+        )
+        raise typer.Exit(ENGINE_DEAD_EXIT_CODE)
 
 
 def _build_or_exit(settings: Settings):

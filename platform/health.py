@@ -1,7 +1,13 @@
-"""Readiness: what a load balancer needs to know before sending traffic here."""
+"""Readiness: what a load balancer needs to know before sending traffic here; and the watchdog
+that ends the process when its engine dies, so that a supervisor starts a fresh one."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
@@ -11,8 +17,64 @@ from loraplex.platform.http_errors import error_response
 if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
     from loraplex.platform.context import PlatformContext
 
+log = logging.getLogger("loraplex.platform")
+
 # Answered while the database is not ready yet (a degraded start): liveness, readiness, metrics.
 _ALWAYS = ("/health", "/ready", "/metrics")
+# The exit status of a server whose engine died (sysexits' EX_SOFTWARE): non-zero, so systemd's
+# Restart=on-failure, Docker's restart policies and Kubernetes restart it; distinct from a bad
+# configuration (2) and from a signal (128 + n), so the logs say which it was.
+ENGINE_DEAD_EXIT_CODE = 70
+
+
+class EngineWatchdog:
+    """Ends the process when the engine loop dies. A dead engine cannot come back in this process
+    (its thread is gone, its state may be corrupt), and a server that stays up answering 503 is
+    only restarted by a supervisor that probes ``/ready``: so the watchdog, polling the engine,
+    waits ``grace_s`` (``/ready`` and ``/health`` answer 503 meanwhile; the engine has already
+    failed every stream with an error event) and then asks the server to stop (``request_exit``:
+    uvicorn's graceful shutdown); ``serve`` then exits with ``ENGINE_DEAD_EXIT_CODE``. If the
+    shutdown has not ended the process ``hard_exit_s`` later, it exits anyway (``os._exit``)."""
+
+    def __init__(
+        self,
+        ctx: PlatformContext,
+        request_exit: Callable[[], None],
+        *,
+        interval_s: float = 0.5,
+        grace_s: float = 2.0,
+        hard_exit_s: float = 30.0,
+    ) -> None:
+        self.ctx = ctx
+        self.request_exit = request_exit
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.hard_exit_s = hard_exit_s
+        self.failure: str | None = None  # why the engine died, once it did
+
+    def engine_dead(self) -> bool:
+        return bool(self.ctx.gateway.enabled and not self.ctx.gateway.alive)
+
+    async def run(self) -> None:
+        while not self.engine_dead():
+            await asyncio.sleep(self.interval_s)
+        self.failure = getattr(self.ctx.gateway, "failure", None) or "the engine thread is gone"
+        log.critical(
+            "engine died (%s): /ready answers 503; the process exits with status %d in %.0f s so that its "
+            "supervisor restarts it",
+            self.failure,
+            ENGINE_DEAD_EXIT_CODE,
+            self.grace_s,
+        )
+        await asyncio.sleep(self.grace_s)
+        threading.Thread(target=self._hard_exit, name="loraplex-exit-deadline", daemon=True).start()
+        self.request_exit()
+
+    def _hard_exit(self) -> None:
+        threading.Event().wait(self.hard_exit_s)
+        log.critical("shutdown after the engine died took over %.0f s: exiting now", self.hard_exit_s)
+        logging.shutdown()
+        os._exit(ENGINE_DEAD_EXIT_CODE)
 
 
 def readiness(ctx: PlatformContext) -> dict:

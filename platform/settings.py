@@ -31,6 +31,12 @@ class _Table(BaseModel):
 class ServerSettings(_Table):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    # Tests only: POST /admin/v1/debug/engine-fault (admin key) kills the engine loop as a bug would,
+    # to test what supervises the process. Off: the route answers 404.
+    fault_injection: bool = False
+    # When the engine loop dies: seconds /ready (and /health) answer 503 before the process stops and
+    # exits with status 70, so a load balancer sees it leave and a supervisor restarts it.
+    engine_death_grace_s: float = Field(2.0, ge=0, le=300)
 
 
 def _engine_settings_model() -> type[BaseModel]:

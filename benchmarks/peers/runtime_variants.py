@@ -61,7 +61,12 @@ def variants() -> dict[str, dict[str, str]]:
     if p.tcmalloc and p.iomp5:
         both = f"{p.tcmalloc}:{p.iomp5}"
         out["tcmalloc + Intel OpenMP (default blocktime)"] = {"LD_PRELOAD": both}
-        out["tcmalloc + Intel OpenMP, KMP_BLOCKTIME=1 + dist barriers (the default launch)"] = {
+        out["tcmalloc + Intel OpenMP, KMP_BLOCKTIME=1 + dist barriers (the launch before issue 32)"] = {
+            "LD_PRELOAD": both,
+            **runtime_env.IOMP_ENV,
+            **runtime_env.IOMP_DIST_BARRIERS,
+        }
+        out["tcmalloc + Intel OpenMP, KMP_BLOCKTIME=1, default (hyper) barriers"] = {
             "LD_PRELOAD": both,
             **runtime_env.IOMP_ENV,
         }

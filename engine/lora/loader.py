@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .. import torch_threads
 from ..models.config import ModelConfig
 from .validate import SUPPORTED_MODULES, AdapterInfo, read_adapter
 
@@ -54,7 +55,15 @@ def load_adapter(
     path: str | Path, mc: ModelConfig, max_lora_rank: int, dtype: torch.dtype, expected_sha256: str | None = None
 ) -> LoadedAdapter:
     """Validate and load ``path``. With ``expected_sha256``, refuse files that changed since the
-    adapter was registered (a re-upload must come in through add_adapter, as a new version)."""
+    adapter was registered (a re-upload must come in through add_adapter, as a new version). Runs on
+    a long-lived thread whatever thread calls it (``torch_threads``: a server calls it from
+    short-lived ones)."""
+    return torch_threads.run(_load_adapter, path, mc, max_lora_rank, dtype, expected_sha256)
+
+
+def _load_adapter(
+    path: str | Path, mc: ModelConfig, max_lora_rank: int, dtype: torch.dtype, expected_sha256: str | None
+) -> LoadedAdapter:
     info, tensors = read_adapter(path, mc, max_lora_rank)
     if expected_sha256 is not None and info.sha256 != expected_sha256:
         from .validate import AdapterValidationError

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .. import torch_threads
 from ..errors import InvalidRequestError
 from ..models.config import ModelConfig
 
@@ -93,8 +94,9 @@ class AdapterInfo:
 
 
 def validate_adapter_dir(path: str | Path, base_model: str | Path | ModelConfig, max_lora_rank: int) -> AdapterInfo:
-    """Validate ``path`` against ``base_model`` (a checkpoint directory or its ModelConfig)."""
-    info, _ = read_adapter(path, base_model, max_lora_rank)
+    """Validate ``path`` against ``base_model`` (a checkpoint directory or its ModelConfig), on a
+    long-lived thread whatever thread calls it (``torch_threads``: servers call it from short-lived ones)."""
+    info, _ = torch_threads.run(read_adapter, path, base_model, max_lora_rank)
     return info
 
 

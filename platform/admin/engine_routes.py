@@ -5,6 +5,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from loraplex.platform.deps import AdminDep, ContextDep
+from loraplex.platform.errors import NotFound
 
 router = APIRouter(tags=["engine"])
 
@@ -15,3 +16,14 @@ def engine_state(ctx: ContextDep, _actor: AdminDep) -> dict[str, Any]:
     stats = ctx.gateway.stats()
     stats["registered_adapters"] = ctx.gateway.registered_adapters()
     return stats
+
+
+@router.post("/debug/engine-fault", include_in_schema=False)
+def inject_engine_fault(ctx: ContextDep, _actor: AdminDep) -> dict[str, Any]:
+    """Tests only (``server.fault_injection``): the engine loop dies between two steps as if a step
+    had raised; the server then answers 503 on /ready and exits non-zero (``health.EngineWatchdog``)."""
+    inject = getattr(ctx.gateway, "inject_fault", None)
+    if not ctx.settings.server.fault_injection or inject is None:
+        raise NotFound("Not Found")
+    inject()
+    return {"injected": True}

@@ -92,6 +92,17 @@ class LocalEngineClient:
         return self._engine is not None and self._engine.is_running
 
     @property
+    def failure(self) -> str | None:
+        """Why the engine loop died (None while it runs, or when it was shut down)."""
+        dead = self._engine.dead if self._engine is not None else None
+        return repr(dead) if dead is not None else None
+
+    def inject_fault(self) -> None:
+        """Kill the engine loop the way a bug in a step would (the debug route behind
+        ``server.fault_injection``)."""
+        self.engine.inject_fault()
+
+    @property
     def replica_name(self) -> str:
         """Names this engine in ``x-loraplex-replica`` (one process: host and pid)."""
         return f"{socket.gethostname()}-{os.getpid()}"

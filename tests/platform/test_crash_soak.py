@@ -1,0 +1,40 @@
+"""The traffic that crashed ``loraplex serve`` under its default launch (issue 32), at CI size:
+streaming chat clients, adapters loaded and unloaded through vLLM's ``/v1/load_lora_adapter`` and
+the admin API, and idle gaps longer than anyio's worker threads live (they exited after running
+torch, and with the old launch's Intel OpenMP ``dist`` barriers the second such exit was a SIGSEGV,
+~45 s in). The server is started as users start it (fast runtime on: no LORAPLEX_* setting but the
+tests' admin key and model); it must be alive at the end with no 5xx. The ``dist`` case sets those
+barrier patterns by hand: there any torch work left on a short-lived thread kills the process, so
+it checks that every route keeps torch on long-lived threads (``engine/torch_threads.py``)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from harness.crash_soak import CrashSoak
+from platform_helpers import ADMIN_KEY, make_peft_adapter
+
+pytestmark = pytest.mark.slow
+
+DIST = {
+    k: "dist,dist"
+    for k in ("KMP_FORKJOIN_BARRIER_PATTERN", "KMP_PLAIN_BARRIER_PATTERN", "KMP_REDUCTION_BARRIER_PATTERN")
+}
+
+
+@pytest.mark.parametrize("launch", ["default", "dist"])
+def test_server_survives_streams_adapter_churn_and_idle_gaps(launch, serve_process, demo_model_dir, tmp_path):
+    adapter = make_peft_adapter(demo_model_dir, tmp_path / "adapter", r=4)
+    env = DIST if launch == "dist" else {}
+    server = serve_process(tmp_path / "data", demo_model_dir, env=env, clean_env=True)
+    soak = CrashSoak(server.url, ADMIN_KEY, adapter, lambda: server.proc.poll() is None, mixed=launch == "dist")
+    # Four rounds: the old launch died when the third round's first request pruned the workers
+    # that had gone idle (worker threads exit at the next request after 10 s idle).
+    result = soak.run(rounds=4)
+    with httpx.Client(base_url=server.url, timeout=120) as c:  # one more request: prunes the idle workers again
+        soak.stream(c, soak.base_model, 999)
+    assert server.proc.poll() is None, (result.summary(), server.output()[-4000:])
+    assert result.server_errors == 0, result.summary()
+    assert not result.errors, result.summary()
+    assert result.statuses["vllm.load 200"] >= 4 and result.statuses["admin.upload 201"] >= 4, result.summary()
+    assert result.streams_ok >= 8, result.summary()
