@@ -21,12 +21,11 @@ from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.api_errors import ADMIN_ERRORS, TENANT_ERRORS
 from loraplex.platform.auth.admin import ensure_admin_key
-from loraplex.platform.auth.gate import AuthGate
+from loraplex.platform.auth.gate import AuthGate, KeyPolicy
 from loraplex.platform.body_limit import BodyGuard, route_rules
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.deps import require_admin, require_tenant
 from loraplex.platform.engine_gateway import EngineGateway
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import DatabasePending, readiness
@@ -158,6 +157,13 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
 
 
 TENANT_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# Which key each path needs, checked before the body is read (auth/gate.py; test_auth_gate.py
+# holds it to every route's own dependencies).
+KEY_POLICY = KeyPolicy(
+    admin_paths=(ADMIN_PREFIX, "/v1/load_lora_adapter", "/v1/unload_lora_adapter"),
+    admin_prefixes=(f"{ADMIN_PREFIX}/",),
+    tenant_prefixes=TENANT_PREFIXES,
+)
 
 
 def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
@@ -170,7 +176,7 @@ def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
     app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
     app.add_middleware(BodyGuard, rule_for=rules)
     app.add_middleware(DisconnectWatch, prefixes=("/v1/",))
-    app.add_middleware(AuthGate, ctx=ctx, fastapi_app=app, checks={require_admin: "admin", require_tenant: "tenant"})
+    app.add_middleware(AuthGate, ctx=ctx, policy=KEY_POLICY)
     app.add_middleware(DatabasePending, ctx=ctx)  # outermost: nothing else runs before the DB is ready
 
 

@@ -2,13 +2,13 @@
 
 FastAPI reads (and parses) a request body before it resolves any dependency, so a key checked in
 ``require_admin`` / ``require_tenant`` alone lets anybody make the server read, buffer and parse
-a body up to the route's limit first. ``AuthGate`` looks at the route a request will reach (the
-app's own routes, matched as Starlette matches them) and, when that route depends on
-``require_admin`` or ``require_tenant``, authenticates the ``Authorization`` header first: a
-missing, wrong, revoked key or a suspended tenant is answered (401/403) without reading the
-body, with ``Connection: close`` when a body was announced so that none of it is read after the
-answer either. The result is left in the request's scope and the dependency reuses it (one key
-lookup per request).
+a body up to the route's limit first. ``AuthGate`` knows which paths need which key (``KeyPolicy``:
+the admin API and vLLM's LoRA routes an admin key, the rest of ``/v1/`` and ``/tokenize`` a tenant
+key; a test checks it against every route's dependencies) and authenticates the
+``Authorization`` header first: a missing, wrong, revoked key or a suspended tenant is answered
+(401/403) without reading the body, with ``Connection: close`` when a body was announced so that
+none of it is read after the answer either. The result is left in the request's scope and the
+dependency reuses it (one key lookup per request).
 
 An unauthenticated client costs its request head, one route match and one keyed hash (plus a
 database lookup for a key that is not cached); see docs/limits.md."""
@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio.to_thread
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.routing import Match
 
 from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.key_cache import TenantAuth
@@ -32,8 +30,6 @@ from loraplex.platform.errors import PlatformError, Unauthorized
 from loraplex.platform.http_errors import error_body, error_response
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from loraplex.platform.context import PlatformContext
 
 log = logging.getLogger("loraplex.platform")
@@ -64,43 +60,30 @@ def pre_authenticated(scope: dict, kind: Kind, token: str) -> Actor | TenantAuth
     return None
 
 
-def _needed_key(route: APIRoute, checks: dict[Any, Kind]) -> Kind | None:
-    stack = [route.dependant]
-    while stack:
-        dependant = stack.pop()
-        if dependant.call in checks:
-            return checks[dependant.call]
-        stack.extend(dependant.dependencies)
-    return None
+@dataclass(frozen=True)
+class KeyPolicy:
+    """Which key a path needs: exact admin paths, then admin prefixes, then tenant prefixes."""
+
+    admin_paths: tuple[str, ...]
+    admin_prefixes: tuple[str, ...]
+    tenant_prefixes: tuple[str, ...]
+
+    def kind(self, path: str) -> Kind | None:
+        if path.rstrip("/") in self.admin_paths or path.startswith(self.admin_prefixes):
+            return "admin"
+        if path.startswith(self.tenant_prefixes):
+            return "tenant"
+        return None
 
 
 class AuthGate:
-    def __init__(self, app, ctx: PlatformContext, fastapi_app: FastAPI, checks: dict[Any, Kind]) -> None:
-        """``checks`` maps the dependency functions that demand a key to the kind of key."""
+    def __init__(self, app, ctx: PlatformContext, policy: KeyPolicy) -> None:
         self.app = app
         self.ctx = ctx
-        self._fastapi = fastapi_app
-        self._checks = checks
-        self._table: list[tuple[Any, Kind | None]] | None = None
-
-    def _routes(self) -> list[tuple[Any, Kind | None]]:
-        # built on first use: every route is included by then
-        if self._table is None:
-            self._table = [
-                (r, _needed_key(r, self._checks) if isinstance(r, APIRoute) else None)
-                for r in self._fastapi.router.routes
-            ]
-        return self._table
-
-    def _kind(self, scope: dict) -> Kind | None:
-        for route, kind in self._routes():
-            match, _ = route.matches(scope)
-            if match is Match.FULL:  # the route Starlette will pick (first full match)
-                return kind
-        return None
+        self.policy = policy
 
     async def __call__(self, scope, receive, send):
-        kind = self._kind(scope) if scope["type"] == "http" else None
+        kind = self.policy.kind(scope["path"]) if scope["type"] == "http" else None
         if kind is None:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
