@@ -170,9 +170,7 @@ def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
     """ASGI guards, listed innermost first (each ``add_middleware`` wraps the ones before it):
     text validity (reads the body) < body size and time bounds (every route, docs/limits.md) <
     disconnect watch (sees the client's own receive channel) < key check (before any body byte)."""
-    rules = route_rules(
-        ctx.settings, tenant_prefixes=TENANT_PREFIXES, upload_path=f"{ADMIN_PREFIX}/adapters"
-    )
+    rules = route_rules(ctx.settings, tenant_prefixes=TENANT_PREFIXES, upload_path=f"{ADMIN_PREFIX}/adapters")
     app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
     app.add_middleware(BodyGuard, rule_for=rules)
     app.add_middleware(DisconnectWatch, prefixes=("/v1/",))

@@ -14,13 +14,16 @@ import codecs
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import anyio.to_thread
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from loraplex.platform.errors import BadRequest, PayloadTooLarge
+
+if TYPE_CHECKING:  # a TypedDict python-multipart declares for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELDS = 16  # parts that are not the file
 MAX_FIELD_BYTES = 4096  # one text field's value
@@ -54,7 +57,7 @@ class _Form:
         self._fields = 0
         self.complete = False  # the closing boundary was seen (python-multipart does not check)
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self.on_part_begin,
             "on_part_data": self.on_part_data,

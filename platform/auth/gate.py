@@ -16,8 +16,9 @@ database lookup for a key that is not cached); see docs/limits.md."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
 from fastapi.responses import JSONResponse
@@ -52,7 +53,7 @@ def parse_bearer(header: str) -> str:
     return token.strip()
 
 
-def pre_authenticated(scope: dict, kind: Kind, token: str) -> Actor | TenantAuth | None:
+def pre_authenticated(scope: Mapping[str, Any], kind: Kind, token: str) -> Actor | TenantAuth | None:
     """What the gate found for this request (None outside the gate: it was not installed)."""
     found = (scope.get("state") or {}).get(SCOPE_KEY)
     if isinstance(found, Authenticated) and found.kind == kind and found.token == token:
@@ -89,8 +90,10 @@ class AuthGate:
         headers = dict(scope["headers"])
         try:
             token = parse_bearer(headers.get(b"authorization", b"").decode("latin-1"))
-            check = authenticate_admin if kind == "admin" else authenticate_tenant
-            principal = await anyio.to_thread.run_sync(check, self.ctx, token)
+            if kind == "admin":
+                principal: Actor | TenantAuth = await anyio.to_thread.run_sync(authenticate_admin, self.ctx, token)
+            else:
+                principal = await anyio.to_thread.run_sync(authenticate_tenant, self.ctx, token)
         except PlatformError as exc:
             body = error_body(exc.message, exc.type, exc.param, exc.code)
             response = JSONResponse(body, status_code=exc.status_code, headers=_closing(headers, exc.headers))
@@ -116,7 +119,9 @@ def _database_failed(exc: SQLAlchemyError, headers: dict) -> JSONResponse:
 
     if is_unreachable(exc):  # an outage: the same answer the routes give (http_errors)
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
-        body = error_body("the database is unavailable; retry shortly", "service_unavailable", None, "database_unavailable")
+        body = error_body(
+            "the database is unavailable; retry shortly", "service_unavailable", None, "database_unavailable"
+        )
         extra = {"retry-after": str(DB_RETRY_AFTER_S)}
         return JSONResponse(body, status_code=503, headers=_closing(headers, extra))
     log.exception("unhandled error", exc_info=exc)

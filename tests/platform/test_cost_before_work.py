@@ -104,7 +104,9 @@ def test_no_key_is_answered_before_the_body_is_read(wide_open, path, ctype):
     for auth in ([], ["Authorization: Bearer lpx-wrong-key"], ["Authorization: Basic Zm9vOmJhcg=="]):
         for framing in ("Transfer-Encoding: chunked", f"Content-Length: {BODY}"):
             chunked = framing.startswith("Transfer")
-            answer = send_body(url, _head(url, path, f"Content-Type: {ctype}", framing, *auth), _pieces(), chunked=chunked)
+            answer = send_body(
+                url, _head(url, path, f"Content-Type: {ctype}", framing, *auth), _pieces(), chunked=chunked
+            )
             assert answer.status == 401, (path, auth, framing, answer)
             assert answer.sent < NOT_READ, (path, auth, framing, answer)
             assert answer.closed, answer  # the announced body is never read after the answer either
@@ -161,8 +163,18 @@ def test_unauthenticated_uploads_stage_nothing_anywhere(wide_open):
 def tight(live_factory):
     """Small limits and timeouts, so every bound is reached quickly."""
     return live_factory(
-        limits={"max_body_bytes": 64 * 1024, "max_admin_body_bytes": 8 * 1024, "body_timeout_s": 60, "body_idle_timeout_s": 1},
-        uploads={"max_upload_bytes": 256 * 1024, "upload_timeout_s": 3, "max_members": 8, "max_unpacked_bytes": 1 << 20},
+        limits={
+            "max_body_bytes": 64 * 1024,
+            "max_admin_body_bytes": 8 * 1024,
+            "body_timeout_s": 60,
+            "body_idle_timeout_s": 1,
+        },
+        uploads={
+            "max_upload_bytes": 256 * 1024,
+            "upload_timeout_s": 3,
+            "max_members": 8,
+            "max_unpacked_bytes": 1 << 20,
+        },
     )
 
 
@@ -176,11 +188,23 @@ def test_a_body_that_stops_arriving_gets_408_and_the_connection_closed(tight, ro
         head = _multipart_head(url, ADMIN_KEY, length=200 * 1024)
         first = [_multipart_start(), b"PK" * 100]
     elif route == "admin":
-        head = _head(url, "/admin/v1/tenants", "Content-Type: application/json", "Content-Length: 1000", f"Authorization: Bearer {ADMIN_KEY}")
+        head = _head(
+            url,
+            "/admin/v1/tenants",
+            "Content-Type: application/json",
+            "Content-Length: 1000",
+            f"Authorization: Bearer {ADMIN_KEY}",
+        )
         first = [b'{"name": "sl']
     else:
         _tid, key = new_tenant(url, "slow")
-        head = _head(url, "/v1/completions", "Content-Type: application/json", "Content-Length: 1000", f"Authorization: Bearer {key}")
+        head = _head(
+            url,
+            "/v1/completions",
+            "Content-Type: application/json",
+            "Content-Length: 1000",
+            f"Authorization: Bearer {key}",
+        )
         first = [b'{"model": "x", "prompt": "']
     answer = send_body(url, head, first, stall=True)
     assert answer.status == 408 and answer.closed, answer
@@ -248,7 +272,9 @@ def test_an_oversize_authenticated_upload_is_413_and_leaves_no_file(tight, frami
 @pytest.mark.slow
 def test_expect_100_continue_without_a_key_gets_401_not_continue(wide_open):
     url = wide_open.url
-    head = _head(url, "/admin/v1/adapters", "Content-Type: application/json", f"Content-Length: {BODY}", "Expect: 100-continue")
+    head = _head(
+        url, "/admin/v1/adapters", "Content-Type: application/json", f"Content-Length: {BODY}", "Expect: 100-continue"
+    )
     answer = send_body(url, head, [], stall=True)
     assert answer.status == 401 and answer.closed, answer
     assert b"100 Continue" not in answer.raw
