@@ -20,7 +20,7 @@ import anyio.to_thread
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from loraplex.platform.errors import BadRequest, PayloadTooLarge
+from loraplex.platform.errors import BadRequest, PayloadTooLarge, PlatformError
 
 if TYPE_CHECKING:  # a TypedDict python-multipart declares for type checkers only
     from python_multipart.multipart import MultipartCallbacks
@@ -142,7 +142,11 @@ async def stage_multipart(
     parser = MultipartParser(params[b"boundary"], form.callbacks())
     with open(form.target, "wb") as out:
         async for chunk in stream:
-            _feed(parser, chunk)
+            try:
+                _feed(parser, chunk)
+            except PlatformError as exc:  # refused mid-body: the rest of it is never read
+                exc.headers.setdefault("connection", "close")
+                raise
             await _flush(form, out)
     if not form.complete:
         raise BadRequest("the multipart body ended before its closing boundary", code="invalid_body")

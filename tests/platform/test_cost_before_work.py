@@ -246,9 +246,19 @@ def test_many_slow_uploads_at_once_all_end_and_leave_nothing(tight):
     _wait_until(lambda: not _staged(tight), "every staged upload is removed")
 
 
+@pytest.fixture
+def capped(live_factory):
+    """A small upload cap with generous timeouts (a loaded machine never pauses a sender for long)."""
+    return live_factory(
+        limits={"body_timeout_s": 300, "body_idle_timeout_s": 60},
+        uploads={"max_upload_bytes": 256 * 1024, "upload_timeout_s": 300, "max_members": 8, "max_unpacked_bytes": 1 << 20},
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framing", ["declared", "chunked", "lying"])
-def test_an_oversize_authenticated_upload_is_413_and_leaves_no_file(tight, framing):
+def test_an_oversize_authenticated_upload_is_413_and_leaves_no_file(capped, framing):
+    tight = capped
     url = tight.url
     body = [_multipart_start(), *([b"z" * 65536] * 8), b"\r\n--b0undary--\r\n"]  # 512 KiB > 256 KiB
     size = sum(len(b) for b in body)
