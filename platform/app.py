@@ -16,13 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
-from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
 from loraplex.platform.api_errors import ADMIN_ERRORS, TENANT_ERRORS
 from loraplex.platform.auth.admin import ensure_admin_key
-from loraplex.platform.body_limit import BodySizeLimit, BodyTimeout
+from loraplex.platform.auth.gate import AuthGate, KeyPolicy
+from loraplex.platform.body_limit import BodyGuard, route_rules
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
@@ -163,20 +163,24 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
 
 
 TENANT_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# Which key each path needs, checked before the body is read (auth/gate.py; test_auth_gate.py
+# holds it to every route's own dependencies).
+KEY_POLICY = KeyPolicy(
+    admin_paths=(ADMIN_PREFIX, "/v1/load_lora_adapter", "/v1/unload_lora_adapter"),
+    admin_prefixes=(f"{ADMIN_PREFIX}/",),
+    tenant_prefixes=TENANT_PREFIXES,
+)
 
 
 def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
     """ASGI guards, listed innermost first (each ``add_middleware`` wraps the ones before it):
-    text validity (reads the body) < body timeout < size limits < disconnect watch (outermost, so it
-    sees the client's own receive channel)."""
-    limits = ctx.settings.limits
-    upload = f"{ADMIN_PREFIX}/adapters"
+    text validity (reads the body) < body size and time bounds (every route, docs/limits.md) <
+    disconnect watch (sees the client's own receive channel) < key check (before any body byte)."""
+    rules = route_rules(ctx.settings, tenant_prefixes=TENANT_PREFIXES, upload_path=f"{ADMIN_PREFIX}/adapters")
     app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
-    app.add_middleware(BodyTimeout, timeout_s=limits.body_timeout_s, exclude=upload)
-    app.add_middleware(UploadSizeLimit, path=upload, max_bytes=ctx.settings.uploads.max_upload_bytes)
-    app.add_middleware(BodySizeLimit, prefix=f"{ADMIN_PREFIX}/", exclude=upload, max_bytes=limits.max_admin_body_bytes)
-    app.add_middleware(BodySizeLimit, prefix=TENANT_PREFIXES, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyGuard, rule_for=rules)
     app.add_middleware(DisconnectWatch, prefixes=("/v1/",))
+    app.add_middleware(AuthGate, ctx=ctx, policy=KEY_POLICY)
     app.add_middleware(DatabasePending, ctx=ctx)  # outermost: nothing else runs before the DB is ready
 
 

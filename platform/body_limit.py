@@ -1,132 +1,150 @@
-"""ASGI guard: a request body over the limit gets 413 before it is read whole (the declared
-Content-Length first; a chunked body is counted as it arrives). One mechanism for the tenant API
-(``/v1/``, ``/tokenize``, ``/detokenize``), the admin API and the adapter upload route
-(``size_limit.UploadSizeLimit``, with its own larger limit)."""
+"""ASGI guard on every request body: a size limit and a deadline, chosen per route by ``BodyRule``.
+
+- Size: a declared ``Content-Length`` over the limit is refused (413) before a byte is read; a
+  chunked body (or one whose length lies) is counted as it arrives and refused the moment it
+  passes the limit.
+- Time: the whole body must arrive within ``deadline_s`` of the request head, and no gap between
+  two of its chunks may exceed ``idle_s``: a client trickling a body (slowloris) gets 408.
+
+Either answer carries ``Connection: close``, so the rest of the body is never read. Nothing is
+buffered here: the bytes reach the route as they arrive (an upload streams to disk), and a route
+that never reads its body reads none of it. Authentication runs before this guard
+(``auth/gate.py``), so these bounds are what an authenticated client can cost; an unauthenticated
+one costs its headers."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from loraplex.platform.http_errors import error_response
 
+if TYPE_CHECKING:
+    from loraplex.platform.settings import Settings
 
-class _TooLarge(Exception):
-    pass
+# Room for the multipart envelope and the small form fields around an uploaded file.
+MULTIPART_OVERHEAD = 64 * 1024
 
 
-class BodySizeLimit:
-    def __init__(
-        self,
-        app,
-        max_bytes: int,
-        *,
-        prefix: str | tuple[str, ...] | None = None,
-        path: str | None = None,
-        exclude: str | None = None,
-        method: str | None = None,
-        message: str | None = None,
-        param: str | None = None,
-    ) -> None:
+@dataclass(frozen=True)
+class BodyRule:
+    max_bytes: int
+    deadline_s: float  # the whole body, from the request head
+    idle_s: float  # the longest wait for the next chunk
+    message: str  # said in the 413
+    param: str | None = None
+
+
+class _Refused(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+class BodyGuard:
+    def __init__(self, app, rule_for: Callable[[dict], BodyRule | None]) -> None:
         self.app = app
-        self.limit = max_bytes
-        self.prefix, self.path, self.method, self.exclude = prefix, path, method, exclude
-        self.message = message or f"the request body is larger than {max_bytes} bytes"
-        self.param = param
-
-    def _guards(self, scope) -> bool:
-        if scope["type"] != "http" or (self.method is not None and scope["method"] != self.method):
-            return False
-        if self.path is not None:
-            return scope["path"].rstrip("/") == self.path
-        if self.exclude is not None and scope["path"].rstrip("/") == self.exclude:
-            return False
-        return self.prefix is None or scope["path"].startswith(self.prefix)
+        self.rule_for = rule_for
 
     async def __call__(self, scope, receive, send):
-        if not self._guards(scope):
+        rule = self.rule_for(scope) if scope["type"] == "http" else None
+        if rule is None:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await self._refuse(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > rule.max_bytes:
+            return await _refuse(413, rule, scope, receive, send)
+        deadline = time.monotonic() + rule.deadline_s
         seen = 0
-        exceeded = False
+        refused: int | None = None
         started = False
 
-        async def counting_receive():
-            nonlocal seen, exceeded
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                exceeded = True
-                raise _TooLarge()
+        async def guarded_receive():
+            nonlocal seen, refused
+            if refused is not None:
+                raise _Refused(refused)
+            wait = min(rule.idle_s, deadline - time.monotonic())
+            try:
+                if wait <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), wait)
+            except asyncio.TimeoutError:
+                refused = 408
+                raise _Refused(408) from None
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > rule.max_bytes:
+                    refused = 413
+                    raise _Refused(413)
             return message
 
         async def guarded_send(message):
             nonlocal started
-            if not exceeded:
+            if refused is None:  # the route's own answer to the exception we raised is dropped
                 started = True
                 await send(message)
 
         try:
-            await self.app(scope, counting_receive, guarded_send)
-        except _TooLarge:
-            pass
+            await self.app(scope, guarded_receive, guarded_send)
         except Exception:
-            if not exceeded:
+            if refused is None:
                 raise
-        if exceeded and not started:
-            await self._refuse(scope, receive, send)
+        if refused is not None and not started:
+            await _refuse(refused, rule, scope, receive, send)
 
-    async def _refuse(self, scope, receive, send):
+
+async def _refuse(status: int, rule: BodyRule, scope, receive, send) -> None:
+    if status == 413:
         response = error_response(
-            413, self.message, param=self.param, code="payload_too_large", headers={"connection": "close"}
+            413, rule.message, param=rule.param, code="payload_too_large", headers={"connection": "close"}
         )
-        await response(scope, receive, send)
+    else:
+        response = error_response(
+            408,
+            f"the request body did not arrive in time (whole body within {rule.deadline_s:g} s, "
+            f"no pause over {rule.idle_s:g} s)",
+            code="request_timeout",
+            headers={"connection": "close"},
+        )
+    await response(scope, receive, send)
 
 
-class BodyTimeout:
-    """ASGI guard: the whole request body must arrive within ``timeout_s`` (a client trickling a
-    body byte by byte holds a worker and its memory otherwise): 408 and the connection is closed.
-    It reads the body before the route runs, so put it inside the size limits."""
+def route_rules(
+    settings: Settings, *, tenant_prefixes: tuple[str, ...], upload_path: str
+) -> Callable[[dict], BodyRule]:
+    """Which bound each request's body is under: every route has one (a route that reads no body
+    gets the smallest, so a stray body costs nothing either)."""
+    limits, uploads = settings.limits, settings.uploads
+    tenant = BodyRule(
+        limits.max_body_bytes,
+        limits.body_timeout_s,
+        limits.body_idle_timeout_s,
+        f"the request body is larger than {limits.max_body_bytes} bytes",
+    )
+    admin = BodyRule(
+        limits.max_admin_body_bytes,
+        limits.body_timeout_s,
+        limits.body_idle_timeout_s,
+        f"the request body is larger than {limits.max_admin_body_bytes} bytes",
+    )
+    # The multipart adapter upload (its JSON twin on the same path, by reference, is an admin body).
+    upload = BodyRule(
+        uploads.max_upload_bytes + MULTIPART_OVERHEAD,
+        uploads.upload_timeout_s,
+        limits.body_idle_timeout_s,
+        f"the upload is larger than {uploads.max_upload_bytes} bytes",
+        param="file",
+    )
 
-    def __init__(self, app, timeout_s: float, *, exclude: str | None = None) -> None:
-        self.app = app
-        self.timeout_s = timeout_s
-        self.exclude = exclude
+    def rule_for(scope: dict) -> BodyRule:
+        path = scope["path"]
+        if path.startswith(tenant_prefixes):
+            return tenant
+        if scope["method"] == "POST" and path.rstrip("/") == upload_path:
+            ctype = dict(scope["headers"]).get(b"content-type", b"")
+            if not ctype.split(b";")[0].strip().lower().endswith(b"json"):
+                return upload
+        return admin  # the admin API, and every other route (none of which reads a body)
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or (self.exclude is not None and scope["path"].rstrip("/") == self.exclude):
-            return await self.app(scope, receive, send)
-        chunks: list[bytes] = []
-
-        async def read_all() -> bool:
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return False  # the client left while sending
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return True
-
-        try:
-            if not await asyncio.wait_for(read_all(), self.timeout_s):
-                return
-        except asyncio.TimeoutError:
-            response = error_response(
-                408,
-                f"the request body did not arrive within {self.timeout_s:g} s",
-                code="request_timeout",
-                headers={"connection": "close"},
-            )
-            return await response(scope, receive, send)
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+    return rule_for

@@ -112,7 +112,7 @@ def serve(
         log_level="info",
         timeout_keep_alive=max(1, int(settings.limits.idle_timeout_s)),  # an idle socket is closed
         # a socket that sends nothing, or stalls inside its headers, is closed too
-        http=RequestHeadDeadline.with_timeout(settings.limits.header_timeout_s),
+        http=RequestHeadDeadline.with_timeout(settings.limits.header_timeout_s, settings.limits.max_header_bytes),
         **kwargs,
     )
     uv_server = uvicorn.Server(uv_config)  # config.load() (in run) configures logging; the filter goes after

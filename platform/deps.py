@@ -9,11 +9,11 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from loraplex.platform.auth.admin import Actor, authenticate_admin
+from loraplex.platform.auth.gate import parse_bearer, pre_authenticated
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.tenant import authenticate_tenant
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.errors import Unauthorized
 
 
 def get_context(request: Request) -> PlatformContext:
@@ -34,25 +34,24 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def bearer_token(request: Request) -> str:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
-    return token.strip()
+    return parse_bearer(request.headers.get("authorization", ""))
 
 
 TokenDep = Annotated[str, Depends(bearer_token)]
 
 
-def require_admin(ctx: ContextDep, token: TokenDep) -> Actor:
-    return authenticate_admin(ctx, token)
+# Both checks normally ran already, before the body was read (auth/gate.py): reuse that answer.
+def require_admin(request: Request, ctx: ContextDep, token: TokenDep) -> Actor:
+    found = pre_authenticated(request.scope, "admin", token)
+    return found if isinstance(found, Actor) else authenticate_admin(ctx, token)
 
 
 AdminDep = Annotated[Actor, Depends(require_admin)]
 
 
-def require_tenant(ctx: ContextDep, token: TokenDep) -> TenantAuth:
-    return authenticate_tenant(ctx, token)
+def require_tenant(request: Request, ctx: ContextDep, token: TokenDep) -> TenantAuth:
+    found = pre_authenticated(request.scope, "tenant", token)
+    return found if isinstance(found, TenantAuth) else authenticate_tenant(ctx, token)
 
 
 TenantDep = Annotated[TenantAuth, Depends(require_tenant)]

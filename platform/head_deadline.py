@@ -10,7 +10,13 @@ covers what comes before it.
 unchanged) and looks at it every ``timeout_s``: while the connection waits for a request head (no
 request yet, or the last response is complete) and no new head has arrived since the previous
 look, it is closed. A head that does not arrive whole is therefore dropped after one to two
-``timeout_s``; a request being read or answered is never touched."""
+``timeout_s``; a request being read or answered is never touched.
+
+The head's size is bounded the same way: uvicorn's httptools parser buffers a request line or a
+header of any length (it never refuses one), so a client streaming one endless header would grow
+the process by its bandwidth for the whole deadline. Bytes received while a head is expected (no
+request yet, the last one's body complete, pipelined or not) are counted, and a head that is not
+complete after ``max_head_bytes`` is answered 431 (when no response is under way) and closed."""
 
 from __future__ import annotations
 
@@ -22,8 +28,19 @@ from uvicorn.importer import import_from_string
 _AUTO = "uvicorn.protocols.http.auto:AutoHTTPProtocol"  # httptools if installed, else h11
 
 
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+_TOO_LARGE_BODY = (
+    b'{"error":{"message":"the request line and headers are too large","type":"invalid_request_error",'
+    b'"param":null,"code":"headers_too_large"}}'
+)
+
+
 class RequestHeadDeadline(asyncio.Protocol):
     timeout_s: float = 10.0
+    max_head_bytes: int = 64 * 1024
 
     def __init__(self, **kwargs: Any) -> None:
         inner_class = import_from_string(_AUTO)
@@ -33,10 +50,12 @@ class RequestHeadDeadline(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.BaseTransport | None = None
         self.closed_idle = False
+        self._head_bytes = 0  # received since a head was last expected
+        self._refusing = False
 
     @classmethod
-    def with_timeout(cls, timeout_s: float) -> type[RequestHeadDeadline]:
-        return type(cls.__name__, (cls,), {"timeout_s": timeout_s})
+    def with_timeout(cls, timeout_s: float, max_head_bytes: int = 64 * 1024) -> type[RequestHeadDeadline]:
+        return type(cls.__name__, (cls,), {"timeout_s": timeout_s, "max_head_bytes": max_head_bytes})
 
     # -- the deadline --------------------------------------------------------------------------
     def _look(self) -> None:
@@ -69,7 +88,39 @@ class RequestHeadDeadline(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
+        if self._refusing:
+            return  # an oversize head: the rest of it is dropped unread
+        while data:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return
+            cycle = getattr(self.inner, "cycle", None)
+            if cycle is not None and getattr(cycle, "more_body", False):
+                self.inner.data_received(data)  # a body being read: BodyGuard bounds it
+                return
+            room = self.max_head_bytes - self._head_bytes
+            if room <= 0:
+                self._refusing = True
+                self._transport.pause_reading()  # type: ignore[union-attr]
+                self._refuse_head()
+                return
+            piece, data = data[:room], data[room:]
+            self._head_bytes += len(piece)
+            self.inner.data_received(piece)
+            if getattr(self.inner, "cycle", None) is not cycle:
+                self._head_bytes = 0  # a head completed inside ``piece``: count the next one afresh
+
+    def _refuse_head(self) -> None:
+        """431 and close, once the answer to an earlier (pipelined) request is out."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        cycle = getattr(self.inner, "cycle", None)
+        if cycle is not None and not getattr(cycle, "response_complete", False):
+            self._loop.call_later(0.05, self._refuse_head)
+            return
+        transport.write(_TOO_LARGE % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))  # type: ignore[attr-defined]
+        transport.close()
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()

@@ -87,6 +87,9 @@ class UploadSettings(_Table):
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_members: int = Field(16, ge=1)
     max_unpacked_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    # The whole multipart upload must arrive within this long (and, like every body, with no pause
+    # over limits.body_idle_timeout_s): a stalled upload gets 408 and its staged file is removed.
+    upload_timeout_s: float = Field(600.0, gt=0)
     # Leftover staging / unreferenced store folders older than this are swept this often (and at start).
     sweep_interval_s: float = Field(3600.0, gt=0)
 
@@ -134,11 +137,15 @@ class LimitsSettings(_Table):
     max_admin_body_bytes: int = Field(1024 * 1024, ge=1024)
     # A request body must arrive whole within this long (a slow writer gets 408 and is dropped).
     body_timeout_s: float = Field(30.0, gt=0)
+    # No request body (uploads included) may pause longer than this between two chunks (408).
+    body_idle_timeout_s: float = Field(15.0, gt=0)
     # An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
     idle_timeout_s: float = Field(15.0, gt=0)
     # A request line and headers must arrive whole within this long (checked every this long, so
     # a silent or stalled connection is closed after one to two of it; platform/head_deadline.py).
     header_timeout_s: float = Field(20.0, gt=0)
+    # The request line and headers together: a longer head gets 431 and the connection is closed.
+    max_header_bytes: int = Field(64 * 1024, ge=4096)
 
 
 class OpenAISettings(_Table):

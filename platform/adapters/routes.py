@@ -1,14 +1,22 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi import APIRouter, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import Match
 
 from loraplex.platform.adapters import references, service
 from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.adapters.schemas import AdapterList, AdapterOut, GrantIn, GrantOut, RegisterByReference
+from loraplex.platform.adapters.upload_stream import StagedUpload, stage_multipart
+from loraplex.platform.auth.admin import Actor
+from loraplex.platform.context import PlatformContext
+from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.tenants.schemas import Deleted
 
@@ -56,24 +64,70 @@ router.add_api_route(
 )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=AdapterOut)
-def upload_adapter(
-    session: SessionDep,
-    ctx: ContextDep,
-    actor: AdminDep,
-    name: Annotated[str, Form(description="Adapter name, as tenants put it in `model`")],
-    file: Annotated[UploadFile, File(description=".zip or .tar.gz of a PEFT adapter folder")],
-    visibility: Annotated[str, Form()] = "private",
-    tenant_id: Annotated[str | None, Form(description="Owning tenant (private adapters)")] = None,
-    new_version: Annotated[bool, Form(description="Replace the served version of `name`")] = False,
-) -> AdapterOut:
+class UploadForm(BaseModel):
+    """The upload's text fields (the archive is the ``file`` part)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(description="Adapter name, as tenants put it in `model`")
+    visibility: str = "private"
+    tenant_id: str | None = Field(None, description="Owning tenant (private adapters)")
+    new_version: bool = Field(False, description="Replace the served version of `name`")
+
+
+def _upload_request_body() -> dict:
+    schema = UploadForm.model_json_schema()
+    schema["properties"]["file"] = {
+        "type": "string",
+        "format": "binary",
+        "description": ".zip or .tar.gz of a PEFT adapter folder",
+    }
+    schema["required"] = ["name", "file"]
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=AdapterOut, openapi_extra=_upload_request_body())
+async def upload_adapter(request: Request, ctx: ContextDep, actor: AdminDep) -> AdapterOut:
     """Upload a PEFT adapter (adapter_config.json + adapter_model.safetensors). It is validated
     against the base model, stored by content hash and served at once, without a restart.
     With a JSON body ``{"name", "source", "tenant_id", "visibility"}`` instead, the adapter is
-    registered by reference (s3://, file://, hf://) and fetched on first use."""
-    req = service.UploadRequest(name=name, visibility=visibility, tenant_id=tenant_id or None, new_version=new_version)
-    adapter = service.upload_adapter(session, ctx, actor, req, file.file)
-    return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
+    registered by reference (s3://, file://, hf://) and fetched on first use.
+
+    The body is read only now, after the admin key was checked, straight into a staging folder
+    (upload_stream.py): nothing of it is kept in memory or in the system temp folder."""
+    with ctx.store.staging() as folder:
+        staged = await stage_multipart(
+            request.headers.get("content-type", ""),
+            request.stream(),
+            folder,
+            max_file_bytes=ctx.settings.uploads.max_upload_bytes,
+        )
+        form = _validated(staged)
+        assert staged.file is not None  # _validated refused a form without one
+        return await run_in_threadpool(_store_upload, ctx, actor, form, staged.file)
+
+
+def _validated(staged: StagedUpload) -> UploadForm:
+    """The form's fields as FastAPI would have checked them (the same 422 bodies)."""
+    errors: list[dict] = []
+    try:
+        form = UploadForm.model_validate(staged.fields)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+    if staged.file is None:
+        errors.append({"type": "missing", "loc": ("body", "file"), "msg": "Field required", "input": None})
+    if errors:
+        raise RequestValidationError(errors)
+    return form
+
+
+def _store_upload(ctx: PlatformContext, actor: Actor, form: UploadForm, archive: Path) -> AdapterOut:
+    req = service.UploadRequest(
+        name=form.name, visibility=form.visibility, tenant_id=form.tenant_id or None, new_version=form.new_version
+    )
+    with unit_of_work(ctx.sessions) as session, open(archive, "rb") as upload:
+        adapter = service.upload_adapter(session, ctx, actor, req, upload)
+        return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
 
 
 @router.get("", response_model=AdapterList)

@@ -12,6 +12,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.adapters import references, repository, service
+from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.api_errors import ErrorBody
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.errors import BadRequest, NotFound
@@ -54,18 +55,28 @@ _ERRORS = {
 }
 
 
+def _live_versions(session, name: str) -> list[Adapter]:
+    """Every version of ``name`` not deleted (the served one last), superseded ones included."""
+    return [a for a in repository.versions(session, name) if a.status != "deleted"]
+
+
+def _refuse_private(name: str, live: list[Adapter], verb: str) -> None:
+    """vLLM's API sees only shared adapters: a tenant's private one is neither replaced nor
+    removed through it (nor is its owner told about, beyond the refusal)."""
+    if any((a.visibility, a.owner_tenant_id) != ("shared", None) for a in live):
+        raise BadRequest(f"'{name}' is a private adapter; {verb} it through the admin API", param="lora_name")
+
+
 @router.post("/load_lora_adapter", response_class=PlainTextResponse, responses=_json_errors())
 def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
-    existing = repository.active_by_name(session, body.lora_name)
-    if existing is not None and not body.load_inplace:
+    served = repository.active_by_name(session, body.lora_name)
+    if served is not None and not body.load_inplace:
         raise BadRequest(f"The lora adapter '{body.lora_name}' has already been loaded.", param="lora_name")
-    if existing is not None and (existing.visibility, existing.owner_tenant_id) != ("shared", None):
-        raise BadRequest(
-            f"'{body.lora_name}' is a private adapter; replace it through the admin API", param="lora_name"
-        )
-    req = service.UploadRequest(
-        name=body.lora_name, visibility="shared", tenant_id=None, new_version=existing is not None
-    )
+    live = _live_versions(session, body.lora_name)
+    _refuse_private(body.lora_name, live, "replace")
+    # vLLM has no versions: loading a name again (in place, or after an admin delete left older
+    # versions) simply serves the new files; here that is a new version of the name.
+    req = service.UploadRequest(name=body.lora_name, visibility="shared", tenant_id=None, new_version=bool(live))
     adapter = references.register_reference(session, ctx, actor, req, body.lora_path)
     if ctx.gateway.enabled:  # vLLM loads at once: the first request finds it ready
         ctx.sources.ensure_served(adapter, lambda a, fetched: None)
@@ -74,8 +85,12 @@ def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDe
 
 @router.post("/unload_lora_adapter", response_class=PlainTextResponse, responses=_json_errors())
 def unload_lora_adapter(body: UnloadLoRAAdapter, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> str:
-    adapter = repository.active_by_name(session, body.lora_name)
-    if adapter is None:
+    """vLLM forgets the name: every version of it goes (soft-deleted: usage history keeps them),
+    so loading the name again later is a plain load."""
+    if repository.active_by_name(session, body.lora_name) is None:
         raise NotFound(f"The lora adapter '{body.lora_name}' cannot be found.", param="lora_name")
-    service.delete_adapter(session, ctx, actor, adapter.id)
+    live = _live_versions(session, body.lora_name)
+    _refuse_private(body.lora_name, live, "remove")
+    for adapter in live:
+        service.delete_adapter(session, ctx, actor, adapter.id)
     return f"Success: LoRA adapter '{body.lora_name}' removed successfully."

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import select
 import socket
+import time
+from collections.abc import Iterable
 
 
 def free_port() -> int:
@@ -73,3 +76,94 @@ def status_before_body(
     if not status:
         raise AssertionError("the server closed the connection without a status line")
     return int(status.split()[1])
+
+
+class Answer:
+    """What a raw-socket probe saw: the status (None: closed without one), how many body bytes the
+    kernel took from us before the answer came, and whether the server then closed the connection."""
+
+    def __init__(self, status: int | None, sent: int, closed: bool, raw: bytes) -> None:
+        self.status, self.sent, self.closed, self.raw = status, sent, closed, raw
+
+    def __repr__(self) -> str:
+        return f"Answer(status={self.status}, sent={self.sent}, closed={self.closed}, raw={self.raw[:300]!r})"
+
+
+def _status_of(raw: bytes) -> int | None:
+    head = raw.split(b"\r\n", 1)[0].split()
+    return int(head[1]) if len(head) >= 2 and head[1].isdigit() else None
+
+
+def send_body(
+    url: str,
+    head: str,
+    body: bytes | Iterable[bytes],
+    *,
+    chunked: bool = False,
+    stall: bool = False,
+    sndbuf: int = 64 * 1024,
+    timeout: float = 120,
+) -> Answer:
+    """Send ``head`` (the request line and headers, without the blank line), then ``body`` (pieces
+    sent as the socket accepts them; HTTP chunks when ``chunked``) while watching for an answer:
+    sending stops the moment one arrives, and ``sent`` counts the body bytes the kernel had taken
+    by then (a small send buffer keeps that close to what the server read). ``stall``: after the
+    body pieces, send nothing more and wait (a client that stopped mid-body). Then reads the
+    answer and waits (``timeout``, a generous deadline, not a measurement) for the server to close
+    or keep the connection: ``closed`` is True if it closed it."""
+    host, port = _host_port(url)
+    pieces = iter([body] if isinstance(body, bytes) else body)
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.sendall(head.encode() + b"\r\n\r\n")
+    sock.setblocking(False)
+    raw, sent, pending, exhausted, broken = b"", 0, b"", False, False
+    deadline = time.monotonic() + timeout
+    try:
+        while b"\r\n\r\n" not in raw and time.monotonic() < deadline:
+            if not pending and not exhausted:
+                piece = next(pieces, None)
+                if piece is None:
+                    exhausted = True
+                    pending = b"0\r\n\r\n" if chunked and not stall else b""
+                else:
+                    pending = (f"{len(piece):x}\r\n".encode() + piece + b"\r\n") if chunked else piece
+            writers = [sock] if pending and not broken else []
+            readable, writable, _ = select.select([sock], writers, [], 0.5)
+            if readable:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                raw += data
+            elif writable:
+                try:
+                    n = sock.send(pending[:65536])
+                except (BrokenPipeError, ConnectionResetError):
+                    broken = True  # the server closed its side: read what it said
+                    continue
+                sent += n
+                pending = pending[n:]
+        closed, raw = _read_to_close(sock, raw, deadline)
+    except ConnectionResetError:
+        closed = True
+    finally:
+        sock.close()
+    return Answer(_status_of(raw), sent, closed, raw)
+
+
+def _read_to_close(sock: socket.socket, raw: bytes, deadline: float) -> tuple[bool, bytes]:
+    """After the answer's head: whether the server closes the connection (before ``deadline``),
+    and everything read."""
+    sock.setblocking(True)
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.1, min(10.0, deadline - time.monotonic())))
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            return False, raw  # answered and kept open (keep-alive)
+        except (ConnectionResetError, BrokenPipeError):
+            return True, raw
+        if not data:
+            return True, raw
+        raw += data
+    return False, raw

@@ -3,6 +3,8 @@ admin key only, then the adapter serves every tenant through the official openai
 
 from __future__ import annotations
 
+import tempfile
+
 import httpx
 import openai
 from platform_helpers import admin_headers, zip_bytes
@@ -59,3 +61,71 @@ def test_load_serve_replace_unload(live_factory, adapter_dirs, good_files):
     assert c.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=H).status_code == 404
     # deleting a by-reference adapter never touches the upload store (it has no folder there)
     assert list(srv.ctx.store.root.glob("??/*")) and _complete(srv.url, key, "up")
+
+
+def test_vllm_semantics_reload_after_unload_and_private_names(live_factory, adapter_dirs, good_files, tmp_path):
+    """vLLM forgets an unloaded name (loading it again just works, whatever versions came before);
+    a tenant's private adapter is neither replaced nor removed through vLLM's API."""
+    srv = live_factory()
+    c = httpx.Client(base_url=srv.url, timeout=60, headers=H)
+    tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
+    key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
+    good, good2 = str(adapter_dirs["good"]), str(adapter_dirs["good2"])
+
+    def load(name: str, path: str, **extra) -> httpx.Response:
+        return c.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path, **extra})
+
+    def unload(name: str) -> httpx.Response:
+        return c.post("/v1/unload_lora_adapter", json={"lora_name": name})
+
+    # load -> unload -> load: the second load is a plain load (vLLM has no new_version)
+    assert load("sql", good).status_code == 200
+    first = _complete(srv.url, key, "sql")
+    assert unload("sql").status_code == 200
+    r = load("sql", good)
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' added successfully.", r.text
+    assert _complete(srv.url, key, "sql") == first
+    # ... also after in-place replacements left older versions behind
+    assert load("sql", good2, load_inplace=True).status_code == 200
+    assert unload("sql").status_code == 200
+    assert (
+        c.post(
+            "/v1/completions", json={"model": "sql", "prompt": "x", "max_tokens": 1}, headers=admin_headers(key)
+        ).status_code
+        == 404
+    )
+    assert load("sql", good2).status_code == 200
+    assert _complete(srv.url, key, "sql") != first
+    # ... and after the admin API deleted the served version (the superseded one stayed)
+    assert load("sql", good, load_inplace=True).status_code == 200
+    served = next(a for a in c.get("/admin/v1/adapters").json()["data"] if a["name"] == "sql")
+    assert c.delete(f"/admin/v1/adapters/{served['id']}").status_code == 200
+    assert load("sql", good).status_code == 200, "an older superseded version must not block a load"
+
+    # a tenant's private adapter: unload and load_inplace refuse it, it keeps serving its owner
+    up = c.post(
+        "/admin/v1/adapters", data={"name": "mine", "tenant_id": tid}, files={"file": ("a.zip", zip_bytes(good_files))}
+    )
+    assert up.status_code == 201, up.text
+    for r in (unload("mine"), load("mine", good2, load_inplace=True)):
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name", r.text
+        assert "private" in r.json()["error"]["message"]
+    assert load("mine", good2).status_code == 400  # already loaded (vLLM's answer), not replaced
+    assert _complete(srv.url, key, "mine") == first
+    mine = [a for a in c.get("/admin/v1/adapters?include_superseded=true").json()["data"] if a["name"] == "mine"]
+    assert [a["visibility"] for a in mine] == ["private"]
+
+    # errors name no server-side file: not the data dir, the adapter cache or a temp folder
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{not json")
+    (broken / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    server_paths = [str(srv.ctx.settings.data_dir.resolve()), str(srv.ctx.store.root), tempfile.gettempdir()]
+    for name, path in (("b1", broken), ("b2", empty), ("b3", adapter_dirs["wrong_base"]), ("b4", tmp_path / "none")):
+        r = load(name, str(path))
+        assert 400 <= r.status_code < 500, (path, r.text)
+        message = r.json()["error"]["message"]
+        leaked = [p for p in server_paths if p in message.replace(str(path), "<the caller's path>")]
+        assert not leaked, (path, message)
