@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .compile_billing import CompileBilling
 from .config import EngineConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVCacheManager
@@ -119,6 +120,9 @@ class LLMEngine:
             sched_config, self.kv, self.policy, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
         )
         self.policy.resident_adapters_fn = self.lora.resident_adapters
+        self.billing = CompileBilling(
+            self.structured, self.policy, self.limits.structured_compile_tokens_per_s, config.vtc_output_weight
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
@@ -197,7 +201,6 @@ class LLMEngine:
             req.sequences.append(seq)
         if params.structured_output is not None:
             self.structured.add_sequences(req.sequences, request.grammar)
-        self._charge_compilations()
         self.requests[req.request_id] = req
         self.output_processor.add(req, request.output_kind)
         # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).
@@ -205,22 +208,8 @@ class LLMEngine:
         if adapter is not None:
             self.lora.on_request_added(adapter.name)
         self.counters["requests"] += 1
+        self.billing.settle(self.tenants, lambda: {r.tenant.tenant_id for r in self.requests.values()})
         return req
-
-    def _charge_compilations(self) -> None:
-        """Grammar compile time, charged to each tenant's fair-share counter as output tokens
-        (``structured_compile_tokens_per_s``): compiling for a tenant took CPU from everyone, so
-        its next requests wait as if it had generated that much."""
-        rate = self.limits.structured_compile_tokens_per_s
-        charges = self.structured.take_charges()
-        if not charges or rate <= 0:
-            return
-        w = self.config.vtc_output_weight
-        service = {}
-        for tid, seconds in charges.items():
-            tenant = self.tenants.get(tid) or self.set_tenant(tid)
-            service[tid] = w * seconds * rate / tenant.weight
-        self.policy.charge_service(service)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
