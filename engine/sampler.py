@@ -108,7 +108,6 @@ def process_logits(
     """A float32 copy of ``logits`` with grammar masks, vLLM's token masks (allowed_token_ids,
     bad_words, min_tokens), logit_bias and penalties applied."""
     x = logits.float().clone()
-    vocab = x.shape[-1]
     if token_bitmask is not None and token_bitmask.rows:
         _apply_bitmask(x, token_bitmask)
     params = [s.request.params for s in seqs]

@@ -14,8 +14,7 @@ from loraplex.platform.settings import Settings
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import SamplingParams, StructuredOutputManager, StructuredOutputSpec
-    from loraplex.engine.config import RequestLimits
+    from loraplex.engine import RequestLimits, SamplingParams, StructuredOutputManager, StructuredOutputSpec
     from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
@@ -80,9 +79,13 @@ def sampling_params(
     ``structured_output=(kind, value)`` becomes a spec compiled by ``structured`` (the engine's own
     code and cache), so an unsupported schema is refused here, before the request reserves quota
     or reaches an engine."""
-    from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
-    from loraplex.engine.errors import BusyError
-    from loraplex.engine.sampling_params import check_request_limits
+    from loraplex.engine import (
+        BusyError,
+        InvalidRequestError,
+        SamplingParams,
+        StructuredOutputSpec,
+        check_request_limits,
+    )
 
     r = request
     if r.max_tokens is None:
@@ -138,8 +141,7 @@ def structured_compiler(tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> 
 
 
 def platform_error(exc: Exception) -> PlatformError:
-    from loraplex.engine import EngineDeadError, InvalidRequestError, UnknownAdapterError
-    from loraplex.engine.errors import BusyError
+    from loraplex.engine import BusyError, EngineDeadError, InvalidRequestError, UnknownAdapterError
 
     if isinstance(exc, PlatformError):
         return exc

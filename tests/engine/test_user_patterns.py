@@ -19,10 +19,7 @@ from loraplex.engine.lora import AdapterValidationError, validate_adapter_dir
 from loraplex.engine.lora.patterns import MAX_PATTERN_CHARS, PatternError, fullmatch, suffix_match
 
 MODULES = [
-    f"model.layers.{i}.{p}.{m}"
-    for i in (0, 1, 12)
-    for p, ms in (("self_attn", ATTN), ("mlp", MLP))
-    for m in ms
+    f"model.layers.{i}.{p}.{m}" for i in (0, 1, 12) for p, ms in (("self_attn", ATTN), ("mlp", MLP)) for m in ms
 ] + ["lm_head", "model.embed_tokens", "model.norm"]
 
 # The shapes users write in PEFT configs (peft docs and hub adapters), and some composed ones.
