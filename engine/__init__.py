@@ -20,6 +20,7 @@ _EXPORTS = {
     "ensure_demo_model": ".demo_model",
     "format_config": ".describe",
     "resolved_config": ".describe",
+    "BusyError": ".errors",
     "EngineDeadError": ".errors",
     "EngineError": ".errors",
     "InvalidRequestError": ".errors",
@@ -40,16 +41,18 @@ _EXPORTS = {
     "ensure_demo_checkpoint": ".real_model",
     "EngineRequest": ".request",
     "SamplingParams": ".sampling_params",
+    "check_request_limits": ".sampling_params",
+    "RequestLimits": ".config",
     "StructuredOutputSpec": ".sampling_params",
     "load_tokenizer": ".tokenizer",
 }
 
 if TYPE_CHECKING:
     from .async_engine import AsyncEngine, RequestStream
-    from .config import EngineConfig
+    from .config import EngineConfig, RequestLimits
     from .demo_model import ensure_demo_model
     from .describe import format_config, resolved_config
-    from .errors import EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
+    from .errors import BusyError, EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
     from .llm import LLM
     from .llm_engine import LLMEngine
     from .lora import AdapterValidationError, validate_adapter_dir
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
     from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
     from .real_model import DEMO_MODEL_NAME, DemoModelUnavailable, ensure_demo_checkpoint
     from .request import EngineRequest
-    from .sampling_params import SamplingParams, StructuredOutputSpec
+    from .sampling_params import SamplingParams, StructuredOutputSpec, check_request_limits
     from .structured_output import StructuredOutputManager
     from .tokenizer import load_tokenizer
 
@@ -82,6 +85,7 @@ __all__ = [
     "AdapterValidationError",
     "AsyncEngine",
     "CompletionOutput",
+    "BusyError",
     "DemoModelUnavailable",
     "EngineConfig",
     "EngineDeadError",
@@ -92,6 +96,7 @@ __all__ = [
     "LLMEngine",
     "ModelConfig",
     "OutputKind",
+    "RequestLimits",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
@@ -99,6 +104,7 @@ __all__ = [
     "StructuredOutputSpec",
     "UnknownAdapterError",
     "auto_max_num_seqs",
+    "check_request_limits",
     "ensure_demo_checkpoint",
     "ensure_demo_model",
     "format_config",

@@ -146,11 +146,55 @@ class SpeculativeConfig:
             raise ValueError(f"draft_num_kv_blocks must be an integer >= 2, got {self.draft_num_kv_blocks!r}")
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of the engine thread (docs/security.md, "Attacker-controlled
+    sizes"). Every stop string is checked against every generated token of every sample, every
+    logit_bias entry is applied at every step, and a grammar costs CPU to compile: each is bounded
+    here, and a request over a bound is refused with a 400 naming the field."""
+
+    # OpenAI allows 4 stop sequences; vLLM has no limit. 16 strings / 1,024 characters in all keeps
+    # the per-token check a few short windowed searches (engine/detokenizer.py).
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1024
+    # OpenAI documents values in [-100, 100] and refuses more than 300 entries.
+    max_logit_bias: int = 300
+    # A JSON schema / regex / grammar larger than this is refused before compiling (compile time
+    # grows faster than the size: ~0.1 s at 40 KB, ~5 s at 165 KB on a loaded 2-core EPYC).
+    max_structured_spec_bytes: int = 128 * 1024
+    # Grammar compilation (off the engine thread, in the structured-output manager's pool): at most
+    # this many compilations of one tenant at once; a request waits at most the timeout for its
+    # grammar (the compilation itself goes on and keeps its tenant's slot until it ends).
+    structured_compile_per_tenant: int = 1
+    structured_compile_timeout_s: float = 20.0
+    # Compile time is charged to the tenant's fair-share (VTC) counter as this many output tokens
+    # per second of compilation: a tenant that makes the server compile waits for it like one that
+    # made it generate.
+    structured_compile_tokens_per_s: float = 1000.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_stop_strings",
+            "max_stop_chars",
+            "max_logit_bias",
+            "max_structured_spec_bytes",
+            "structured_compile_per_tenant",
+        ):
+            _positive_int(name, getattr(self, name))
+        for name in ("structured_compile_timeout_s",):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v!r}")
+        v = self.structured_compile_tokens_per_s
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            raise ValueError(f"structured_compile_tokens_per_s must be >= 0, got {v!r}")
+
+
 # Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
 # to check the others with before that.
 _AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0}
-_VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
-_V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig)
+_VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
+_V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 
 
 @dataclass
@@ -222,6 +266,14 @@ class EngineConfig:
     priority_aging_s: float = 30.0  # a waiting request gains one priority class per this many seconds
     seed: int = 0
     tokenizer: str | None = None  # default: the model directory
+    # per-request bounds on engine-thread work (RequestLimits says why each exists)
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1024
+    max_logit_bias: int = 300
+    max_structured_spec_bytes: int = 128 * 1024
+    structured_compile_per_tenant: int = 1
+    structured_compile_timeout_s: float = 20.0
+    structured_compile_tokens_per_s: float = 1000.0
 
     def __post_init__(self) -> None:
         path = Path(self.model)
@@ -276,6 +328,10 @@ class EngineConfig:
     @property
     def speculative_config(self) -> SpeculativeConfig:
         return self._view(SpeculativeConfig)
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return self._view(RequestLimits)
 
     @classmethod
     def field_defaults(cls) -> dict[str, Any]:

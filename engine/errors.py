@@ -22,3 +22,13 @@ class UnknownAdapterError(InvalidRequestError):
 
 class EngineDeadError(EngineError):
     """The engine loop stopped and can take no more requests."""
+
+
+class BusyError(EngineError):
+    """The request is fine but cannot be taken now: work it needs is bounded per tenant and that
+    tenant's share is in use (its grammar compilations). A retry after ``retry_after_s`` may pass."""
+
+    def __init__(self, message: str, param: str | None = None, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.param = param
+        self.retry_after_s = retry_after_s

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .compile_billing import CompileBilling
 from .config import EngineConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVCacheManager
@@ -30,7 +31,7 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, check_request_limits
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
 from .spec_decode import SpeculativeDecoder
@@ -76,7 +77,15 @@ class LLMEngine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
+        self.limits = config.request_limits
+        self.structured = StructuredOutputManager(
+            self.tokenizer,
+            mc.vocab_size,
+            self.eos_token_ids,
+            max_spec_bytes=self.limits.max_structured_spec_bytes,
+            per_tenant=self.limits.structured_compile_per_tenant,
+            timeout_s=self.limits.structured_compile_timeout_s,
+        )
         self.runner = ModelRunner(
             config,
             mc,
@@ -111,6 +120,9 @@ class LLMEngine:
             sched_config, self.kv, self.policy, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
         )
         self.policy.resident_adapters_fn = self.lora.resident_adapters
+        self.billing = CompileBilling(
+            self.structured, self.policy, self.limits.structured_compile_tokens_per_s, config.vtc_output_weight
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
@@ -133,6 +145,7 @@ class LLMEngine:
         the engine runs (the adapter registry is re-checked when the request is queued), so the
         server calls it on its own thread."""
         request.params.validate()
+        check_request_limits(request.params, self.limits)
         assert self.config.max_num_seqs is not None  # sized at construction
         if request.params.n > self.config.max_num_seqs:
             raise InvalidRequestError(
@@ -143,8 +156,10 @@ class LLMEngine:
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
         self._check_vocab(request.params)
-        if request.params.structured_output is not None:  # a cache hit when the server compiled it first
-            self.structured.compile(request.params.structured_output)
+        if request.params.structured_output is not None and request.grammar is None:
+            # A cache hit when the server compiled it first; attached to the request so that
+            # add_request on the engine thread never compiles (nor waits on a compilation).
+            request.grammar = self.structured.compile(request.params.structured_output, tenant=request.tenant_id)
         adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
         return token_ids, adapter
 
@@ -185,7 +200,7 @@ class LLMEngine:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.sequences.append(seq)
         if params.structured_output is not None:
-            self.structured.add_sequences(req.sequences, self.structured.compile(params.structured_output))
+            self.structured.add_sequences(req.sequences, request.grammar)
         self.requests[req.request_id] = req
         self.output_processor.add(req, request.output_kind)
         # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).
@@ -193,6 +208,7 @@ class LLMEngine:
         if adapter is not None:
             self.lora.on_request_added(adapter.name)
         self.counters["requests"] += 1
+        self.billing.settle(self.tenants, lambda: {r.tenant.tenant_id for r in self.requests.values()})
         return req
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:

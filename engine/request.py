@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from .outputs import OutputKind
 from .sampling_params import SamplingParams
@@ -24,3 +25,6 @@ class EngineRequest:
     cache_salt: str | None = None  # prefix-cache namespace (the platform salts by tenant)
     arrival_time: float | None = None  # monotonic seconds; default: when the engine takes it
     output_kind: OutputKind = OutputKind.CUMULATIVE
+    # The compiled grammar of params.structured_output, attached by LLMEngine.validate on the
+    # caller's thread so that the engine thread, which validates again, never compiles.
+    grammar: Any = field(default=None, repr=False, compare=False)

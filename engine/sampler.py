@@ -108,21 +108,15 @@ def process_logits(
     """A float32 copy of ``logits`` with grammar masks, vLLM's token masks (allowed_token_ids,
     bad_words, min_tokens), logit_bias and penalties applied."""
     x = logits.float().clone()
-    vocab = x.shape[-1]
     if token_bitmask is not None and token_bitmask.rows:
         _apply_bitmask(x, token_bitmask)
     params = [s.request.params for s in seqs]
     mask_rows = [i for i, p in enumerate(params) if p.has_masks]
     if mask_rows:
         _apply_token_masks(x, mask_rows, seqs, eos_token_ids)
-    bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items() if t < vocab]
-    if bias:
-        r, t, b = zip(*bias)
-        x.index_put_(
-            (torch.tensor(r, device=x.device), torch.tensor(t, device=x.device)),
-            torch.tensor(b, dtype=x.dtype, device=x.device),
-            accumulate=True,
-        )
+    bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+    if bias_rows:
+        _apply_logit_bias(x, bias_rows, params)
     pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
     if pen_rows:
         _apply_penalties(x, pen_rows, seqs)
@@ -249,6 +243,33 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
 
 
 _ALLOWED_CACHE_ATTR = "_allowed_mask_cache"
+_BIAS_CACHE_ATTR = "_logit_bias_cache"
+
+
+def _apply_logit_bias(x: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> None:
+    """In place: one scatter-add for every biased row of the step. Each request's (token ids,
+    values) tensors are built once (a per-step Python walk over the entries of every row made a
+    whole-vocabulary logit_bias slow down the batch for everyone)."""
+    vocab = x.shape[-1]
+    ids, vals, counts = [], [], []
+    for r in rows:
+        t, v = _bias_tensors(params[r], vocab, x.device)
+        ids.append(t)
+        vals.append(v)
+        counts.append(len(t))
+    row_idx = torch.tensor(rows, device=x.device).repeat_interleave(torch.tensor(counts, device=x.device))
+    x.index_put_((row_idx, torch.cat(ids)), torch.cat(vals).to(x.dtype), accumulate=True)
+
+
+def _bias_tensors(p: SamplingParams, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    cached: tuple[int, torch.Tensor, torch.Tensor] | None = getattr(p, _BIAS_CACHE_ATTR, None)
+    if cached is not None and cached[0] == vocab and cached[1].device == device:
+        return cached[1], cached[2]
+    items = [(t, b) for t, b in p.logit_bias.items() if t < vocab]
+    ids = torch.tensor([t for t, _ in items], dtype=torch.long, device=device)
+    vals = torch.tensor([b for _, b in items], dtype=torch.float32, device=device)
+    object.__setattr__(p, _BIAS_CACHE_ATTR, (vocab, ids, vals))
+    return ids, vals
 
 
 def _allowed_mask(p: SamplingParams, vocab: int, device: torch.device) -> torch.Tensor:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from .config import RequestLimits
 
 MAX_LOGPROBS = 20
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
@@ -186,3 +190,23 @@ class SamplingParams:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+
+
+def check_request_limits(params: SamplingParams, limits: RequestLimits) -> None:
+    """Refuse (400 naming the field) what would make the engine thread do unbounded work for one
+    request: every stop string is searched for after every token of every sample, every logit_bias
+    entry applied at every step (engine/config.py ``RequestLimits``)."""
+    if len(params.stop) > limits.max_stop_strings:
+        raise InvalidRequestError(
+            f"stop holds {len(params.stop)} strings; at most {limits.max_stop_strings} are allowed", param="stop"
+        )
+    total = sum(len(s) for s in params.stop)
+    if total > limits.max_stop_chars:
+        raise InvalidRequestError(
+            f"stop strings hold {total} characters in all; at most {limits.max_stop_chars} are allowed", param="stop"
+        )
+    if len(params.logit_bias) > limits.max_logit_bias:
+        raise InvalidRequestError(
+            f"logit_bias holds {len(params.logit_bias)} entries; at most {limits.max_logit_bias} are allowed",
+            param="logit_bias",
+        )

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
 
-from .errors import InvalidRequestError
+from .errors import BusyError, InvalidRequestError
 from .sampler import TokenBitmask
 from .sampling_params import StructuredOutputSpec
 from .sequence import Sequence
@@ -58,6 +61,16 @@ def _bounded_strings_as_patterns(node: Any) -> Any:
     return out
 
 
+def _lower_priority() -> None:
+    """Compilation threads run at a lower CPU priority (Linux: ``nice`` is per thread, and threads
+    xgrammar starts from here inherit it): a tenant's grammar must not take the cores the engine
+    thread needs to step everyone's batch."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at the normal priority
+        pass
+
+
 class StructuredOutputManager:
     def __init__(
         self,
@@ -67,7 +80,10 @@ class StructuredOutputManager:
         cache_size: int = 256,
         compile_threads: int = 2,
         cache_max_bytes: int = 512 * 1024 * 1024,
-        max_spec_bytes: int = 256 * 1024,
+        max_spec_bytes: int = 128 * 1024,
+        per_tenant: int = 1,
+        timeout_s: float = 20.0,
+        pool_threads: int = 2,
     ):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
@@ -79,51 +95,111 @@ class StructuredOutputManager:
         self._cache_bytes = 0
         self._sizes: dict[StructuredOutputSpec, int] = {}
         self._max_spec_bytes = max_spec_bytes
-        self._compile_threads = compile_threads
+        self._compile_threads = compile_threads  # xgrammar's own threads per compilation
         self._compiler: Any = None  # built on first use: engines that never constrain pay nothing
         self._lock = threading.Lock()
+        self._slots = threading.Condition(self._lock)  # a tenant's compilation ended
+        self._per_tenant = per_tenant
+        self._timeout_s = timeout_s
+        self._pool_threads = pool_threads  # compilations at once, all tenants together
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict[str, int] = {}  # tenant -> its compilations running
+        self._charges: dict[str, float] = {}  # tenant -> compile seconds not yet charged
         self._cache: OrderedDict[StructuredOutputSpec, Future] = OrderedDict()
         self._matchers: dict[int, Any] = {}  # seq_id -> xgrammar.GrammarMatcher
         self._bitmask: torch.Tensor | None = None
         self.stats = {"compiled": 0, "cache_hits": 0, "errors": 0}
 
     # ------------------------------------------------------------------ compilation (any thread)
-    def compile(self, spec: StructuredOutputSpec) -> Any:
+    def compile(self, spec: StructuredOutputSpec, tenant: str | None = None) -> Any:
         """The compiled grammar of ``spec`` (cached). Raises InvalidRequestError naming what
-        xgrammar cannot handle."""
+        xgrammar cannot handle, BusyError when ``tenant`` already has its share of compilations
+        running (or this one outlasts the timeout: it goes on, and a retry may find it cached).
+
+        The compilation runs in this manager's pool, never on the caller's thread: the caller
+        waits at most the timeout, the engine thread never compiles (it takes the grammar that
+        ``LLMEngine.validate`` attached to the request). Its wall time is charged to ``tenant``
+        (``take_charges``)."""
         if len(spec.value) > self._max_spec_bytes:
             raise InvalidRequestError(
                 f"the {spec.kind.replace('_', ' ')} is {len(spec.value)} characters, more than the limit of "
                 f"{self._max_spec_bytes}",
                 param="response_format",
             )
-        with self._lock:
-            cached = self._cache.get(spec)
-            owner = cached is None
-            fut: Future = Future() if cached is None else cached
-            if owner:
-                self._cache[spec] = fut
-                self._evict(keep=spec)
-            else:
+        deadline = time.monotonic() + self._timeout_s
+        with self._slots:
+            fut = self._cache.get(spec)
+            while fut is None and tenant is not None and self._inflight.get(tenant, 0) >= self._per_tenant:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BusyError(
+                        f"this tenant already has {self._per_tenant} grammar compilation(s) running; "
+                        "retry when they finish",
+                        param="response_format",
+                        retry_after_s=1.0,
+                    )
+                self._slots.wait(left)
+                fut = self._cache.get(spec)  # compiled by someone else meanwhile?
+            if fut is not None:
                 self._cache.move_to_end(spec)
                 self.stats["cache_hits"] += 1
-        if owner:
-            try:
-                grammar = self._compile_now(spec)
-                with self._lock:
-                    if spec in self._cache:
-                        self._sizes[spec] = int(getattr(grammar, "memory_size_bytes", 0) or 0)
-                        self._cache_bytes += self._sizes[spec]
-                        self._evict(keep=spec)
-                fut.set_result(grammar)
-                self.stats["compiled"] += 1
-            except BaseException as exc:
-                self.stats["errors"] += 1
-                with self._lock:
-                    self._cache.pop(spec, None)  # an error is not cached: the next try says it again
-                    self._cache_bytes -= self._sizes.pop(spec, 0)
-                fut.set_exception(exc)
-        return fut.result()
+            else:
+                fut = Future()
+                self._cache[spec] = fut
+                self._evict(keep=spec)
+                if tenant is not None:
+                    self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+                self._get_pool().submit(self._compile_job, spec, fut, tenant)
+        try:
+            return fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise BusyError(
+                f"compiling the {spec.kind.replace('_', ' ')} took longer than {self._timeout_s:g} s; it goes on "
+                "(charged to this tenant) and a retry may find it compiled",
+                param="response_format",
+                retry_after_s=self._timeout_s,
+            ) from None
+
+    def _compile_job(self, spec: StructuredOutputSpec, fut: Future, tenant: str | None) -> None:
+        t0 = time.perf_counter()
+        try:
+            grammar = self._compile_now(spec)
+            with self._lock:
+                if spec in self._cache:
+                    self._sizes[spec] = int(getattr(grammar, "memory_size_bytes", 0) or 0)
+                    self._cache_bytes += self._sizes[spec]
+                    self._evict(keep=spec)
+            fut.set_result(grammar)
+            self.stats["compiled"] += 1
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            self.stats["errors"] += 1
+            with self._lock:
+                self._cache.pop(spec, None)  # an error is not cached: the next try says it again
+                self._cache_bytes -= self._sizes.pop(spec, 0)
+            fut.set_exception(exc)
+        finally:
+            elapsed = time.perf_counter() - t0
+            with self._slots:
+                if tenant is not None:
+                    self._inflight[tenant] -= 1
+                    if not self._inflight[tenant]:
+                        del self._inflight[tenant]
+                    self._charges[tenant] = self._charges.get(tenant, 0.0) + elapsed
+                self._slots.notify_all()
+
+    def take_charges(self) -> dict[str, float]:
+        """Seconds of compilation per tenant since the last call (the engine charges them to the
+        tenants' fair-share counters)."""
+        with self._lock:
+            out, self._charges = self._charges, {}
+        return out
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:  # under the lock (compile's caller holds it)
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._pool_threads, thread_name_prefix="loraplex-grammar", initializer=_lower_priority
+            )
+        return self._pool
 
     def _evict(self, keep: StructuredOutputSpec) -> None:
         """Drop least recently used grammars over the count or byte bound (under the lock); the

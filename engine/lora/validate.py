@@ -21,6 +21,7 @@ import torch
 from .. import torch_threads
 from ..errors import InvalidRequestError
 from ..models.config import ModelConfig
+from .patterns import MAX_PATTERNS, PatternError, compile_pattern, fullmatch, suffix_match
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -200,11 +201,13 @@ def _check_config(cfg: dict, max_lora_rank: int) -> tuple[int, float, bool]:
         pattern = cfg.get(name) or {}
         if not isinstance(pattern, dict):
             raise AdapterValidationError(f"{name} must be an object, got {type(pattern).__name__}")
+        if len(pattern) > MAX_PATTERNS:
+            raise AdapterValidationError(f"{name} has {len(pattern)} keys, more than the limit of {MAX_PATTERNS}")
         for key, value in pattern.items():
             try:
-                re.compile(key)
-            except re.error as exc:
-                raise AdapterValidationError(f"{name} key {key!r} is not a valid pattern: {exc}") from None
+                compile_pattern(rf"(.*\.)?({key})$")  # as it is matched (patterns.suffix_match)
+            except PatternError as exc:
+                raise AdapterValidationError(f"{name} key {key[:100]!r} is not a valid pattern: {exc}") from None
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
                 raise AdapterValidationError(f"{name}[{key!r}] must be a positive number, got {value!r}")
     return rank, float(alpha), bool(cfg.get("use_rslora", False))
@@ -227,17 +230,17 @@ def _check_target_modules(targets: object, mc: ModelConfig) -> None:
         if targets == "all-linear":
             return
         try:
-            regex = re.compile(targets)
-        except re.error as exc:
-            raise AdapterValidationError(f"target_modules {targets!r} is not a valid pattern: {exc}") from None
+            compile_pattern(targets)
+        except PatternError as exc:
+            raise AdapterValidationError(f"target_modules {targets[:100]!r} is not a valid pattern: {exc}") from None
         # PEFT full-matches a string pattern against module names: test it on the base's modules.
         others = ["lm_head", "model.embed_tokens", "model.norm"]
-        hits = [n for n in others if regex.fullmatch(n)]
+        hits = [n for n in others if fullmatch(targets, n)]
         hits += [f"model.layers.0.{p}.{m}" for m, (_, _, p) in SUPPORTED_MODULES.items()]
-        hits = [n for n in hits if regex.fullmatch(n) and n.rsplit(".", 1)[-1] not in SUPPORTED_MODULES]
+        hits = [n for n in hits if fullmatch(targets, n) and n.rsplit(".", 1)[-1] not in SUPPORTED_MODULES]
         if hits:
             raise AdapterValidationError(
-                f"target_modules pattern {targets!r} matches unsupported module(s) {hits}; "
+                f"target_modules pattern {targets[:100]!r} matches unsupported module(s) {hits}; "
                 f"supported: {sorted(SUPPORTED_MODULES)}"
             )
         return
@@ -268,7 +271,7 @@ def _pattern_value(pattern: dict[str, Any], module_path: str, default: float) ->
     """``pattern``'s value (parsed JSON) for ``module_path``, else ``default``."""
     # Mirrors peft.utils.other.get_pattern_key: the first key that matches the end of the name.
     for key in pattern:
-        if re.match(rf"(.*\.)?({key})$", module_path):
+        if suffix_match(key, module_path):
             return pattern[key]
     return default
 

@@ -119,6 +119,11 @@ class SchedulingPolicy(ABC):
         Policies without counters have nothing to charge."""
         return None
 
+    def charge_service(self, service: dict[str, float]) -> None:
+        """Work this engine did for these tenants outside the batch (grammar compilation), already
+        weight-normalised: a fair policy charges it like generated tokens. Others ignore it."""
+        return None
+
     def stats(self) -> dict:
         """JSON-serialisable: policy name, per-tenant counts and served tokens, running adapters."""
         return {

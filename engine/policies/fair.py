@@ -84,6 +84,13 @@ class FairPolicy(ClassQueuesPolicy):
             if amount > 0:
                 self.counters[tid] = self.counters.get(tid, 0.0) + amount
 
+    def charge_service(self, service: dict[str, float]) -> None:
+        # Counted as served here too, so replicas sharing service (global VTC) see it.
+        for tid, amount in service.items():
+            if amount > 0:
+                self.counters[tid] = self.counters.get(tid, 0.0) + amount
+                self.served[tid] = self.served.get(tid, 0.0) + amount
+
     # ------------------------------------------------------------------ choice
     def _pick(self, heads: list[tuple[str, Sequence]], now: float, top: int) -> Sequence:
         if not heads:

@@ -148,7 +148,8 @@ class LocalEngineClient:
     # -- requests ---------------------------------------------------------------------------
     def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
         """Compiled in the caller's worker thread: the request waits for its grammar, the loop does not."""
-        return shared.sampling_params(request, self.engine.engine.structured)
+        engine = self.engine.engine
+        return shared.sampling_params(request, engine.structured, engine.limits)
 
     def compile_structured(self, spec: StructuredOutputSpec) -> None:
         """A grammar built elsewhere (an ingress) compiled into this engine's cache, off the loop."""

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loraplex.platform.engine_client.protocol import AdapterFacts, AdapterInvalid
-from loraplex.platform.errors import BadRequest, NotFound, PlatformError, ServiceUnavailable
+from loraplex.platform.errors import BadRequest, NotFound, PlatformError, RateLimited, ServiceUnavailable
 from loraplex.platform.settings import Settings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import SamplingParams, StructuredOutputManager, StructuredOutputSpec
+    from loraplex.engine import RequestLimits, SamplingParams, StructuredOutputManager, StructuredOutputSpec
     from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
@@ -72,12 +72,20 @@ def max_prompt_chars(tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> 
     return max_model_len * max(longest, 1)
 
 
-def sampling_params(request: SamplingRequest, structured: StructuredOutputManager) -> SamplingParams:
+def sampling_params(
+    request: SamplingRequest, structured: StructuredOutputManager, limits: RequestLimits | None = None
+) -> SamplingParams:
     """The engine's ``SamplingParams`` for a ``SamplingRequest``, field by field; its
     ``structured_output=(kind, value)`` becomes a spec compiled by ``structured`` (the engine's own
     code and cache), so an unsupported schema is refused here, before the request reserves quota
     or reaches an engine."""
-    from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
+    from loraplex.engine import (
+        BusyError,
+        InvalidRequestError,
+        SamplingParams,
+        StructuredOutputSpec,
+        check_request_limits,
+    )
 
     r = request
     if r.max_tokens is None:
@@ -106,12 +114,17 @@ def sampling_params(request: SamplingRequest, structured: StructuredOutputManage
         bad_words_token_ids=[list(w) for w in r.bad_words_token_ids],
         allowed_token_ids=list(r.allowed_token_ids) if r.allowed_token_ids is not None else None,
     )
+    if limits is not None:  # before compiling, and before the request reserves quota
+        try:
+            check_request_limits(params, limits)
+        except InvalidRequestError as exc:
+            raise platform_error(exc) from None
     compiled: StructuredOutputSpec | None = params.structured_output
     if compiled is not None:
         try:
-            structured.compile(compiled)
-        except InvalidRequestError as exc:
-            raise BadRequest(str(exc), param=exc.param) from None
+            structured.compile(compiled, tenant=r.tenant_id)
+        except (InvalidRequestError, BusyError) as exc:
+            raise platform_error(exc) from None
     return params
 
 
@@ -128,7 +141,7 @@ def structured_compiler(tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> 
 
 
 def platform_error(exc: Exception) -> PlatformError:
-    from loraplex.engine import EngineDeadError, InvalidRequestError, UnknownAdapterError
+    from loraplex.engine import BusyError, EngineDeadError, InvalidRequestError, UnknownAdapterError
 
     if isinstance(exc, PlatformError):
         return exc
@@ -136,6 +149,9 @@ def platform_error(exc: Exception) -> PlatformError:
         return NotFound(str(exc), param="model", code="model_not_found")
     if isinstance(exc, InvalidRequestError):
         return BadRequest(str(exc), param=exc.param)
+    if isinstance(exc, BusyError):
+        retry = max(1, round(exc.retry_after_s))
+        return RateLimited(str(exc), param=exc.param, headers={"Retry-After": str(retry)})
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailable(
             f"the inference engine is not running: {exc}", code="engine_unavailable", headers={"Retry-After": "5"}

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.auth import key_scopes
@@ -135,7 +135,7 @@ def prepare(
         context = _context_len(ctx.gateway)
         sampling = sampling.with_max_tokens(max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS)
     try:
-        params = ctx.gateway.sampling_params(request=sampling)
+        params = ctx.gateway.sampling_params(request=replace(sampling, tenant_id=auth.tenant_id))
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     cost = request_cost(len(prompt_ids), params.n, params.max_tokens)

@@ -45,6 +45,8 @@ class SamplingRequest:
     min_tokens: int = 0
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
+    # Whose grammar compilation this is (bounded and charged per tenant; set at admission).
+    tenant_id: str | None = None
 
     def with_max_tokens(self, max_tokens: int) -> SamplingRequest:
         return replace(self, max_tokens=max_tokens)
