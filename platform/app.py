@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
+from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
@@ -110,8 +111,10 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
+        expiry = asyncio.create_task(sweep_expired_responses(ctx))
         yield
         sweeper.cancel()
+        expiry.cancel()
         if owns_engine:
             ctx.gateway.shutdown()
         ctx.close()
