@@ -16,7 +16,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 
 from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodically
-from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.adapters.size_limit import UploadSizeLimit
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
@@ -32,6 +31,7 @@ from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import DatabasePending, readiness
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.disconnect import DisconnectWatch
+from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings

@@ -83,7 +83,11 @@ def test_a_scoped_key_sees_only_its_own_responses_of_its_models(module_tenant_se
     own_bot = mine.responses.create(model="bot", input="mine too", max_output_tokens=1)
     theirs = full.responses.create(model="bot", input="theirs", max_output_tokens=1)
     # an unscoped key of the tenant sees every stored response (OpenAI's project-wide store)
-    assert {full.responses.retrieve(r.id).id for r in (own_base, own_bot, theirs)} == {own_base.id, own_bot.id, theirs.id}
+    assert {full.responses.retrieve(r.id).id for r in (own_base, own_bot, theirs)} == {
+        own_base.id,
+        own_bot.id,
+        theirs.id,
+    }
     # the scoped key: its own, not another key's (even of a model in its scope), in every use
     assert mine.responses.retrieve(own_bot.id).id == own_bot.id
     for call in (
@@ -138,4 +142,10 @@ def test_a_chain_survives_the_deletion_of_its_link(module_tenant_setup):
     assert client.responses.retrieve(b.id).previous_response_id == a.id
     c = client.responses.create(model=base, input="third", previous_response_id=b.id, max_output_tokens=1)
     texts = _texts(client.responses.input_items.list(c.id, order="asc", limit=100))
-    assert texts == [("user", "first"), ("assistant", a.output_text), ("user", "second"), ("assistant", b.output_text), ("user", "third")]
+    assert texts == [
+        ("user", "first"),
+        ("assistant", a.output_text),
+        ("user", "second"),
+        ("assistant", b.output_text),
+        ("user", "third"),
+    ]

@@ -53,13 +53,21 @@ def test_upgrade_from_0007_keeps_and_measures_stored_responses(empty_db_url):
                         "INSERT INTO stored_responses (id, tenant_id, conversation, body, created_at) "
                         "VALUES (:id, :tid, :conv, :body, :now)"
                     ),
-                    {"id": rid, "tid": tid, "conv": conversation, "body": json.dumps(body, ensure_ascii=False), "now": now},
+                    {
+                        "id": rid,
+                        "tid": tid,
+                        "conv": conversation,
+                        "body": json.dumps(body, ensure_ascii=False),
+                        "now": now,
+                    },
                 )
         migrate.upgrade(empty_db_url)
         with engine.connect() as conn:
             got = {
                 r.id: r
-                for r in conn.execute(text("SELECT id, tenant_id, key_id, model, size_bytes, body FROM stored_responses"))
+                for r in conn.execute(
+                    text("SELECT id, tenant_id, key_id, model, size_bytes, body FROM stored_responses")
+                )
             }
         assert set(got) == {"resp_a", "resp_b"}  # the deleted tenant's row is gone
         for rid, row in got.items():

@@ -220,4 +220,6 @@ def test_deleting_a_tenant_deletes_its_stored_responses(live_factory):
             _client(live.url, k).responses.create(model=base, input="hi", max_output_tokens=1, metadata={"a": "b"})
     assert httpx.delete(f"{live.url}/admin/v1/tenants/{gone}", headers=H, timeout=30).status_code in (200, 204)
     assert _rows(live.ctx, gone) == []
-    assert len(_rows(live.ctx, kept)) == 2 and all(json.loads(r.body)["metadata"] == {"a": "b"} for r in _rows(live.ctx, kept))
+    assert len(_rows(live.ctx, kept)) == 2 and all(
+        json.loads(r.body)["metadata"] == {"a": "b"} for r in _rows(live.ctx, kept)
+    )

@@ -72,7 +72,9 @@ def items_of(response_id: str, conversation: list[dict[str, Any]]) -> list[dict[
     return items
 
 
-def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: Literal["asc", "desc"]) -> dict[str, Any]:
+def page(
+    items: list[dict[str, Any]], *, after: str | None, limit: int, order: Literal["asc", "desc"]
+) -> dict[str, Any]:
     ordered = items if order == "asc" else items[::-1]
     start = 0
     if after is not None:

@@ -146,7 +146,11 @@ def _lock_tenant(session: Session, tenant_id: str) -> None:
     """PostgreSQL: a transaction-scoped advisory lock on the tenant; SQLite: the file's write lock,
     taken by a write that changes nothing (held to the commit, like ``quotas/shared.py``)."""
     if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(f"loraplex-responses:{tenant_id}".encode(), digest_size=8).digest(), "big", signed=True)
+        key = int.from_bytes(
+            hashlib.blake2b(f"loraplex-responses:{tenant_id}".encode(), digest_size=8).digest(), "big", signed=True
+        )
         session.execute(select(func.pg_advisory_xact_lock(key)))
     else:
-        session.execute(update(StoredResponse).where(StoredResponse.id == "").values(tenant_id=StoredResponse.tenant_id))
+        session.execute(
+            update(StoredResponse).where(StoredResponse.id == "").values(tenant_id=StoredResponse.tenant_id)
+        )
