@@ -149,3 +149,21 @@ def test_a_chain_survives_the_deletion_of_its_link(module_tenant_setup):
         ("assistant", b.output_text),
         ("user", "third"),
     ]
+
+
+def test_hostile_reads_and_metadata_are_4xx(module_tenant_setup):
+    ctx, url, tid, key, _, client = module_tenant_setup
+    base = ctx.gateway.model_name
+    r = client.responses.create(model=base, input="hi", max_output_tokens=1)
+    h = auth(key)
+    for params in ({"after": "x" * 2000}, {"limit": "many"}, {"limit": 10**30}, {"order": ""}):
+        got = httpx.get(f"{url}/v1/responses/{r.id}/input_items", params=params, headers=h, timeout=30)
+        assert got.status_code in (400, 414), got.text[:200]
+    assert httpx.get(f"{url}/v1/responses/{'r' * 4000}", headers=h, timeout=30).status_code == 404
+    # a 1 MiB metadata key: refused without being echoed back
+    body = {"model": base, "input": "hi", "max_output_tokens": 1, "metadata": {"k" * (1 << 20): "v"}}
+    got = httpx.post(f"{url}/v1/responses", json=body, headers=h, timeout=60)
+    assert got.status_code == 400 and got.json()["error"]["param"] == "metadata" and len(got.content) < 2048
+    raw = b'{"model": "%s", "input": "hi", "metadata": {"k": "\\ud800"}}' % base.encode()
+    got = httpx.post(f"{url}/v1/responses", content=raw, headers={**h, "content-type": "application/json"}, timeout=30)
+    assert got.status_code == 400, got.text
