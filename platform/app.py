@@ -31,6 +31,7 @@ from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import DatabasePending, EngineWatchdog, readiness
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.inference.disconnect import DisconnectWatch
+from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
@@ -111,8 +112,10 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     async def lifespan(_app: FastAPI):
         sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
         watching = asyncio.create_task(watchdog.run()) if watchdog is not None else None
+        expiry = asyncio.create_task(sweep_expired_responses(ctx))
         yield
         sweeper.cancel()
+        expiry.cancel()
         if watching is not None:
             watching.cancel()
         if owns_engine:

@@ -8,12 +8,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.gate import parse_bearer, pre_authenticated
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.tenant import authenticate_tenant
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.quotas import repository as quotas_repo
+from loraplex.platform.quotas.store import QuotaView
 
 
 def get_context(request: Request) -> PlatformContext:
@@ -55,3 +58,14 @@ def require_tenant(request: Request, ctx: ContextDep, token: TokenDep) -> Tenant
 
 
 TenantDep = Annotated[TenantAuth, Depends(require_tenant)]
+
+
+def require_metered_tenant(ctx: ContextDep, session: SessionDep, tenant: TenantDep) -> TenantAuth:
+    """A tenant route that generates nothing: the key's and the tenant's rpm count it (429 at the
+    limit). Generation routes take ``TenantDep``: their admission counts them (once)."""
+    q = quotas_repo.get(session, tenant.tenant_id)
+    key_scopes.charge_request(ctx.quotas, tenant, QuotaView(rpm=q.rpm if q else None))
+    return tenant
+
+
+MeteredTenantDep = Annotated[TenantAuth, Depends(require_metered_tenant)]

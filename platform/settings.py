@@ -160,6 +160,18 @@ class OpenAISettings(_Table):
     trust_request_chat_template: bool = False
 
 
+class ResponsesSettings(_Table):
+    """Stored responses (``store: true`` on /v1/responses; docs/openai-api.md)."""
+
+    # Kept this long (OpenAI: 30 days), then answered 404 and deleted by a periodic sweep.
+    retention_days: float = Field(30.0, gt=0)
+    # Per tenant, over the responses not yet expired: a request that would store past either cap
+    # is refused (400 naming ``store``) before it generates; send ``store: false`` or delete some.
+    max_stored_per_tenant: int = Field(10_000, ge=1)
+    max_stored_bytes_per_tenant: int = Field(100 * 1024 * 1024, ge=1)
+    sweep_interval_s: float = Field(600.0, gt=0)
+
+
 class LedgerSettings(_Table):
     # A long stream writes its token count this often, so a crash bills it up to here.
     checkpoint_interval_s: float = Field(2.0, gt=0)
@@ -235,6 +247,7 @@ class Settings(BaseSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 

@@ -41,6 +41,23 @@ def precheck(quotas: QuotaStore, auth: TenantAuth) -> None:
         quotas.precheck(key_scope(auth), quota)
 
 
+def charge_request(quotas: QuotaStore, auth: TenantAuth, tenant_quota: QuotaView) -> None:
+    """A tenant route that generates nothing (model lookups, tokenizing, stored responses) counts
+    as one request against the key's rpm and the tenant's, as generation does. The key's first:
+    a key refused at its own limit does not use up its tenant's other keys' share."""
+    if auth.key_rpm is not None:
+        quotas.count_request(key_scope(auth), QuotaView(rpm=auth.key_rpm))
+    quotas.count_request(auth.tenant_id, tenant_quota)
+
+
+def precheck_concurrency(quotas: QuotaStore, auth: TenantAuth, tenant_max_concurrent: int | None) -> None:
+    """Refuse (429) a tenant or key at its concurrency limit; consumes nothing. For routes already
+    counted by ``charge_request``, whose rpm must not be checked a second time."""
+    quotas.precheck(auth.tenant_id, QuotaView(max_concurrent=tenant_max_concurrent))
+    if auth.key_max_concurrent is not None:
+        quotas.precheck(key_scope(auth), QuotaView(max_concurrent=auth.key_max_concurrent))
+
+
 def reserve(quotas: QuotaStore, auth: TenantAuth, tenant_hold: Reservation, tokens: int) -> None:
     """Hold ``tokens`` against the key's own limits too (or give the tenant's hold back and refuse)."""
     quota = key_quota(auth)

@@ -90,6 +90,12 @@ class ActorQuotaStore:
         self.saw_epoch(got["epoch"])
         return res
 
+    def count_request(self, tenant_id: str, quota: QuotaView) -> None:
+        """Counted by the actor (exact across ingresses): a hold of no tokens, settled at once."""
+        if quota.rpm is None:
+            return
+        self.settle(self.reserve(tenant_id, QuotaView(rpm=quota.rpm), 0), 0)
+
     def _reserve_unlimited(self, tenant_id: str, quota: QuotaView, tokens: int, key: str) -> Reservation:
         """A view with no limit cannot be refused: the hold is sent and not waited for. The actor
         still records it (the running counts, what a drain waits for), and this call is submitted

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference.metadata_limits import check_metadata
 
 log = logging.getLogger("loraplex.platform.inference")
 
@@ -64,6 +65,8 @@ _logged_unknown: set[str] = set()
 def check_extra_fields(body: BaseModel) -> None:
     extra = body.model_extra or {}
     for name, value in extra.items():
+        if name == "metadata":  # accepted and not stored, but held to OpenAI's limits like /v1/responses
+            check_metadata(value)
         if name in UNSUPPORTED:
             if name == "modalities" and value in (["text"], None):
                 continue

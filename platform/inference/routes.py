@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
+from loraplex.platform.deps import ContextDep, MeteredTenantDep, SessionDep, TenantDep
 from loraplex.platform.errors import NotFound
 from loraplex.platform.inference import request_path, service
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
@@ -21,15 +21,16 @@ router.include_router(responses_router)
 
 
 @router.get("/models", response_model=ModelList)
-def list_models(session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelList:
+def list_models(session: SessionDep, ctx: ContextDep, tenant: MeteredTenantDep) -> ModelList:
     """The base model and every adapter this tenant may use."""
     return ModelList(data=service.list_models(session, ctx, tenant))
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard)
-def get_model(model_id: str, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> ModelCard:
-    """One model this tenant may use (404, like an unknown one, otherwise)."""
-    for card in service.list_models(session, ctx, tenant.tenant_id):
+def get_model(model_id: str, session: SessionDep, ctx: ContextDep, tenant: MeteredTenantDep) -> ModelCard:
+    """One model this key may use (404, like an unknown one, otherwise: a model outside the key's
+    scope is not revealed, as the list does not show it)."""
+    for card in service.list_models(session, ctx, tenant):
         if card.id == model_id:
             return card
     raise NotFound(

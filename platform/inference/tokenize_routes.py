@@ -1,7 +1,8 @@
 """/tokenize and /detokenize (vLLM's paths): tenant-authenticated, resolved per model like
 generation, so a tenant learns nothing about models it may not use. The same bounds as generation
-apply (body size, characters, rpm/concurrency pre-check), so tokenizing is no way around them. Every adapter of the base
-model shares its tokenizer, so the adapter is checked for access and the base tokenizer answers."""
+apply (body size, characters, the key's model scope, the tenant's and the key's rpm and concurrency
+limits), so tokenizing is no way around them. Every adapter of the base model shares its tokenizer,
+so the adapter is checked for access and the base tokenizer answers."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplex.platform.deps import ContextDep, SessionDep, TenantDep
+from loraplex.platform.auth import key_scopes
+from loraplex.platform.auth.key_cache import TenantAuth
+from loraplex.platform.deps import ContextDep, MeteredTenantDep, SessionDep
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.admission import chat_texts, check_text
 from loraplex.platform.inference.openai_schemas import MAX_TOOLS, ChatMessage, Tool
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
-from loraplex.platform.quotas.store import QuotaView
 
 router = APIRouter(tags=["openai"])
 
@@ -43,19 +45,20 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Annotated[int, Field(ge=0)]]
 
 
-def _admit(session, ctx, tenant_id: str, model: str) -> None:
-    """Like generation: the model must be usable, and a tenant at its rpm or concurrency limit is
-    refused here too (nothing is consumed: tokenizing costs no tokens)."""
-    resolve_model(session, ctx, tenant_id, model)
-    q = quotas_repo.get(session, tenant_id)
-    ctx.quotas.precheck(tenant_id, QuotaView(q.rpm, None, q.max_concurrent) if q else QuotaView())
+def _admit(session, ctx, tenant: TenantAuth, model: str) -> None:
+    """Like generation: the model must be usable by this key (404 unknown, 403 outside its scope),
+    and a tenant or key at its concurrency limit is refused here too (the rpm was counted by
+    ``MeteredTenantDep``; tokenizing costs no tokens)."""
+    resolve_model(session, ctx, tenant, model)
+    q = quotas_repo.get(session, tenant.tenant_id)
+    key_scopes.precheck_concurrency(ctx.quotas, tenant, q.max_concurrent if q else None)
 
 
 @router.post("/tokenize")
-def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> dict:
+def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: MeteredTenantDep) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise BadRequest("give exactly one of prompt or messages", param="prompt")
-    _admit(session, ctx, tenant.tenant_id, body.model)
+    _admit(session, ctx, tenant, body.model)
     tok = ctx.gateway.tokenizer
     # The generation routes' character bound (and text validity), before any templating.
     texts = chat_texts(body.messages) if body.messages is not None else [body.prompt or ""]
@@ -86,8 +89,8 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
 
 
 @router.post("/detokenize")
-def detokenize(body: DetokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: TenantDep) -> dict:
-    _admit(session, ctx, tenant.tenant_id, body.model)
+def detokenize(body: DetokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: MeteredTenantDep) -> dict:
+    _admit(session, ctx, tenant, body.model)
     tok = ctx.gateway.tokenizer
     if len(body.tokens) > ctx.gateway.max_model_len:
         raise BadRequest(

@@ -100,6 +100,10 @@ class QuotaStore(Protocol):
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         """Atomically check every limit and hold ``tokens`` plus one request and one slot."""
 
+    def count_request(self, tenant_id: str, quota: QuotaView) -> None:
+        """A request that generates nothing (a lookup, tokenizing, a stored response): one request
+        in the rpm window, refused (429) at ``quota.rpm``; no tokens, no slot, nothing to settle."""
+
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         """The request ended: book what it used, return the rest of the hold and its slot."""
 
@@ -161,6 +165,18 @@ class InProcessQuotaStore:
             st = self._tenants.setdefault(tenant_id, _TenantState())
             _trim(st, now)
             self._check_slots(st, quota, now)
+
+    def count_request(self, tenant_id: str, quota: QuotaView) -> None:
+        # This server's window only: such requests write no ledger row, so servers sharing a
+        # database count each other's generation requests but not these (docs/openai-api.md).
+        if quota.rpm is None:
+            return  # nothing could refuse it: not recorded (an unlimited flood grows no deque)
+        now = self._clock()
+        with self._lock:
+            st = self._tenants.setdefault(tenant_id, _TenantState())
+            _trim(st, now)
+            self._check_slots(st, QuotaView(rpm=quota.rpm), now)
+            st.requests.append(now)
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         wall = self._wall()

@@ -231,13 +231,26 @@ def response_object(
         "store": req.store,
         "temperature": req.temperature,
         "text": {"format": fmt},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
+        "tool_choice": _stored_tool_choice(req.tool_choice),
+        "tools": _stored_tools(req),
         "top_p": req.top_p,
         "truncation": req.truncation,
         "usage": usage_,
         "user": req.user,
     }
+
+
+def _stored_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The tools as the chat request used them: a stored response keeps no other keys a client sent."""
+    return [{"type": "function", **t["function"]} for t in _tools(req) or []]
+
+
+def _stored_tool_choice(choice: Any) -> Any:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict):
+        return {"type": "function", "name": str(choice.get("name", ""))}
+    return choice
 
 
 def dumps(obj: Any) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
 from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference.metadata_limits import check_metadata
 from loraplex.platform.inference.openai_schemas import MAX_TOOLS, MaxTokens, NullIsDefault, Temperature, TopP
 
 # Output-changing features this server does not have: refused, never silently ignored.
@@ -19,18 +21,27 @@ UNSUPPORTED = {
 }
 
 
+# A stored response keeps its text.format: its JSON is bounded here (the grammar's own bound
+# applies when it is compiled). OpenAI's largest schemas (5,000 properties, 120,000 characters of
+# names and enum values) fit.
+MAX_TEXT_FORMAT_CHARS = 256 * 1024
+MAX_USER_CHARS = 512
+
+
 class TextFormat(NullIsDefault):
-    model_config = ConfigDict(extra="allow")
+    # OpenAI's fields only: anything else would be stored with the response unbounded (400).
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"] = "text"
-    name: str | None = None
+    name: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
     description: str | None = None
 
 
 class TextConfig(NullIsDefault):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     format: TextFormat = Field(default_factory=TextFormat)
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted and ignored (one verbosity)
 
 
 class ResponsesRequest(NullIsDefault):
@@ -48,14 +59,23 @@ class ResponsesRequest(NullIsDefault):
     top_p: TopP = 1.0
     stream: bool = False
     store: bool = True
-    previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
-    user: str | None = None
+    previous_response_id: Annotated[str, Field(max_length=64)] | None = None
+    metadata: dict[str, Any] | None = None  # checked in ``check`` (OpenAI's limits, one 400 naming it)
+    user: Annotated[str, Field(max_length=MAX_USER_CHARS)] | None = None
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
     include: list[str] | None = None
 
     def check(self) -> None:
+        check_metadata(self.metadata)
+        if self.text is not None:
+            size = len(json.dumps(self.text.format.model_dump(by_alias=True, exclude_none=True), ensure_ascii=False))
+            if size > MAX_TEXT_FORMAT_CHARS:
+                raise BadRequest(
+                    f"text.format is {size} characters of JSON; at most {MAX_TEXT_FORMAT_CHARS} are allowed",
+                    param="text.format",
+                    code="string_above_max_length",
+                )
         for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED and value not in (None, False, 0):
                 raise BadRequest(f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
