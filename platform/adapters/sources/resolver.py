@@ -141,9 +141,10 @@ class AdapterResolver:
 
     async def fetch_async(self, source: str, *, expected_sha256: str | None = None) -> Fetched:
         """``fetch`` for the event loop: the wait holds no thread (the fetch runs in its lane)."""
-        fut = self.fetch_future(source, expected_sha256=expected_sha256)
+        fut = asyncio.wrap_future(self.fetch_future(source, expected_sha256=expected_sha256))
+        fut.add_done_callback(_retrieve)  # a caller that gave up leaves no "never retrieved" error
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.fetch_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(fut), self.fetch_timeout_s)
         except asyncio.TimeoutError:
             raise self.too_slow(source) from None
 
@@ -217,6 +218,11 @@ class ContentChanged(StoreUnavailable):
             "it is registered as a new version"
         )
         self.fetched = fetched
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _size(folder: Path) -> int:
