@@ -82,7 +82,7 @@ class MotoServer:
 class RawStore:
     """A misbehaving store on loopback, one thread per connection, counting what it did:
     ``hole`` accepts and never answers; ``trickle`` answers 200 with a large Content-Length and
-    then one byte every ``interval`` seconds, forever; ``huge`` answers 200 with a body of
+    then one byte every ``interval`` seconds, forever; ``trickle_head`` the same inside a header; ``huge`` answers 200 with a body of
     ``size`` bytes as fast as the reader takes them."""
 
     def __init__(self, behaviour: str, interval: float = 0.2, size: int = 1 << 30) -> None:
@@ -118,6 +118,13 @@ class RawStore:
         try:
             conn.settimeout(5)
             conn.recv(65536)  # the request (its head is enough)
+            if self.behaviour == "trickle_head":  # the status line, then a header that never ends
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not self._stop.is_set():
+                    conn.sendall(b"a")
+                    self.bytes_sent += 1
+                    time.sleep(self.interval)
+                return
             head = f"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {self.size}\r\n\r\n"
             conn.sendall(head.encode())
             block = b"<" * (1 << 16)

@@ -219,10 +219,11 @@ def _resolver(tmp_path, endpoint: str, **kw) -> AdapterResolver:
     )
 
 
-def test_a_trickling_store_is_cut_at_the_fetch_deadline(tmp_path):
-    """One byte every 0.2 s resets every read timeout; the fetch's own deadline ends it, and its
-    lane is free again for the next fetch."""
-    trickle = RawStore("trickle", interval=0.2)
+@pytest.mark.parametrize("where", ["trickle", "trickle_head"])
+def test_a_trickling_store_is_cut_at_the_fetch_deadline(tmp_path, where):
+    """One byte every 0.2 s (in the body, or in a header that never ends) resets every read
+    timeout; the fetch's own deadline ends it, and its lane is free again for the next fetch."""
+    trickle = RawStore(where, interval=0.2)
     resolver = _resolver(tmp_path, trickle.url, fetch_deadline_s=2.0)
     try:
         fut = resolver.fetch_future("s3://bucket/adapter/")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import httpcore
 import httpx
 
 from loraplex.platform.adapters.sources.fetchers import (
@@ -37,6 +39,7 @@ SPOOL_IN_MEMORY = 1 << 20
 class _Limits(threading.local):
     deadline: float | None = None
     max_bytes: int = MAX_ANSWER_BYTES
+    cut: bool = False  # the last read's timeout was the deadline's
 
 
 class _Body:
@@ -56,17 +59,96 @@ class _Body:
         self._spool.close()
 
 
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until the fetch's deadline: a store
+    trickling its status line or headers (each byte resets a per-read timeout) is cut there too."""
+
+    def __init__(self, inner: httpcore.NetworkStream, limits: _Limits) -> None:
+        self._inner, self._limits = inner, limits
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        deadline = self._limits.deadline
+        if deadline is None:
+            return timeout
+        left = deadline - time.monotonic()
+        # a read that times out after this was cut by the deadline, not by the store's read timeout
+        self._limits.cut = timeout is None or left <= timeout
+        if left <= 0:
+            raise httpcore.ReadTimeout("the fetch deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._timeout(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._timeout(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _DeadlineStream(
+            self._inner.start_tls(ssl_context, server_hostname, self._timeout(timeout)), self._limits
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, limits: _Limits) -> None:
+        self._inner, self._limits = httpcore.SyncBackend(), limits
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kw: Any) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, **kw), self._limits)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, **kw: Any) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, **kw), self._limits)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _DeadlineTransport(httpx.HTTPTransport):
+    """httpx's transport on a connection pool whose connections honour the fetch's deadline (the
+    environment's proxy for the endpoint, if any, as botocore would use it)."""
+
+    def __init__(self, limits: _Limits, endpoint: str, max_connections: int) -> None:
+        super().__init__()
+        backend = _DeadlineBackend(limits)
+        proxy = _env_proxy(endpoint)
+        if proxy:
+            url = httpx.URL(proxy)
+            target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
+            self._pool = httpcore.HTTPProxy(proxy_url=target, max_connections=max_connections, network_backend=backend)
+        else:
+            self._pool = httpcore.ConnectionPool(max_connections=max_connections, network_backend=backend)
+
+
+def _env_proxy(endpoint: str) -> str | None:
+    if not endpoint:
+        return None
+    host = httpx.URL(endpoint).host
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(httpx.URL(endpoint).scheme)
+
+
 class BoundedSender:
     """The HTTP of one S3 client: ``before-send`` answers every request itself (see the module)."""
 
-    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=32), follow_redirects=False)
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float, endpoint: str = "") -> None:
         self.limits = _Limits()
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+            transport=_DeadlineTransport(self.limits, endpoint, max_connections=32),
+            follow_redirects=False,
+            trust_env=False,  # the transport picked the endpoint's proxy itself
+        )
 
     @contextmanager
     def bounded(self, deadline: float | None, max_bytes: int = MAX_ANSWER_BYTES) -> Iterator[None]:
-        self.limits.deadline, self.limits.max_bytes = deadline, max_bytes
+        self.limits.deadline, self.limits.max_bytes, self.limits.cut = deadline, max_bytes, False
         try:
             yield
         finally:
@@ -94,11 +176,15 @@ class BoundedSender:
                         raise FetchDeadline(f"{r.url.host}: the store did not deliver within the fetch deadline")
                     spool.write(piece)
                 status, headers = r.status_code, dict(r.headers)
-        except httpx.ConnectTimeout:
+        except FetchDeadline:
             spool.close()
-            raise ConnectTimeoutError(endpoint_url=request.url) from None
-        except httpx.TimeoutException:
+            raise
+        except httpx.TimeoutException as exc:
             spool.close()
+            if deadline is not None and (self.limits.cut or time.monotonic() >= deadline):
+                raise FetchDeadline(f"{request.url}: the store did not deliver within the fetch deadline") from None
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise ConnectTimeoutError(endpoint_url=request.url) from None
             raise ReadTimeoutError(endpoint_url=request.url) from None
         except httpx.TransportError as exc:
             spool.close()
@@ -120,7 +206,7 @@ class S3Fetcher:
     def __init__(self, endpoint_url: str, region: str, connect_timeout_s: float, read_timeout_s: float, attempts: int):
         self._kwargs = dict(endpoint_url=endpoint_url or None, region_name=region or None)
         self._timeouts = (connect_timeout_s, read_timeout_s, attempts)
-        self._sender = BoundedSender(connect_timeout_s, read_timeout_s)
+        self._sender = BoundedSender(connect_timeout_s, read_timeout_s, endpoint_url)
         self._client: Any = None
         self._lock = threading.Lock()
 
