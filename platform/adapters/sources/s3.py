@@ -99,11 +99,21 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self, limits: _Limits) -> None:
         self._inner, self._limits = httpcore.SyncBackend(), limits
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kw: Any) -> httpcore.NetworkStream:
-        return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, **kw), self._limits)
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        inner = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _DeadlineStream(inner, self._limits)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, **kw: Any) -> httpcore.NetworkStream:
-        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, **kw), self._limits)
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, socket_options), self._limits)
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
