@@ -19,6 +19,7 @@ from loraplex.platform.adapters.sources.uri import SourceRejected, parse_source
 from loraplex.platform.settings import load_settings
 
 H = admin_headers()
+SECRET = "s" * 40  # two servers on one database: keys must hash alike
 FILES = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"\0" * 64}
 
 
@@ -140,7 +141,7 @@ def test_link_refused_at_registration_and_at_serve_time(live_factory, tmp_path, 
     real = _folder(root / "team" / "v1", good_files)
     outside = _folder(tmp_path / "secret" / "v1", good_files)
     settings = {"file_roots": [str(root)]}
-    registrar = live_factory(adapters=settings)
+    registrar = live_factory(adapters=settings, secret_key=SECRET)
     c = httpx.Client(base_url=registrar.url, headers=H, timeout=60)
     tid = c.post("/admin/v1/tenants", json={"name": "acme"}).json()["id"]
     key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
@@ -151,7 +152,7 @@ def test_link_refused_at_registration_and_at_serve_time(live_factory, tmp_path, 
     # swapped after registration: same names, the folder is now a link to the secret one
     (root / "team").rename(root / "team-old")
     os.symlink(outside.parent, root / "team")
-    node = live_factory(adapters=settings)  # its own, empty disk cache
+    node = live_factory(adapters=settings, secret_key=SECRET)  # its own, empty disk cache
     client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=120)
     with pytest.raises(openai.APIStatusError) as err:
         client.completions.create(model="clean", prompt="hi", max_tokens=4)

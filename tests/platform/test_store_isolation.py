@@ -130,7 +130,8 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         pool = concurrent.futures.ThreadPoolExecutor(13)
         futures = {m: pool.submit(ask, m) for m in cold}
         _poll("8 busy refusals", lambda: sum(f.done() for f in futures.values()) >= 8)
-        refused = [f.result() for f in futures.values() if f.done()]
+        refused_models = [m for m, f in futures.items() if f.done()]
+        refused = [futures[m].result() for m in refused_models]
         assert len(refused) == 8
         for err in refused:
             assert isinstance(err, openai.APIStatusError) and err.status_code == 503, err
@@ -160,7 +161,7 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
 
         store.stop()  # dead: connection refused, a clear 503 at once; everyone else unaffected
         with pytest.raises(openai.APIStatusError) as err:
-            client.completions.create(model="cold5", prompt=PROMPT, max_tokens=4)
+            client.completions.create(model=refused_models[0], prompt=PROMPT, max_tokens=4)  # never fetched
         assert err.value.status_code == 503 and err.value.response.json()["error"]["code"] == "model_unavailable"
         assert _bystanders_work(node, nc, key, rounds=2) == 8
         assert node.ctx.db_engine.pool.checkedout() == 0
