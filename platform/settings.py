@@ -103,12 +103,19 @@ class AdapterSourceSettings(_Table):
     cache_max_bytes: int = Field(10 * 1024**3, ge=1)  # LRU beyond this
     # A request for an uncached adapter waits at most this long for its download (then 503).
     fetch_timeout_s: float = Field(20.0, gt=0)
+    # Store I/O bounds (docs/adapters.md#a-slow-or-dead-store): one fetch (listing and every file)
+    # ends at this deadline whatever the store does (a trickle too); 0 = 6 x fetch_timeout_s.
+    fetch_deadline_s: float = Field(0.0, ge=0)
+    fetches_per_store: int = Field(2, ge=1)  # running fetches per store (S3 endpoint or bucket, file, hub)
+    fetch_queue_per_store: int = Field(8, ge=0)  # waiting fetches per store; beyond: 503 source_busy at once
+    fetch_threads: int = Field(16, ge=1)  # fetch threads of all stores together
     s3_endpoint_url: str = ""  # empty = AWS_ENDPOINT_URL, or AWS itself
     s3_region: str = ""  # empty = AWS_DEFAULT_REGION
     s3_max_attempts: int = Field(2, ge=1)
     connect_timeout_s: float = Field(3.0, gt=0)
     read_timeout_s: float = Field(10.0, gt=0)
-    # file:// sources must lie under one of these folders; empty = any absolute path.
+    # file:// sources must lie under one of these folders (no link anywhere below it); empty = only
+    # <data_dir>/adapter-files. ["/"] allows any folder (links are still refused).
     file_roots: list[str] = Field(default_factory=list)
     hf_cache_dir: str = ""  # empty = huggingface_hub's default (HF_HOME)
     hf_offline: bool = False  # only what the hub cache holds (HF_HUB_OFFLINE=1 does the same)

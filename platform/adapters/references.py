@@ -7,7 +7,7 @@ first use into its own disk cache. The content hash is the version: new content 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -38,11 +38,27 @@ STORE_ACTOR = Actor("store")
 def register_reference(
     session: Session, ctx: PlatformContext, actor: Actor, req: UploadRequest, source: str
 ) -> Adapter:
+    """Check the request (cheap refusals first), fetch and validate the files with no database
+    connection held (the store may be slow or dead: the pool is for everyone), then check again
+    and write the new version in a short transaction."""
     _check_request(session, ctx, req)
     uri = str(parse_source(source))
-    previous, version = _previous_version(session, req)
+    _previous_version(session, req)
+    release_connection(session)
     fetched = ctx.sources.resolver.fetch(uri)
-    return _add_version(session, ctx, actor, req, uri, fetched, previous, version)
+    facts = ctx.gateway.validate_adapter(fetched.path)
+    _check_request(session, ctx, req)  # again: the world may have moved while the store answered
+    previous, version = _previous_version(session, req)
+    return _add_version(session, ctx, actor, req, uri, fetched, facts, previous, version)
+
+
+def release_connection(session: Session) -> None:
+    """End the session's read-only transaction so that its pooled connection goes back while this
+    thread waits on a store (the session opens a new one at its next query). Only called before
+    anything is written: a pending write here is a bug, never silently committed or lost."""
+    if session.new or session.dirty or session.deleted or session.info.get("on_commit"):
+        raise RuntimeError("release_connection after a write")
+    session.rollback()
 
 
 def _add_version(
@@ -52,10 +68,10 @@ def _add_version(
     req: UploadRequest,
     uri: str,
     fetched: Fetched,
+    facts: Any,
     previous: Adapter | None,
     version: int,
 ) -> Adapter:
-    facts = ctx.gateway.validate_adapter(fetched.path)
     adapter = adapter_row(
         req,
         facts,
@@ -75,12 +91,19 @@ def _add_version(
 
 
 def refresh(session: Session, ctx: PlatformContext, actor: Actor, adapter: Adapter) -> Adapter:
-    """Ask the store again: new content becomes a new version (returned); else ``adapter``."""
+    """Ask the store again (no connection held meanwhile): new content becomes a new version
+    (returned); else ``adapter``."""
     assert adapter.source_uri is not None
-    fetched = ctx.sources.resolver.fetch(adapter.source_uri)
-    if fetched.sha256 == adapter.sha256:
-        return adapter
-    return _new_version(session, ctx, actor, adapter, fetched)
+    adapter_id, source, sha = adapter.id, adapter.source_uri, adapter.sha256
+    release_connection(session)
+    fetched = ctx.sources.resolver.fetch(source)
+    if fetched.sha256 == sha:
+        return repository.get(session, adapter_id) or adapter
+    facts = ctx.gateway.validate_adapter(fetched.path)
+    current = repository.get(session, adapter_id)
+    if current is None or current.status not in repository.SERVED:
+        return current or adapter  # deleted or superseded while the store answered
+    return _new_version(session, ctx, actor, current, fetched, facts)
 
 
 def record_changed_content(ctx: PlatformContext, adapter: Adapter, fetched: Fetched) -> None:
@@ -90,13 +113,15 @@ def record_changed_content(ctx: PlatformContext, adapter: Adapter, fetched: Fetc
         latest = repository.active_by_name(session, adapter.name)
         if latest is None or latest.id != adapter.id:
             return  # deleted, or another request recorded it already
-        _new_version(session, ctx, STORE_ACTOR, latest, fetched)
+        _new_version(session, ctx, STORE_ACTOR, latest, fetched, ctx.gateway.validate_adapter(fetched.path))
 
 
-def _new_version(session: Session, ctx: PlatformContext, actor: Actor, current: Adapter, fetched: Fetched) -> Adapter:
+def _new_version(
+    session: Session, ctx: PlatformContext, actor: Actor, current: Adapter, fetched: Fetched, facts: Any
+) -> Adapter:
     req = UploadRequest(
         name=current.name, visibility=current.visibility, tenant_id=current.owner_tenant_id, new_version=True
     )
     previous, version = _previous_version(session, req)
     assert current.source_uri is not None
-    return _add_version(session, ctx, actor, req, current.source_uri, fetched, previous, version)
+    return _add_version(session, ctx, actor, req, current.source_uri, fetched, facts, previous, version)

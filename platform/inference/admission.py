@@ -1,8 +1,11 @@
 """Admission of one tenant request, cheapest refusals first: (key and tenant status were checked by
-the dependency) → model resolution and the tenant's quota (one DB read) → concurrency / rpm
-pre-check → a character-length bound → text validity → tokenize → the engine's sampling values
-(``SamplingRequest``, checked when it was built from the body) → the atomic
-quota reservation of ``prompt + n x max_tokens`` (``quotas.rule``). Nothing before the reservation consumes a quota slot,
+the dependency) → model resolution and the tenant's quota (``look_up``: one short DB transaction)
+→ an adapter by reference fetched and registered (``request_path``, on the event loop: no
+connection or thread held while a store answers) → a prompt list that can never fit (400) and
+the concurrency / rpm pre-check → per prompt: a character-length bound → text validity →
+tokenize → the engine's sampling values (``SamplingRequest``, checked when it was built from the
+body) → the atomic quota reservation of ``prompt + n x max_tokens`` (``quotas.rule``) for every
+prompt of the request at once (``admit``). Nothing before the reservation consumes a quota slot,
 and a request refused after it (by the engine's own checks) gets the whole reservation back."""
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.quotas import group
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.rule import request_cost
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
 if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
+    from loraplex.platform.adapters.models import Adapter
     from loraplex.platform.inference.sampling_request import SamplingRequest
 
 DEFAULT_MAX_TOKENS = 256  # chat without max_tokens when the engine's context length is unknown
@@ -107,17 +112,18 @@ def _context_len(gateway: Any) -> int | None:
         return None
 
 
-def prepare(
-    ctx,
-    auth: TenantAuth,
-    model: str,
-    endpoint: str,
-    texts: list[str],
-    tokenize: Callable[[Any], list[int]],
-    sampling: SamplingRequest,
-) -> Prepared:
-    """Blocking part (DB, tokenizer): run it in a worker thread."""
-    t0 = time.monotonic()
+@dataclass(frozen=True)
+class Target:
+    """What the database says about a request: the adapter (None: the base model), the tenant's
+    quota and its generation timeout. Read in one short transaction, released before any wait."""
+
+    adapter: Adapter | None
+    quota: QuotaView
+    timeout_s: float
+
+
+def look_up(ctx, auth: TenantAuth, model: str) -> Target:
+    """Blocking (DB): run it in a worker thread. Holds a pooled connection only for its queries."""
     with unit_of_work(ctx.sessions) as session:
         adapter = resolve_model(session, ctx, auth, model)
         q = quotas_repo.get(session, auth.tenant_id)
@@ -125,8 +131,33 @@ def prepare(
         timeout_s = (
             q.max_generation_s if q and q.max_generation_s else None
         ) or ctx.settings.limits.generation_timeout_s
-    ctx.quotas.precheck(auth.tenant_id, quota)
+    return Target(adapter, quota, float(timeout_s))
+
+
+def precheck(ctx, auth: TenantAuth, target: Target, prompts: int) -> None:
+    """Cheap refusals before any tokenizing: a list that can never fit (400), then concurrency and
+    rpm as they stand (429; consumes nothing)."""
+    if prompts > 1:
+        group.never_fits(auth.tenant_id, target.quota, [0] * prompts)
+        key = key_scopes.key_quota(auth)
+        if key is not None:
+            group.never_fits(key_scopes.key_scope(auth), key, [0] * prompts)
+    ctx.quotas.precheck(auth.tenant_id, target.quota)
     key_scopes.precheck(ctx.quotas, auth)
+
+
+@dataclass
+class Tokenized:
+    prompt_ids: list[int]
+    params: SamplingParams
+    started: float
+
+
+def tokenize_prompt(
+    ctx, endpoint: str, texts: list[str], tokenize: Callable[[Any], list[int]], sampling: SamplingRequest
+) -> Tokenized:
+    """Blocking (tokenizer, grammar): run it in a worker thread."""
+    t0 = time.monotonic()
     check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
     prompt_ids = tokenize(ctx.gateway.tokenizer)
     if not prompt_ids:
@@ -138,18 +169,36 @@ def prepare(
         params = ctx.gateway.sampling_params(request=replace(sampling, tenant_id=auth.tenant_id))
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
-    cost = request_cost(len(prompt_ids), params.n, params.max_tokens)
-    reservation = ctx.quotas.reserve(auth.tenant_id, quota, cost)
-    key_scopes.reserve(ctx.quotas, auth, reservation, cost)
-    return Prepared(
-        auth,
-        model,
-        endpoint,
-        adapter.id if adapter else None,
-        prompt_ids,
-        params,
-        reservation,
-        float(timeout_s),
-        request_id=reservation.request_id,  # its quota hold (if any) is written under this id
-        admission_s=time.monotonic() - t0,
-    )
+    return Tokenized(prompt_ids, params, t0)
+
+
+def admit(ctx, auth: TenantAuth, model: str, endpoint: str, target: Target, prompts: list[Tokenized]) -> list[Prepared]:
+    """Reserve every prompt's ``request_cost`` at once, against the tenant's limits and the key's
+    own (``quotas.group``): the whole list is admitted, or nothing is held."""
+    costs = [request_cost(len(p.prompt_ids), p.params.n, p.params.max_tokens) for p in prompts]
+    held = group.reserve_all(ctx.quotas, auth.tenant_id, target.quota, costs)
+    key = key_scopes.key_quota(auth)
+    if key is not None:
+        try:
+            for res, key_hold in zip(held, group.reserve_all(ctx.quotas, key_scopes.key_scope(auth), key, costs)):
+                res.linked = key_hold
+        except BaseException:
+            for res in held:
+                ctx.quotas.cancel(res)
+            raise
+    now = time.monotonic()
+    return [
+        Prepared(
+            auth,
+            model,
+            endpoint,
+            target.adapter.id if target.adapter else None,
+            p.prompt_ids,
+            p.params,
+            res,
+            target.timeout_s,
+            request_id=res.request_id,  # its quota hold (if any) is written under this id
+            admission_s=now - p.started,
+        )
+        for p, res in zip(prompts, held)
+    ]

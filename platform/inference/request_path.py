@@ -6,6 +6,7 @@ billing path."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import admission, chat_prompt, generation
+from loraplex.platform.inference import service as inference_service
 from loraplex.platform.inference.logprobs_format import LogprobsFormatter
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
 from loraplex.platform.inference.responses import Shape, render
@@ -34,19 +36,21 @@ async def _prepare_all(
     sampling: SamplingRequest,
     user: str | None,
 ) -> list[admission.Prepared]:
-    """Admit one engine request per prompt (its texts are checked before it is tokenized); if a
-    later one is refused, give the earlier ones' reservations back."""
-    preps: list[admission.Prepared] = []
-    try:
-        for texts, tokenize in prompts:
-            preps.append(
-                await run_in_threadpool(admission.prepare, ctx, tenant, model, endpoint, texts, tokenize, sampling)
-            )
-            preps[-1].user = user
-    except BaseException:
-        for p in preps:
-            ctx.quotas.cancel(p.reservation)
-        raise
+    """Admit one engine request per prompt, all of them or none: look the model and quota up (a
+    short transaction), fetch an uncached adapter (awaited here: no thread or connection waits on
+    the store), check and tokenize each prompt, then reserve every prompt's cost in one step."""
+    target = await run_in_threadpool(admission.look_up, ctx, tenant, model)
+    admission.precheck(ctx, tenant, target, len(prompts))
+    adapter = await inference_service.serve_model(ctx, tenant, model, target.adapter)
+    if adapter is not target.adapter:  # the store held a new version: it is served instead
+        target = dataclasses.replace(target, adapter=adapter)
+    tokenized = [
+        await run_in_threadpool(admission.tokenize_prompt, ctx, endpoint, texts, tokenize, sampling)
+        for texts, tokenize in prompts
+    ]
+    preps = admission.admit(ctx, tenant, model, endpoint, target, tokenized)
+    for p in preps:
+        p.user = user
     return preps
 
 

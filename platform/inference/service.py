@@ -1,17 +1,21 @@
 """Tenant-side model resolution: the OpenAI ``model`` field names the base model or an adapter
-the tenant may use, and the API key's scope allows. An adapter registered by reference is fetched
-and registered with the engine on its first use (503 ``model_unavailable`` if it cannot be)."""
+the tenant may use, and the API key's scope allows (``resolve_model``: the database only). An
+adapter registered by reference is fetched and registered with the engine on its first use
+(``serve_model``, after the session is closed; 503 ``model_unavailable`` if it cannot be)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from sqlalchemy.orm import Session
 
 from loraplex.platform.adapters import references
 from loraplex.platform.adapters import repository as adapters_repo
 from loraplex.platform.adapters.models import Adapter
-from loraplex.platform.adapters.sources.resolver import ContentChanged
+from loraplex.platform.adapters.sources.serving import ModelUnavailable
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.key_scopes import check_model_allowed, model_allowed
+from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import NotFound, ServiceUnavailable
 from loraplex.platform.inference.schemas import ModelCard
 
@@ -54,15 +58,36 @@ def resolve_model(session: Session, ctx, tenant: TenantAuth | str, model: str) -
             code="model_unavailable",
             headers={"retry-after": "30"},
         )
-    if adapter.source_uri and ctx.gateway.enabled:
-        try:
-            ctx.sources.ensure_served(adapter, lambda a, fetched: references.record_changed_content(ctx, a, fetched))
-        except ContentChanged:
-            # The store holds new content: it was just registered as the next version; serve that.
-            session.expire_all()
-            newer = adapters_repo.active_by_name(session, model)
-            if newer is None or newer.id == adapter.id or not newer.source_uri:
-                raise
-            ctx.sources.ensure_served(newer, lambda a, fetched: references.record_changed_content(ctx, a, fetched))
-            return newer
     return adapter
+
+
+async def serve_model(ctx, tenant: TenantAuth | str, model: str, adapter: Adapter | None) -> Adapter | None:
+    """Make a by-reference ``adapter`` usable by the engine (fetched on its first use); call it
+    with no database session open: the wait for the store holds neither a connection nor a
+    thread. New content at the source is recorded as the next version (a short transaction of its
+    own) and that version is served; 503 ``model_unavailable`` if the store cannot deliver."""
+    if adapter is None or not adapter.source_uri or not ctx.gateway.enabled:
+        return adapter
+    changed = await ctx.sources.ensure_served_async(adapter)
+    if changed is None:
+        return adapter
+    await asyncio.to_thread(references.record_changed_content, ctx, adapter, changed)
+    newer = await asyncio.to_thread(_look_up_again, ctx, tenant, model)
+    if newer is None or newer.id == adapter.id or not newer.source_uri:
+        raise ModelUnavailable(
+            f"the model {model!r} changed at its source while it was fetched; try again",
+            param="model",
+            headers={"retry-after": "1"},
+        )
+    if await ctx.sources.ensure_served_async(newer) is not None:
+        raise ModelUnavailable(
+            f"the model {model!r} changed at its source again while it was fetched; try again",
+            param="model",
+            headers={"retry-after": "1"},
+        )
+    return newer
+
+
+def _look_up_again(ctx, tenant: TenantAuth | str, model: str) -> Adapter | None:
+    with unit_of_work(ctx.sessions) as session:
+        return resolve_model(session, ctx, tenant, model)

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from loraplex.platform.errors import RateLimited
+from loraplex.platform.quotas.group import never_fits
 from loraplex.platform.quotas.rule import RULE
 
 WINDOW_S = 60.0
@@ -99,6 +100,9 @@ class QuotaStore(Protocol):
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         """Atomically check every limit and hold ``tokens`` plus one request and one slot."""
+        # Optional: ``reserve_group(tenant_id, quota, tokens: list[int]) -> list[Reservation]``, the
+        # same for several engine requests at once (a prompt list), all or none. ``group.reserve_all``
+        # uses it where a store has it and drives a store without it one reservation at a time.
 
     def count_request(self, tenant_id: str, quota: QuotaView) -> None:
         """A request that generates nothing (a lookup, tokenizing, a stored response): one request
@@ -179,21 +183,35 @@ class InProcessQuotaStore:
             st.requests.append(now)
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
+        return self.reserve_group(tenant_id, quota, [tokens])[0]
+
+    def reserve_group(self, tenant_id: str, quota: QuotaView, tokens: list[int]) -> list[Reservation]:
+        """All of ``tokens`` (one engine request each: a prompt list) or none, in one step: every
+        limit is checked for the whole group under one lock (and one shared window), so concurrent
+        lists never hold part of a limit each and starve one another. A group that can never fit
+        these limits is a 400 (``group.never_fits``), not a 429 to retry forever."""
+        if len(tokens) > 1:
+            never_fits(tenant_id, quota, tokens)
         wall = self._wall()
         start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
         limited = quota.rpm is not None or quota.tpm is not None or quota.token_budget is not None
         if self._shared is None or not limited:
             return self._reserve(tenant_id, quota, tokens, wall, start, NO_OTHERS)
         with self._shared.window(tenant_id, start) as win:  # a refusal raises: nothing is held
-            res = self._reserve(tenant_id, quota, tokens, wall, start, win.others)
-            win.hold(res.request_id, tokens)
-        res.held_in_db = win.held  # False if the database failed: this server's counters decided
-        return res
+            held = self._reserve(tenant_id, quota, tokens, wall, start, win.others)
+            for res in held:
+                win.hold(res.request_id, res.tokens)
+        for res in held:
+            res.held_in_db = win.held  # False if the database failed: this server's counters decided
+        return held
 
     def _reserve(
-        self, tenant_id: str, quota: QuotaView, tokens: int, wall: datetime, start: datetime | None, ext: Others
-    ) -> Reservation:
+        self, tenant_id: str, quota: QuotaView, group: list[int], wall: datetime, start: datetime | None, ext: Others
+    ) -> list[Reservation]:
         now = self._clock()
+        tokens = sum(group)
+        count = len(group)
+        what = "this request" if count == 1 else f"these {count} prompts"
         used_before: int | None = None
         if start is not None and self._shared is not None:
             used_before = 0  # this process's own share starts at zero: the rest is in ``ext.budget``
@@ -210,11 +228,11 @@ class InProcessQuotaStore:
                 st.period_start, st.budget_used = start, used_before
             in_window = sum(e[1] for e in st.tokens) + ext.tokens
             headers = _headers(quota, st, in_window, now, ext.requests)
-            self._check_slots(st, quota, now, headers, ext.requests)
+            self._check_slots(st, quota, now, headers, ext.requests, count)
             if quota.tpm is not None:
                 if tokens > quota.tpm:
                     raise _limited(
-                        f"this request needs {tokens} tokens ({RULE}), more than the "
+                        f"{what} needs {tokens} tokens ({RULE}), more than the "
                         f"limit of {quota.tpm} tokens per minute; lower max_tokens or n",
                         WINDOW_S,
                         headers,
@@ -222,7 +240,7 @@ class InProcessQuotaStore:
                 if in_window + tokens > quota.tpm:
                     wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
                     raise _limited(
-                        f"rate limit reached: {quota.tpm} tokens per minute (this request reserves {tokens}: {RULE})",
+                        f"rate limit reached: {quota.tpm} tokens per minute ({what} reserves {tokens}: {RULE})",
                         wait,
                         headers,
                     )
@@ -232,18 +250,20 @@ class InProcessQuotaStore:
                     left = max(0, quota.token_budget - spent)
                     raise _limited(
                         f"token budget exhausted: {quota.token_budget} tokens per {quota.budget_period}; "
-                        f"{left} left, this request reserves {tokens} ({RULE})",
+                        f"{left} left, {what} reserves {tokens} ({RULE})",
                         (next_period(quota.budget_period, start) - wall).total_seconds(),
                         headers,
                         code="insufficient_quota",
                     )
                 st.budget_reserved += tokens
-            entry = [now, tokens]
-            st.tokens.append(entry)
-            st.requests.append(now)
-            st.running += 1
+            entries = []
+            for t in group:
+                entries.append([now, t])
+                st.tokens.append(entries[-1])
+                st.requests.append(now)
+                st.running += 1
             headers = _headers(quota, st, in_window + tokens, now, ext.requests)
-            return Reservation(tenant_id, tokens, headers, now, start, entry)
+            return [Reservation(tenant_id, e[1], dict(headers), now, start, e) for e in entries]
 
     def usage_now(self, tenant_id: str) -> dict[str, int]:
         with self._lock:
@@ -295,12 +315,17 @@ class InProcessQuotaStore:
 
     @staticmethod
     def _check_slots(
-        st: _TenantState, quota: QuotaView, now: float, headers: dict | None = None, other_requests: int = 0
+        st: _TenantState,
+        quota: QuotaView,
+        now: float,
+        headers: dict | None = None,
+        other_requests: int = 0,
+        count: int = 1,
     ) -> None:
         headers = headers if headers is not None else _headers(quota, st, sum(e[1] for e in st.tokens), now)
-        if quota.max_concurrent is not None and st.running >= quota.max_concurrent:
+        if quota.max_concurrent is not None and st.running + count > quota.max_concurrent:
             raise _limited(f"too many concurrent requests (max_concurrent={quota.max_concurrent})", 1, headers)
-        if quota.rpm is not None and len(st.requests) + other_requests >= quota.rpm:
+        if quota.rpm is not None and len(st.requests) + other_requests + count > quota.rpm:
             wait = st.requests[0] + WINDOW_S - now if st.requests else 1.0
             raise _limited(f"rate limit reached: {quota.rpm} requests per minute", wait, headers)
 

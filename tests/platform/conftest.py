@@ -3,8 +3,10 @@ SQLite and, when LORAPLEX_TEST_POSTGRES_URL is set, on PostgreSQL too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -196,6 +198,7 @@ def live_factory(tmp_path, db_url, gateway):
 def cli_env(tmp_path, monkeypatch, demo_model_dir) -> list[str]:
     """Arguments for ``run_cli`` (platform_helpers): a data dir of this test's, the demo model."""
     monkeypatch.setenv("LORAPLEX_ENGINE__MODEL", str(demo_model_dir))
+    monkeypatch.setenv("LORAPLEX_ADAPTERS__FILE_ROOTS", json.dumps([tempfile.gettempdir()]))  # file:// test folders
     return ["--data-dir", str(tmp_path / "data")]
 
 

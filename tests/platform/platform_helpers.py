@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -180,6 +181,10 @@ def make_settings(tmp_path: Path, db_url: str, **overrides):
         uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
     )
     values.update(overrides)
+    # file:// sources in tests are temporary folders; the default root is only <data_dir>/adapter-files
+    adapters = dict(values.get("adapters") or {})
+    adapters.setdefault("file_roots", [tempfile.gettempdir()])
+    values["adapters"] = adapters
     return load_settings(**values)
 
 

@@ -27,5 +27,7 @@ def test_register_adapter_by_uri(tmp_path, cli_env, adapter_dirs):
     assert r.exit_code == 1 and "error:" in r.output
     r = run_cli("admin", "register-adapter", "other", "ftp://x/y", "--shared", *cli_env)
     assert r.exit_code == 1 and "unsupported source" in r.output
-    r = run_cli("admin", "register-adapter", "other", "file:///no/such/folder", "--shared", *cli_env)
+    r = run_cli("admin", "register-adapter", "other", f"file://{tmp_path}/no/such/folder", "--shared", *cli_env)
     assert r.exit_code == 1 and "does not exist" in r.output
+    r = run_cli("admin", "register-adapter", "other", "file:///etc", "--shared", *cli_env)
+    assert r.exit_code == 1 and "outside the allowed folders" in r.output

@@ -265,13 +265,14 @@ def test_a_request_refused_after_it_reserved_leaves_no_hold(live_factory):
     body = {"model": model, "prompt": "a prompt of several tokens", "max_tokens": context - 1}
     r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(key), timeout=120)
     assert r.status_code == 400, r.text  # prompt + max_tokens > context: refused by the engine at submit
-    list_tid, list_key = new_tenant(live.url, "refused-list", quota={"rpm": 1})
+    list_tid, list_key = new_tenant(live.url, "refused-list", quota={"rpm": 2})
+    assert _complete(live.url, list_key, model) == 200  # one of the two rpm slots taken
     body = {"model": model, "prompt": ["one", "two"], "max_tokens": 1}
     r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(list_key), timeout=120)
-    assert r.status_code == 429, r.text  # the second prompt is over the rpm: the first gives its hold back
+    assert r.status_code == 429, r.text  # the list needs both slots: none of its prompts holds anything
     live.ctx.ledger.flush()
-    assert _rows(live, tid) == [] and _rows(live, list_tid) == []
-    assert _complete(live.url, list_key, model) == 200  # the rpm slot came back too
+    assert _rows(live, tid) == [] and [row["status"] for row in _rows(live, list_tid)] == ["ok"]
+    assert _complete(live.url, list_key, model) == 200  # the second rpm slot was never taken
 
 
 def test_hostile_mix_at_two_servers_holds_the_limit_and_leaves_no_hold(live_factory):

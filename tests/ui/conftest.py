@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -96,6 +97,7 @@ def server(ui_demo_model_dir, tmp_path_factory):
             "kv_cache_memory_gb": 0.05,
         },
         uploads={"max_upload_bytes": 2 * 1024 * 1024, "max_members": 8, "max_unpacked_bytes": 4 * 1024 * 1024},
+        adapters={"file_roots": [tempfile.gettempdir()]},  # the file:// test folders
     )
     ctx, _ = build_context(settings)
     app = create_app(ctx, owns_engine=True)

@@ -5,35 +5,37 @@ filesystem is needed. A reference names the source and the content hash it was r
 a cached copy of that content is used without asking the store (a store that is down does not stop
 cached adapters); otherwise the files are listed, checked with the upload's rules, downloaded once
 (concurrent callers share one download), hashed, and cached. A caller waits at most
-``fetch_timeout_s``; the download itself goes on and the next request finds it cached.
+``fetch_timeout_s``; the download itself goes on (until ``fetch_deadline_s``) and the next request
+finds it cached. Fetches run in per-store lanes (``lanes.py``), never on a caller's thread, and
+nothing here touches the database: callers resolve what they need from it first and release
+their connection before they wait on a store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from loraplex.platform.adapters.sources.cache import DiskCache
-from loraplex.platform.adapters.sources.fetchers import (
-    Fetcher,
-    FileFetcher,
-    HubFetcher,
-    S3Fetcher,
-    StoreUnavailable,
-)
+from loraplex.platform.adapters.sources.fetchers import Fetcher, HubFetcher, StoreUnavailable
+from loraplex.platform.adapters.sources.lanes import StoreLanes
+from loraplex.platform.adapters.sources.local import FileFetcher
+from loraplex.platform.adapters.sources.s3 import S3Fetcher
 from loraplex.platform.adapters.sources.uri import RemoteFile, SourceURI, check_files, parse_source
 from loraplex.platform.adapters.store import AdapterStore
 
 log = logging.getLogger("loraplex.platform.adapters")
 
 REF_SEPARATOR = "#sha256="
+DEFAULT_FILE_ROOT = "adapter-files"  # file:// sources without [adapters] file_roots: <data_dir>/adapter-files
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class Fetched:
     fingerprint: str  # the store's change tags of the listed files
     size_bytes: int
     downloaded: bool  # False: served from the disk cache
+
+
+def default_file_root(data_dir: Path) -> Path:
+    """Where file:// sources must lie when ``[adapters] file_roots`` is empty (created here)."""
+    root = Path(data_dir) / DEFAULT_FILE_ROOT
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def make_ref(source: str, sha256: str) -> str:
@@ -71,17 +80,19 @@ class AdapterResolver:
         max_members: int,
         max_bytes: int,
         fetch_timeout_s: float,
-        workers: int = 4,
+        fetch_deadline_s: float | None = None,
+        per_store: int = 2,
+        queued_per_store: int = 8,
+        max_threads: int = 16,
     ) -> None:
         self.cache = cache
         self.fetchers = fetchers
         self.max_members = max_members
         self.max_bytes = max_bytes
-        self.fetch_timeout_s = fetch_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adapter-fetch")
-        self._lock = threading.Lock()
-        self._inflight: dict[tuple[str, str | None], Future[Fetched]] = {}
-        self.counters = {"downloads": 0, "download_bytes": 0, "cache_hits": 0, "joined": 0, "failures": 0}
+        self.fetch_timeout_s = fetch_timeout_s  # how long a caller waits
+        self.fetch_deadline_s = fetch_deadline_s or 6 * fetch_timeout_s  # how long a fetch may run
+        self.lanes: StoreLanes[Fetched] = StoreLanes(per_store, queued_per_store, max_threads)
+        self.counters = {"downloads": 0, "download_bytes": 0, "cache_hits": 0, "failures": 0}
 
     @classmethod
     def from_settings(cls, settings, on_evict: Callable[[str], None] | None = None) -> AdapterResolver:
@@ -90,7 +101,7 @@ class AdapterResolver:
         cache.on_evict = on_evict
         fetchers: dict[str, Fetcher] = {
             "s3": S3Fetcher(a.s3_endpoint_url, a.s3_region, a.connect_timeout_s, a.read_timeout_s, a.s3_max_attempts),
-            "file": FileFetcher(a.file_roots),
+            "file": FileFetcher(a.file_roots or [str(default_file_root(settings.data_dir))]),
             "hf": HubFetcher(a.hf_cache_dir, a.hf_offline),
         }
         u = settings.uploads
@@ -100,6 +111,10 @@ class AdapterResolver:
             max_members=u.max_members,
             max_bytes=u.max_unpacked_bytes,
             fetch_timeout_s=a.fetch_timeout_s,
+            fetch_deadline_s=a.fetch_deadline_s,
+            per_store=a.fetches_per_store,
+            queued_per_store=a.fetch_queue_per_store,
+            max_threads=a.fetch_threads,
         )
 
     # -- the one call replicas and the serving path make ----------------------------------------
@@ -115,52 +130,58 @@ class AdapterResolver:
         return fetched.path
 
     def fetch(self, source: str, *, expected_sha256: str | None = None) -> Fetched:
-        """Resolve ``source``; with ``expected_sha256`` a cached copy of that content is used without
-        asking the store. Waits at most ``fetch_timeout_s`` (then ``StoreUnavailable``)."""
+        """Resolve ``source``, blocking this thread at most ``fetch_timeout_s`` (then
+        ``StoreUnavailable``); with ``expected_sha256`` a cached copy of that content is used
+        without asking the store. Never call it holding a database connection."""
+        fut = self.fetch_future(source, expected_sha256=expected_sha256)
+        try:
+            return fut.result(timeout=self.fetch_timeout_s)
+        except FutureTimeout:
+            raise self.too_slow(source) from None
+
+    async def fetch_async(self, source: str, *, expected_sha256: str | None = None) -> Fetched:
+        """``fetch`` for the event loop: the wait holds no thread (the fetch runs in its lane)."""
+        fut = asyncio.wrap_future(self.fetch_future(source, expected_sha256=expected_sha256))
+        fut.add_done_callback(_retrieve)  # a caller that gave up leaves no "never retrieved" error
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.fetch_timeout_s)
+        except asyncio.TimeoutError:
+            raise self.too_slow(source) from None
+
+    def fetch_future(self, source: str, *, expected_sha256: str | None = None) -> Future[Fetched]:
+        """A future of the fetch: done at once for a cached copy; otherwise the fetch of this
+        source (shared with every concurrent caller), in its store's lane (``StoreBusy`` if full)."""
         src = parse_source(source)
         if expected_sha256:
             cached = self.cache.get(expected_sha256)
             if cached is not None:
                 self.counters["cache_hits"] += 1
-                return Fetched(cached, expected_sha256, "", _size(cached), downloaded=False)
-        key = (str(src), expected_sha256)
-        started = False
-        with self._lock:
-            fut = self._inflight.get(key)
-            if fut is None:
-                fut = self._pool.submit(self._fetch_now, src)
-                self._inflight[key] = fut
-                started = True
-            else:
-                self.counters["joined"] += 1
-        if started:
-            # Outside the lock: a future that is already done runs its callback right here, and the
-            # callback takes the lock (inside it, a fast fetch deadlocked the caller).
-            fut.add_done_callback(partial(self._forget, key))
-        try:
-            return fut.result(timeout=self.fetch_timeout_s)
-        except FutureTimeout:
-            raise StoreUnavailable(
-                f"fetching {src} took longer than {self.fetch_timeout_s:g}s (the store is slow or down); "
-                "the download goes on, try again shortly",
-                headers={"retry-after": "10"},
-            ) from None
+                done: Future[Fetched] = Future()
+                done.set_result(Fetched(cached, expected_sha256, "", _size(cached), downloaded=False))
+                return done
+        fetcher = self.fetchers[src.scheme]
+        store = fetcher.store_key(src) if hasattr(fetcher, "store_key") else src.scheme
+        return self.lanes.submit(store, (str(src), expected_sha256), partial(self._fetch_now, src))
 
-    def _forget(self, key: tuple[str, str | None], _done: object = None) -> None:
-        with self._lock:
-            self._inflight.pop(key, None)
+    def too_slow(self, source: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"fetching {source} took longer than {self.fetch_timeout_s:g}s (the store is slow or down); "
+            "the download goes on, try again shortly",
+            headers={"retry-after": "10"},
+        )
 
     def _fetch_now(self, src: SourceURI) -> Fetched:
+        deadline = time.monotonic() + self.fetch_deadline_s
         try:
             fetcher = self.fetchers[src.scheme]
             listed = check_files(
-                fetcher.list(src), max_members=self.max_members, max_bytes=self.max_bytes, where=str(src)
+                fetcher.list(src, deadline), max_members=self.max_members, max_bytes=self.max_bytes, where=str(src)
             )
             with self.cache.staging() as scratch:
                 files = scratch / "files"
                 files.mkdir()
                 for f in listed:
-                    fetcher.download(src, f, files / f.name)
+                    fetcher.download(src, f, files / f.name, deadline)
                 sha = AdapterStore.content_hash(files)
                 size = _size(files)
                 if sha in self.cache:  # the same content cached under another source: keep one copy
@@ -176,10 +197,14 @@ class AdapterResolver:
         return Fetched(path, sha, fingerprint_of(listed), size, downloaded=True)
 
     def stats(self) -> dict:
-        return {**self.counters, "disk_cache": self.cache.stats()}
+        lanes = self.lanes.stats()
+        return {**self.counters, "joined": lanes["joined"], "lanes": lanes, "disk_cache": self.cache.stats()}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
+        for fetcher in self.fetchers.values():
+            if hasattr(fetcher, "close"):
+                fetcher.close()
 
 
 class ContentChanged(StoreUnavailable):
@@ -193,6 +218,11 @@ class ContentChanged(StoreUnavailable):
             "it is registered as a new version"
         )
         self.fetched = fetched
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _size(folder: Path) -> int:

@@ -4,16 +4,19 @@ store. Disk-cache eviction unregisters it (requests running with it finish on th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from loraplex.platform.adapters.models import Adapter
+from loraplex.platform.adapters.sources.fetchers import SourceNotFound
 from loraplex.platform.adapters.sources.resolver import AdapterResolver, ContentChanged, Fetched, make_ref
-from loraplex.platform.errors import PlatformError, ServiceUnavailable
+from loraplex.platform.errors import BadRequest, PlatformError, ServiceUnavailable
 
 log = logging.getLogger("loraplex.platform.adapters")
 
@@ -22,6 +25,25 @@ PIN_S = 10.0  # an admitted request reaches the engine's queue well within this
 
 class ModelUnavailable(ServiceUnavailable):
     code = "model_unavailable"
+
+
+class ModelRefused(BadRequest):
+    """The adapter's source now refuses it (e.g. a link put into a file:// path after registration):
+    retrying cannot help, so not a 503."""
+
+    code = "model_source_refused"
+
+
+def _unavailable(adapter: Adapter, exc: PlatformError) -> PlatformError:
+    """A store error as the requesting client's error: 503 + Retry-After when it may pass (down,
+    slow, busy), 400 when the source itself is refused (a link, a hostile object)."""
+    if exc.status_code < 500 and not isinstance(exc, SourceNotFound):  # gone objects may come back
+        return ModelRefused(f"the model {adapter.name!r} cannot be served: {exc.message}", param="model")
+    return ModelUnavailable(
+        f"the model {adapter.name!r} is unavailable: {exc.message}",
+        param="model",
+        headers={"retry-after": exc.headers.get("retry-after", "10")},
+    )
 
 
 def _engine_is_remote(gateway: Any) -> bool:
@@ -48,39 +70,75 @@ class ServedReferences:
 
     def ensure_served(self, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> None:
         """Make ``adapter`` (by reference) usable by the engine, or raise 503 ``model_unavailable``
-        with the reason. ``on_changed`` is called when the store holds new content (a new version)."""
+        with the reason. ``on_changed`` is called when the store holds new content (a new version).
+        Blocks this thread on the store: never call it holding a database connection (the request
+        path uses ``ensure_served_async``)."""
         assert adapter.source_uri is not None
-        with self._lock:
-            self._resolved_at[adapter.id] = time.monotonic()
-            if self._served.get(adapter.id) == adapter.sha256:
-                return
+        if self._is_current(adapter):
+            return
         gateway = self._gateway_fn()
         ref = make_ref(adapter.source_uri, adapter.sha256)
         if _engine_is_remote(gateway):
             gateway.add_adapter(adapter.id, ref)  # each replica calls AdapterResolver.local_dir(ref)
         else:
-            with self._lock:  # pinned in the disk cache until the engine has loaded it
-                self._registering[adapter.id] = adapter.sha256
-            try:
-                self._register(gateway, adapter, self._local_dir(ref, adapter, on_changed))
-            finally:
-                with self._lock:
-                    self._registering.pop(adapter.id, None)
+            with self._pinned_while_loading(adapter):
+                try:
+                    path = self._checked(
+                        adapter, self.resolver.fetch(adapter.source_uri, expected_sha256=adapter.sha256)
+                    )
+                except ContentChanged as exc:
+                    on_changed(adapter, exc.fetched)
+                    raise
+                except PlatformError as exc:
+                    raise _unavailable(adapter, exc) from None
+                self._register(gateway, adapter, path)
         with self._lock:
             self._served[adapter.id] = adapter.sha256
 
-    def _local_dir(self, ref: str, adapter: Adapter, on_changed: Callable[[Adapter, Fetched], None]) -> Path:
+    async def ensure_served_async(self, adapter: Adapter) -> Fetched | None:
+        """``ensure_served`` on the event loop: the wait for the store holds no thread and no
+        database connection. Returns the fetched content when it is NOT the registered one (the
+        caller records the new version, in a short transaction of its own, and serves that)."""
+        assert adapter.source_uri is not None
+        if self._is_current(adapter):
+            return None
+        gateway = self._gateway_fn()
+        if _engine_is_remote(gateway):
+            await asyncio.to_thread(gateway.add_adapter, adapter.id, make_ref(adapter.source_uri, adapter.sha256))
+        else:
+            with self._pinned_while_loading(adapter):
+                try:
+                    fetched = await self.resolver.fetch_async(adapter.source_uri, expected_sha256=adapter.sha256)
+                except PlatformError as exc:
+                    raise _unavailable(adapter, exc) from None
+                if fetched.sha256 != adapter.sha256:
+                    return fetched
+                await asyncio.to_thread(self._register, gateway, adapter, fetched.path)
+        with self._lock:
+            self._served[adapter.id] = adapter.sha256
+        return None
+
+    def _is_current(self, adapter: Adapter) -> bool:
+        with self._lock:
+            self._resolved_at[adapter.id] = time.monotonic()
+            return self._served.get(adapter.id) == adapter.sha256
+
+    @contextmanager
+    def _pinned_while_loading(self, adapter: Adapter) -> Iterator[None]:
+        with self._lock:  # pinned in the disk cache until the engine has loaded it
+            self._registering[adapter.id] = adapter.sha256
         try:
-            return self.resolver.local_dir(ref)
-        except ContentChanged as exc:
-            on_changed(adapter, exc.fetched)
-            raise
-        except PlatformError as exc:
-            raise ModelUnavailable(
-                f"the model {adapter.name!r} is unavailable: {exc.message}",
-                param="model",
-                headers={"retry-after": exc.headers.get("retry-after", "10")},
-            ) from None
+            yield
+        finally:
+            with self._lock:
+                self._registering.pop(adapter.id, None)
+
+    @staticmethod
+    def _checked(adapter: Adapter, fetched: Fetched) -> Path:
+        if fetched.sha256 != adapter.sha256:
+            assert adapter.source_uri is not None
+            raise ContentChanged(adapter.source_uri, adapter.sha256, fetched)
+        return fetched.path
 
     def _register(self, gateway: Any, adapter: Adapter, path: Path) -> None:
         try:
