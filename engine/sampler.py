@@ -99,6 +99,15 @@ def sample_batch(
     return SamplerOutput(token_list, logprobs)
 
 
+def advance_seeded_generator(generator: torch.Generator, num_tokens: int) -> None:
+    """Bring a drawing sample's own generator to where ``sample_batch`` leaves it after
+    ``num_tokens`` tokens: one uniform per token (greedy rows draw nothing). A request resumed
+    on another engine (``EngineRequest.resume_token_ids``) then continues with the very draws the
+    uninterrupted one would have made. Keep in step with the draw in ``sample_batch``."""
+    for _ in range(num_tokens):
+        torch.rand(1, generator=generator, device=generator.device)
+
+
 def process_logits(
     logits: torch.Tensor,
     seqs: Seq[Sequence],
