@@ -33,8 +33,8 @@ class _Call:
     """One call to an engine "replica": Serve's streaming response, as the ingress sees it. It
     dies (the exception of a SIGKILLed actor) after ``die_after`` outputs, if given."""
 
-    def __init__(self, engine: AsyncEngine, req: dict[str, Any], die_after: int | None) -> None:
-        self.req, self.die_after = req, die_after
+    def __init__(self, engine: AsyncEngine, req: dict[str, Any], die_after: int | None, how: str = "actor") -> None:
+        self.req, self.die_after, self.how = req, die_after, how
         self.stream = engine.submit(
             EngineRequest(
                 req["prompt_ids"],
@@ -52,6 +52,9 @@ class _Call:
             return {"replica": f"engine-{self.req['request_id']}"}
         if self.die_after is not None and self.sent >= self.die_after:
             self.engine.abort(self.req["request_id"])
+            if self.how == "engine":  # the replica lives, its engine loop died: what it yields then
+                self.die_after = None
+                return {"error_class": "ServiceUnavailable", "message": "engine dead", "code": "engine_unavailable"}
             raise ray_exceptions.ActorDiedError()
         self.sent += 1
         return {"out": await self.stream.__anext__()}
@@ -60,14 +63,14 @@ class _Call:
         self.engine.abort(self.req["request_id"])
 
 
-def _replicas(engine: AsyncEngine, deaths: list[int | None]):
+def _replicas(engine: AsyncEngine, deaths: list[int | None], how: str = "actor"):
     """A call function whose k-th call dies after ``deaths[k]`` outputs (None: lives); records
     each call's request dict."""
     calls: list[dict[str, Any]] = []
 
     def call(req: dict[str, Any], adapter: str) -> _Call:
         calls.append(req)
-        return _Call(engine, req, deaths[len(calls) - 1] if len(calls) <= len(deaths) else None)
+        return _Call(engine, req, deaths[len(calls) - 1] if len(calls) <= len(deaths) else None, how)
 
     return call, calls
 
@@ -140,3 +143,13 @@ async def test_a_request_that_keeps_losing_replicas_fails_cleanly(engine):
     with pytest.raises(ServiceUnavailable, match="replicas lost"):
         await asyncio.wait_for(_read(stream), 60)
     assert len(calls) == MAX_LOSSES
+
+
+async def test_a_replica_whose_engine_loop_died_mid_stream_is_resumed_too(engine):
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=3, ignore_eos=True)
+    call, _ = _replicas(engine, [])
+    whole, _ = await _read(RemoteStream(call, lambda rid: None, _req("e-whole", params), "", 5.0))
+    call, calls = _replicas(engine, [4], how="engine")
+    outs, _ = await _read(RemoteStream(call, lambda rid: None, _req("e-cut", params), "", 5.0))
+    assert len(calls) == 2 and calls[1]["resume_token_ids"]
+    assert _tokens(outs) == _tokens(whole) and _text(outs) == _text(whole)
