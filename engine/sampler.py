@@ -104,7 +104,12 @@ def advance_seeded_generator(generator: torch.Generator, num_tokens: int) -> Non
     ``num_tokens`` tokens: one uniform per token (greedy rows draw nothing). A request resumed
     on another engine (``EngineRequest.resume_token_ids``) then continues with the very draws the
     uninterrupted one would have made. Keep in step with the draw in ``sample_batch``."""
-    for _ in range(num_tokens):
+    if num_tokens <= 0:
+        return
+    if generator.device.type == "cpu":  # mt19937: k uniforms at once leave the state of k single draws
+        torch.rand(num_tokens, generator=generator)  # (tests/engine/test_resume.py checks it)
+        return
+    for _ in range(num_tokens):  # Philox moves its offset per call: one call per token, as sampled
         torch.rand(1, generator=generator, device=generator.device)
 
 

@@ -145,3 +145,18 @@ def test_bad_resumptions_are_refused(llm):
     with pytest.raises(InvalidRequestError, match="resume_token_ids"):
         llm.engine.add_request(EngineRequest(PROMPT, SamplingParams(max_tokens=8), resume_token_ids=[-1]))
     assert not llm.engine.requests
+
+
+@pytest.mark.parametrize("k", [1, 2, 15, 16, 17, 255, 1000, 4096])
+def test_advancing_a_generator_equals_sampling_that_many_tokens(k):
+    """What sample_batch does per drawn token (one uniform from the row's generator) k times leaves
+    the generator where ``advance_seeded_generator`` puts it in one call."""
+    import torch
+
+    from loraplex.engine.sampler import advance_seeded_generator
+
+    drawn, advanced = torch.Generator().manual_seed(123), torch.Generator().manual_seed(123)
+    for _ in range(k):
+        torch.rand(1, generator=drawn)
+    advance_seeded_generator(advanced, k)
+    assert torch.rand(4, generator=drawn).tolist() == torch.rand(4, generator=advanced).tolist()

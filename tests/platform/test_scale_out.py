@@ -285,8 +285,9 @@ def test_admin_abort_reaches_streams_on_every_ingress(cluster):
 
 
 def test_frozen_replica_never_hangs_the_ingress(cluster):
-    """SIGSTOP a replica (alive to Ray, silent): its streams end with a clean error after
-    chunk_timeout_s (10 s here), the other replica's streams complete, new requests are answered."""
+    """SIGSTOP a replica (alive to Ray, silent): after chunk_timeout_s (10 s here) its streams go on
+    on the other replica from their checkpoints, every stream completes without an error event,
+    new requests are answered."""
     _tid, key = new_tenant(cluster.url, "frozen")
     reps = cluster.replicas()
     assert len(reps) == 2
@@ -319,7 +320,7 @@ def test_frozen_replica_never_hangs_the_ingress(cluster):
             t.join(WAIT_S)
         assert not any(t.is_alive() for t in threads), "a stream hung on the frozen replica"
         for r in results:
-            assert (r.finish_reason and not r.error) or (r.error and r.error["type"] == "service_unavailable"), r
+            assert r.finish_reason and not r.error and r.done, r
         for _ in range(3):  # new requests: retried elsewhere if routed to the frozen one
             r = _post(cluster.url, key, {"model": "demo", "prompt": "next", "max_tokens": 2})
             assert r.status_code == 200 and _replica_of(r) != frozen["replica"], r.text
