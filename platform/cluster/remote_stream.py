@@ -91,7 +91,8 @@ class RemoteStream:
             self.close()
             if self._ckpt.received:
                 raise ServiceUnavailable(
-                    f"generation on engine replica {self.replica} broke off: {exc} ({why})", headers={"retry-after": "5"}
+                    f"generation on engine replica {self.replica} broke off: {exc} ({why})",
+                    headers={"retry-after": "5"},
                 ) from None
             raise ServiceUnavailable(
                 f"no engine replica could take the request: {exc}", headers={"retry-after": "5"}
