@@ -195,7 +195,9 @@ def run_config(name: str, model: Path, archives: list[bytes], args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", default="routing", help="routing, or any of sessions,flood,faults,kill,autoscale")
+    ap.add_argument(
+        "--scenario", default="routing", help="routing, or any of sessions,flood,faults,kill,replica-kill,autoscale"
+    )
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--flood-seconds", type=float, default=60.0)
@@ -204,7 +206,8 @@ def main() -> None:
     ap.add_argument("--flood-max-num-seqs", type=int, default=8, help="engine max_num_seqs in the flood")
     ap.add_argument("--fault-clients", type=int, default=8, help="closed-loop streams in the faults scenario")
     ap.add_argument("--fault-tokens", type=int, default=64, help="max_tokens of each faults-scenario stream")
-    ap.add_argument("--kill-rounds", type=int, default=3, help="control actor kills in the kill scenario")
+    ap.add_argument("--kill-rounds", type=int, default=3, help="kills in the kill and replica-kill scenarios")
+    ap.add_argument("--kill-streams", type=int, default=16, help="concurrent streams in the replica-kill scenario")
     ap.add_argument("--fault-cap-s", type=float, default=180.0, help="bound on the control-kill wait (rollout: 3x)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--adapters", type=int, default=32)

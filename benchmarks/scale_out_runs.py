@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+from scale_out_failover import replica_kill
 from scale_out_faults import kill_control, rolling_restart, sigterm_drain
 from scale_out_scenarios import autoscale, flood, last_usage_id, ledger_ttft_ms, sessions
 
@@ -141,6 +142,32 @@ def run_scenarios(args: argparse.Namespace, model: Path, archives: list[bytes], 
                 f"{_s(nl['first_token_after_kill_s']) + ' / ' + _s(rl['first_token_after_kill_s']):>31} "
                 f"{nl['errors'] + rl['errors']:7d} "
                 f"{str(nl['rows_missing'] + rl['rows_missing']) + ' / ' + str(nl['rows_not_equal_received'] + rl['rows_not_equal_received']):>26}"
+            )
+    if "replica-kill" in picked:  # an engine replica SIGKILLed under streams, --kill-rounds times
+        srv = _server(Server, model, 2, "affinity", args)
+        rounds = []
+        try:
+            tid, key, _ = _tenant(srv, "replica-kill")
+            for _ in range(args.kill_rounds):
+                rounds.append(replica_kill(srv, key, tid, args.kill_streams, args.fault_tokens))
+                out["replica_kill"] = rounds
+                save()
+        finally:
+            srv.stop()
+        print(
+            f"\nengine replica SIGKILL x {len(rounds)} (2 replicas, {args.kill_streams} streams of "
+            f"{args.fault_tokens} tokens, half greedy, half seeded)"
+        )
+        print(
+            f"{'round':<6} {'on victim':>9} {'errors':>6} {'complete':>8} {'greedy =':>8} {'seeded =':>8} "
+            f"{'max gap resumed':>15} {'untouched':>9} {'rows != received':>16} {'received / billed':>17}"
+        )
+        for i, k in enumerate(rounds, 1):
+            print(
+                f"{i:<6} {k['on_killed_replica']:9d} {k['client_visible_errors']:6d} {k['complete']:8d} "
+                f"{k['greedy_equal']:>8} {k['seeded_equal']:>8} {k['resumed_max_gap_s']:14.1f}s "
+                f"{k['untouched_max_gap_s']:8.1f}s {k['rows_missing'] + k['rows_not_equal_received']:16d} "
+                f"{str(k['tokens_received']) + ' / ' + str(k['tokens_billed']):>17}"
             )
     if "faults" in picked:  # one cluster: control actor kill, rolling restart, SIGTERM drain
         srv = _server(Server, model, 2, "affinity", args, "drain_timeout_s = 600")

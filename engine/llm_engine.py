@@ -31,6 +31,7 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
+from .sampler import advance_seeded_generator
 from .sampling_params import SamplingParams, check_request_limits
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
@@ -155,6 +156,7 @@ class LLMEngine:
             )
         token_ids = self._tokenize(request.prompt)
         self._check_fits(token_ids, request.params)
+        self._check_resume(request)
         self._check_vocab(request.params)
         if request.params.structured_output is not None and request.grammar is None:
             # A cache hit when the server compiled it first; attached to the request so that
@@ -162,6 +164,21 @@ class LLMEngine:
             request.grammar = self.structured.compile(request.params.structured_output, tenant=request.tenant_id)
         adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
         return token_ids, adapter
+
+    def _check_resume(self, request: EngineRequest) -> None:
+        resume, params = request.resume_token_ids, request.params
+        if not resume:
+            return
+        if params.n != 1:
+            raise InvalidRequestError("resume_token_ids continues one sample: n must be 1", param="resume_token_ids")
+        if len(resume) >= params.max_tokens:
+            raise InvalidRequestError(
+                f"{len(resume)} resumed tokens leave nothing of max_tokens = {params.max_tokens}",
+                param="resume_token_ids",
+            )
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in resume):
+            raise InvalidRequestError(f"resume_token_ids must be integers in [0, {vocab})", param="resume_token_ids")
 
     def _check_vocab(self, params: SamplingParams) -> None:
         vocab = self.model_config.vocab_size
@@ -194,13 +211,20 @@ class LLMEngine:
             cache_salt=request.cache_salt,
             arrival_time=request.arrival_time if request.arrival_time is not None else time.monotonic(),
         )
+        resume = list(request.resume_token_ids)
         for i in range(params.n):
-            seq = Sequence(request=req, index=i, token_ids=list(token_ids), num_prompt_tokens=len(token_ids))
+            seq = Sequence(request=req, index=i, token_ids=token_ids + resume, num_prompt_tokens=len(token_ids))
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
+                if not params.greedy:
+                    advance_seeded_generator(seq.generator, len(resume))
+            if params.logprobs is not None:  # keeps seq.logprobs aligned with the output tokens
+                seq.logprobs = [None] * len(resume)
             req.sequences.append(seq)
         if params.structured_output is not None:
             self.structured.add_sequences(req.sequences, request.grammar)
+            for t in resume:  # the grammar continues where the resumed output left it
+                self.structured.accept(req.sequences[0], t)
         self.requests[req.request_id] = req
         self.output_processor.add(req, request.output_kind)
         # n > 1: sample 0 prefills the prompt once; the others fork from it (copy-on-write).

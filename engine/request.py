@@ -1,6 +1,12 @@
 """EngineRequest: the one description of a request, built by the caller (``LLM``, the server's
 gateway, a benchmark) and handed to ``LLMEngine.add_request`` / ``AsyncEngine.submit``.
 
+``resume_token_ids`` continues a request another engine already began (a replica that died mid-stream,
+``platform/cluster/remote_stream.py``): the output tokens generated so far. They follow the prompt
+but count as output (``max_tokens``, penalties, ``min_tokens``, stop strings, the grammar), a seeded
+sample's generator is advanced past them, and the outputs are those of the uninterrupted request:
+the first one carries them again (their logprobs as ``None``), so a caller drops what it already has.
+
 A request carries its tenant's id only: priority, weight and caps are the engine's own record of the
 tenant (``set_tenant``), written by the admin side and at start, so a request can never revert them.
 """
@@ -28,3 +34,4 @@ class EngineRequest:
     # The compiled grammar of params.structured_output, attached by LLMEngine.validate on the
     # caller's thread so that the engine thread, which validates again, never compiles.
     grammar: Any = field(default=None, repr=False, compare=False)
+    resume_token_ids: list[int] = field(default_factory=list)  # output already generated (n = 1 only)

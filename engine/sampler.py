@@ -99,6 +99,20 @@ def sample_batch(
     return SamplerOutput(token_list, logprobs)
 
 
+def advance_seeded_generator(generator: torch.Generator, num_tokens: int) -> None:
+    """Bring a drawing sample's own generator to where ``sample_batch`` leaves it after
+    ``num_tokens`` tokens: one uniform per token (greedy rows draw nothing). A request resumed
+    on another engine (``EngineRequest.resume_token_ids``) then continues with the very draws the
+    uninterrupted one would have made. Keep in step with the draw in ``sample_batch``."""
+    if num_tokens <= 0:
+        return
+    if generator.device.type == "cpu":  # mt19937: k uniforms at once leave the state of k single draws
+        torch.rand(num_tokens, generator=generator)  # (tests/engine/test_resume.py checks it)
+        return
+    for _ in range(num_tokens):  # Philox moves its offset per call: one call per token, as sampled
+        torch.rand(1, generator=generator, device=generator.device)
+
+
 def process_logits(
     logits: torch.Tensor,
     seqs: Seq[Sequence],

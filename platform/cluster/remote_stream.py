@@ -2,8 +2,11 @@
 
 - ``open()`` waits until a replica accepted the request (a 4xx/404 from the replica surfaces there,
   before any byte of the response); ``replica`` names it.
-- A replica that dies (or stops answering for ``chunk_timeout_s``) before the request streamed a
-  token: the request is sent once more, to another replica. After a token: a 503 platform error,
+- A replica that dies (or stops answering for ``chunk_timeout_s``, or whose engine loop died):
+  the request is sent again, to another replica, from its checkpoint (``checkpoint.py``: the
+  prompt plus the tokens this stream already handed out, which the engine continues from; what it
+  repeats is dropped here), so the reader sees one uninterrupted stream, each token once. Only
+  after ``MAX_LOSSES`` losses, or for n > 1 once a token was handed out, a 503 platform error,
   which the billing code turns into a clean error event billed for what was delivered.
 """
 
@@ -15,12 +18,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from loraplex.platform import errors
+from loraplex.platform.cluster.checkpoint import StreamCheckpoint
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from loraplex.engine import RequestOutput
 
 log = logging.getLogger("loraplex.platform.cluster")
+
+MAX_LOSSES = 4  # replicas a request may lose (each resumed from its checkpoint) before it fails
 
 # One call to the engine deployment: (request dict, multiplexed model id) -> Serve's streaming response.
 CallFn = Callable[[dict[str, Any], str], Any]
@@ -36,84 +42,120 @@ class RemoteStream:
         self._adapter = adapter
         self._timeout_s = timeout_s
         self._call: Any = None
-        self._attempts = 0
-        self._streamed = False  # a token reached the caller: no retry from here on
+        self._sends = 0  # calls made: the request, then its resumptions
+        self._losses = 0  # replicas lost (died, stalled, engine dead) while serving it
+        self._ckpt = StreamCheckpoint(int(req["params"].n), int(req["params"].max_tokens))
         self._cancelled = False  # aborted by an operator or by the client going away
         self._abort_told = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.replica = ""
 
     async def open(self) -> None:
-        """Wait for a replica to accept the request (retrying once on a dead replica)."""
+        """Wait for a replica to accept the request (another one if a replica is lost on the way)."""
         self._loop = asyncio.get_running_loop()
-        while True:
-            self._attempts += 1
-            self._call = self._call_fn(self._req, self._adapter)
+        await self._connect()
+
+    async def _connect(self) -> None:
+        """Send the request — again from its checkpoint after a loss — until a replica accepts it."""
+        while not self._cancelled:
+            self._call = self._call_fn(self._ckpt.request(self._req, self._sends), self._adapter)
+            self._sends += 1
             try:
                 first = await self._next()
             except _ReplicaLost as exc:
                 self._drop_call()
-                if self._attempts < 2 and not self._cancelled:
-                    log.warning(
-                        "request %s: %s before it started; retrying on another replica", self._req["request_id"], exc
-                    )
-                    continue
-                self.close()
-                raise ServiceUnavailable(
-                    f"no engine replica could take the request: {exc}", headers={"retry-after": "5"}
-                ) from None
+                await self._lost(exc)  # raises when the request cannot go on
+                continue
             except BaseException:
                 self.close()
                 raise
             if "replica" in first:
                 self.replica = first["replica"]
                 return
-            if first.get("code") == "engine_unavailable" and self._attempts < 2 and not self._cancelled:
+            if first.get("code") == "engine_unavailable":
                 # that replica's engine loop is dead (Serve's health check will replace it)
                 self._drop_call()
+                await self._lost(_ReplicaLost(first.get("message", "engine unavailable")))
                 continue
             self.close()
             _raise_chunk_error(first)
+
+    async def _lost(self, exc: _ReplicaLost) -> None:
+        """A replica was lost: wait a moment (Serve's router drops a dead replica when a call to it
+        fails) and return to send again, or raise the 503 when the request cannot go on."""
+        self._losses += 1
+        why = self._ckpt.not_resumable()
+        if why is None and self._losses >= MAX_LOSSES:
+            why = f"{self._losses} replicas lost"
+        if why is not None or self._cancelled:
+            self.close()
+            if self._ckpt.received:
+                raise ServiceUnavailable(
+                    f"generation on engine replica {self.replica} broke off: {exc} ({why})",
+                    headers={"retry-after": "5"},
+                ) from None
+            raise ServiceUnavailable(
+                f"no engine replica could take the request: {exc}", headers={"retry-after": "5"}
+            ) from None
+        log.warning(
+            "request %s: %s after %d tokens; resuming on another replica",
+            self._req["request_id"],
+            exc,
+            self._ckpt.num_tokens(),
+        )
+        await asyncio.sleep(min(2.0, 0.1 * 2**self._losses))
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        if self._cancelled:
-            return self._aborted()
-        if self._call is None:
-            raise StopAsyncIteration
-        try:
-            chunk = await self._next()
-        except StopAsyncIteration:
-            self.close()
-            raise
-        except _ReplicaLost as exc:
+        while True:
             if self._cancelled:
                 return self._aborted()
-            self._drop_call()
-            if not self._streamed and self._attempts < 2 and not self._cancelled:
-                log.warning(
-                    "request %s: %s before its first token; retrying on another replica", self._req["request_id"], exc
-                )
-                await self.open()  # raises 503 if that fails too
-                return await self.__anext__()
-            self.close()
-            raise ServiceUnavailable(
-                f"generation on engine replica {self.replica} broke off: {exc}", headers={"retry-after": "5"}
-            ) from None
-        except BaseException:
-            self.close()
-            raise
-        if "error_class" in chunk:
-            self.close()
-            _raise_chunk_error(chunk)
-        out: RequestOutput = chunk["out"]
-        if any(len(c.token_ids) for c in out.outputs):
-            self._streamed = True
-        if out.finished:
-            self._done(self._req["request_id"])
-        return out
+            if self._call is None:
+                raise StopAsyncIteration
+            try:
+                chunk = await self._next()
+            except StopAsyncIteration:
+                self.close()
+                raise
+            except _ReplicaLost as exc:
+                if self._cancelled:
+                    return self._aborted()
+                self._drop_call()
+                if await self._resume(exc):
+                    return self._finish_by_length()
+                continue
+            except BaseException:
+                self.close()
+                raise
+            if "error_class" in chunk:
+                if chunk.get("code") == "engine_unavailable":  # the engine loop died under it
+                    self._drop_call()
+                    if await self._resume(_ReplicaLost(chunk.get("message", "engine unavailable"))):
+                        return self._finish_by_length()
+                    continue
+                self.close()
+                _raise_chunk_error(chunk)
+            out = self._ckpt.record(chunk["out"], self._req["request_id"])
+            if out.finished:
+                self._done(self._req["request_id"])
+            elif not any(c.token_ids or c.text or c.logprobs for c in out.outputs):
+                continue  # all of it was replay the reader already has
+            return out
+
+    async def _resume(self, exc: _ReplicaLost) -> bool:
+        """Continue on another replica from the checkpoint; True when the reader already holds
+        every token (only the finish was lost)."""
+        await self._lost(exc)
+        if self._ckpt.complete():
+            return True
+        await self._connect()
+        return False
+
+    def _finish_by_length(self) -> RequestOutput:
+        self.close()
+        return self._ckpt.finished_by_length(self._req["request_id"], self._req["prompt_ids"])
 
     async def _next(self) -> dict[str, Any]:
         try:

@@ -166,6 +166,7 @@ class EngineReplica:
                 adapter=adapter,
                 tenant_id=req["tenant_id"],
                 cache_salt=req["cache_salt"],
+                resume_token_ids=req.get("resume_token_ids"),  # continuing a dead replica's request
             )
             yield {"replica": self.name}
             async for out in stream:  # the engine's DELTA RequestOutput itself (all choices, logprobs)

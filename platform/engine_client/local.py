@@ -167,9 +167,11 @@ class LocalEngineClient:
         adapter: str | None,
         tenant_id: str,
         cache_salt: str | None,
+        resume_token_ids: list[int] | None = None,
     ) -> LocalStream:
         """Queue a generation. Every engine error comes out as a platform error (a bad request is
-        a 4xx, a dead engine a 503), at submit or while iterating."""
+        a 4xx, a dead engine a 503), at submit or while iterating. ``resume_token_ids``: the output
+        another engine already generated (a scale-out replica continuing a dead one's request)."""
         from loraplex.engine import EngineRequest, OutputKind
 
         request = EngineRequest(
@@ -180,6 +182,7 @@ class LocalEngineClient:
             tenant_id=tenant_id,
             cache_salt=cache_salt,
             output_kind=OutputKind.DELTA,
+            resume_token_ids=list(resume_token_ids or ()),
         )
         try:
             return LocalStream(self.engine.submit(request))
