@@ -232,6 +232,13 @@ def paged_decode_attention(
     return _call(q, k_cache, v_cache, block_tables, rows, context_lens, scale)
 
 
+# A prompt chunk that is a whole prompt (no cached prefix) of at least this many tokens goes to
+# torch's flash-attention SDPA (causal, GQA, blocked bf16/fp32 GEMMs), which is ~1.9x the native
+# kernel's speed for batches of 128-token prompts (docs/cpu-performance.md); shorter chunks, chunks
+# over a prefix and decode rows stay on the native kernel (one call for all of them).
+SDPA_MIN_ROWS = 64
+
+
 def paged_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -247,6 +254,64 @@ def paged_prefill_attention(
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
         )
+    starts, ctx = query_start_loc.tolist(), context_lens.tolist()
+    fresh: dict[int, list[int]] = {}  # prompt length -> sequences whose chunk is the whole prompt
+    for s, c in enumerate(ctx):
+        if starts[s + 1] - starts[s] == c >= SDPA_MIN_ROWS:
+            fresh.setdefault(c, []).append(s)
+    if not fresh:
+        return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    out = torch.empty_like(q)
+    for length, seqs in fresh.items():
+        rows = torch.cat([torch.arange(starts[s], starts[s] + length) for s in seqs])
+        out.index_copy_(0, rows, _fresh_sdpa(q, rows, k_cache, v_cache, block_tables, seqs, length, scale))
+    done = {s for seqs in fresh.values() for s in seqs}
+    rest = [s for s in range(len(ctx)) if s not in done and starts[s + 1] > starts[s]]
+    if rest:
+        rows = torch.cat([torch.arange(starts[s], starts[s + 1]) for s in rest])
+        qlens = torch.tensor([starts[s + 1] - starts[s] for s in rest])
+        qsl = torch.zeros(len(rest) + 1, dtype=torch.long)
+        torch.cumsum(qlens, 0, out=qsl[1:])
+        sub = _native_prefill(
+            q.index_select(0, rows), k_cache, v_cache, block_tables[rest], qsl, context_lens[rest], scale
+        )
+        out.index_copy_(0, rows, sub)
+    return out
+
+
+def _fresh_sdpa(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seqs: list[int],
+    length: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of ``seqs`` (each a whole prompt of ``length`` tokens, KV already in the
+    cache) in one batched SDPA call; the rows of ``rows`` order, [len(seqs) * length, hq, d]."""
+    n, (_, bs, hkv, d), hq = len(seqs), k_cache.shape, q.shape[1]
+    blocks = block_tables[seqs, : -(-length // bs)].long()  # [n, blocks]
+    k = k_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)  # [n, hkv, L, d]
+    v = v_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)
+    qs = q.index_select(0, rows).view(n, length, hq, d).transpose(1, 2)
+    with torch.profiler.record_function("loraplex::cpu_prefill_sdpa"):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv
+        )
+    return o.transpose(1, 2).reshape(n * length, hq, d)
+
+
+def _native_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     qsl = query_start_loc.long()
     qlens = qsl[1:] - qsl[:-1]
     row_seq = torch.repeat_interleave(torch.arange(qlens.shape[0]), qlens)
