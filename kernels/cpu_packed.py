@@ -91,7 +91,8 @@ def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | N
         or not packs_bf16(kind)
     ):
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    return packed
 
 
 def is_packed_bf16(packed: torch.Tensor | None) -> bool:
@@ -105,7 +106,7 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != x2.shape[1]):
         x2 = x2.contiguous()  # oneDNN reads a dense matrix
-    y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
     return y.reshape(*lead, y.shape[-1])
 
 

@@ -1,17 +1,20 @@
 """A bf16 model on the native CPU backend with its linear weights packed for oneDNN
 (``kernels/cpu_packed.py``; CPUs with native bf16) against the same engine with plain weights and
 ``F.linear`` (``LORAPLEX_CPU_KIND=none``, what a CPU without native bf16 runs): greedy tokens and
-logprobs, base rows and mixed adapters, under chunked prefill and preemption."""
+logprobs, base rows and mixed adapters, under chunked prefill and preemption. Also the prefill
+path of whole prompts through SDPA (``cpu_native.SDPA_MIN_ROWS``) against HF transformers."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
-from hf_oracle import make_prompts
+from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.kernels import cpu_packed
+from loraplex.kernels import cpu_native, cpu_packed
 
 
 def _llm(model_dir: str, monkeypatch, kind: str) -> LLM:
@@ -75,3 +78,23 @@ def test_float32_model_is_not_onednn_packed(model_factory, monkeypatch):
     llm = LLM(model=model_factory("qwen2_bias_bf16"), dtype="float32", kernel_backend="cpu", num_kv_blocks=16)
     projs = [p for ps in llm.engine.runner.model.lora_projections().values() for p in ps]
     assert all(p.weight is not None and (p.packed is None or not p.packed.is_mkldnn) for p in projs)
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa", "qwen2_bias"])
+def test_whole_prompts_on_sdpa_match_transformers(model_factory, monkeypatch, variant):
+    """Prompts of 64-100 tokens prefilled whole in one step (the default budget) take the SDPA
+    prefill path (``cpu_native.SDPA_MIN_ROWS``), equal-length ones batched; greedy tokens equal HF
+    transformers' float32 model."""
+    model_dir = model_factory(variant)
+    llm = LLM(model=model_dir, dtype="float32", kernel_backend="cpu", max_num_seqs=8, num_kv_blocks=64)
+    vocab = llm.engine.model_config.vocab_size
+    rng = random.Random(5)
+    lengths = [64, 64, 77, 100, 64, 90]
+    assert min(lengths) >= cpu_native.SDPA_MIN_ROWS
+    prompts = [[rng.randrange(5, vocab) for _ in range(n)] for n in lengths]
+    calls = []
+    real = cpu_native._fresh_sdpa
+    monkeypatch.setattr(cpu_native, "_fresh_sdpa", lambda *a: calls.append(a[5]) or real(*a))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert calls, "no prompt took the SDPA path"
+    assert [o.token_ids for o in outs] == hf_greedy(model_dir, prompts, 8)
