@@ -8,7 +8,7 @@ Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``trit
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
 
-from .dispatch import BACKENDS, TORCH_OPS, KernelOps, get_kernel_ops, triton_available
+from .dispatch import BACKENDS, TORCH_OPS, KernelOps, get_kernel_ops, packed_replaces_weight, triton_available
 from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
 
@@ -22,5 +22,6 @@ __all__ = [
     "quantize_per_channel_int8",
     "get_kernel_ops",
     "make_lora_segments",
+    "packed_replaces_weight",
     "triton_available",
 ]

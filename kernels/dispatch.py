@@ -2,8 +2,10 @@
 
 ``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
 ``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
-SGMV (each adapter's weights read once per step) and decode-sized linear layers over a bf16 copy
-of bf16-exact float32 weights + the torch reference for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
+SGMV (each adapter's weights read once per step), linear layers over packed weights
+(``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
+decode batches of a float32 model over a bf16 copy of bf16-exact weights) + the torch reference
+for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
 
@@ -85,11 +87,19 @@ class PackLinearWeight(Protocol):
 
 
 class Linear(Protocol):
-    """``x @ weight.T + bias``; ``packed`` is ``pack_linear_weight(weight)`` (None: read ``weight``)."""
+    """``x @ weight.T + bias``; ``packed`` is ``pack_linear_weight(weight)`` (None: read ``weight``).
+    ``weight`` is None where the packed copy replaced it (``packed_replaces_weight``)."""
 
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
     ) -> torch.Tensor: ...
+
+
+def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
+    """True for a packed copy that holds every number of its weight and serves every batch size (an
+    opaque oneDNN tensor, ``cpu_packed.pack_bf16``): the model may drop the plain weight. The
+    float32 path's bf16 panels serve decode batches only, beside the float32 weight."""
+    return packed is not None and packed.is_mkldnn
 
 
 @dataclass(frozen=True)
@@ -122,10 +132,12 @@ TORCH_OPS = KernelOps(
 
 
 def _cpu_ops() -> KernelOps | None:
-    from . import cpu_native
+    from . import cpu_native, cpu_packed
 
     if not cpu_native.available():
         return None
+    # Picked once, from the CPU's flags: bf16 weights packed for oneDNN where bf16 is native.
+    linear_ops = cpu_packed.CpuLinearOps(cpu_packed.cpu_kind().name)
     return KernelOps(
         name="cpu",
         write_kv=reference.write_kv,
@@ -134,8 +146,8 @@ def _cpu_ops() -> KernelOps | None:
         sgmv_shrink=cpu_native.sgmv_shrink,
         sgmv_expand=cpu_native.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
-        pack_linear_weight=cpu_native.pack_linear_weight,
-        linear=cpu_native.linear,
+        pack_linear_weight=linear_ops.pack_linear_weight,
+        linear=linear_ops.linear,
     )
 
 

@@ -25,10 +25,14 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
 ) -> torch.Tensor:
     """``x @ weight.T + bias``; ``packed`` (a backend's own copy of ``weight``, from its
-    ``pack_linear_weight``) is a layout of the same numbers, so the reference ignores it."""
+    ``pack_linear_weight``) is a layout of the same numbers, so the reference ignores it unless the
+    copy replaced the weight (an opaque oneDNN tensor: read back densely)."""
+    if weight is None:
+        assert packed is not None, "linear needs a weight or a packed copy that replaced it"
+        weight = packed.to_dense()
     return F.linear(x, weight, bias)
 
 

@@ -384,7 +384,10 @@ def main() -> None:
         print(f"\nprofile {s} {row} ({folded}):")
         print_profile(folded)
     out.write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": table, "raw": results}, indent=2)
+        json.dumps(
+            {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "table": table, "raw": results},
+            indent=2,
+        )
     )
     print(f"\nwrote {out}")
 
@@ -447,7 +450,29 @@ def print_profile(folded: Path, top: int = 12) -> None:
         print(f"    {100 * n / samples:5.1f}%  {thread}: {frame}")
 
 
+def machine() -> dict:
+    """The CPU every table is measured on (model, kind, the flags the linear paths key on), the
+    date, the commit and the load: docs/cpu-performance.md keeps one table per CPU kind."""
+    from loraplex.kernels.cpu_packed import cpu_kind
+
+    kind = cpu_kind()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {
+        "cpu": kind.model,
+        "kind": kind.name,
+        "flags": list(kind.flags),
+        "cores": os.cpu_count(),
+        "commit": commit.stdout.strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg(),
+    }
+
+
 def summarize(results: dict, servers: dict, rows: list[str], systems: list[str]) -> list[dict]:
+    m = machine()
+    print(
+        f"\nCPU: {m['cpu']} | kind {m['kind']} | flags {' '.join(m['flags'])} | {m['date']} | {m['commit']} | load {m['load']}"
+    )
     keys = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "cpu_ms_per_token", "cores", "rss_mb")
     step_keys = ("steps", "prompt_steps", "mixed_steps", "stalled_gap_share")
     table = []

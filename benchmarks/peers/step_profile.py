@@ -161,6 +161,8 @@ def step_bytes(llm, n_adapters: int, rank: int) -> tuple[float, float]:
     model = llm.engine.runner.model
     base = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
     base += model.output_weight().numel() * model.output_weight().element_size()  # the (tied) head
+    # bf16 weights packed for oneDNN replace the plain parameter (kernels/cpu_packed.py): same bytes.
+    base += sum(p.packed.numel() * 2 for ps in model.lora_projections().values() for p in ps if p.weight is None)
     lora = 0
     for projs in model.lora_projections().values():
         for p in projs:

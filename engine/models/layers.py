@@ -124,7 +124,8 @@ class Projection(nn.Module):
         self.register_buffer("wscale", None)
         self.act_dtype: torch.dtype | None = None
         # The kernel backend's own copy of ``weight`` (``KernelOps.pack_linear_weight``: on the
-        # native CPU kernels, bf16 panels of a bf16-exact float32 weight); None: ``weight`` only.
+        # native CPU kernels, oneDNN's blocked copy of a bf16 weight, which then replaces ``weight``
+        # (None, ``act_dtype`` set), or bf16 panels of a bf16-exact float32 weight beside it).
         self.packed: torch.Tensor | None = None
 
     @property
@@ -138,8 +139,22 @@ class Projection(nn.Module):
     @property
     def device(self) -> torch.device:
         w = self.weight if self.weight is not None else self.qweight
-        assert w is not None, "Projection has neither a float nor an int8 weight"
+        w = w if w is not None else self.packed
+        assert w is not None, "Projection has neither a float, an int8 nor a packed weight"
         return w.device
+
+    def set_packed(self, packed: torch.Tensor | None, replaces_weight: bool) -> int:
+        """Keep the backend's packed copy; drop the plain weight when the copy replaces it.
+        Returns the bytes this adds (0 when it replaces a weight of the same size)."""
+        assert self.weight is not None
+        self.packed = packed
+        if packed is None:
+            return 0
+        if replaces_weight:
+            self.act_dtype = self.weight.dtype
+            self.weight = None
+            return 0
+        return packed.numel() * packed.element_size()
 
     def allocate_lora_slots(self, max_loras: int, max_rank: int, dtype: torch.dtype | None = None) -> None:
         """``dtype``: the adapters' storage dtype (``EngineConfig.lora_dtype``; default the
@@ -155,7 +170,6 @@ class Projection(nn.Module):
             assert self.wscale is not None
             y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
         else:
-            assert self.weight is not None
             y = batch.ops.linear(x, self.weight, self.bias, self.packed)
         seg = batch.lora_segments
         if seg is not None and self.lora_a is not None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loraplex.kernels import KernelOps
+from loraplex.kernels import KernelOps, packed_replaces_weight
 from loraplex.kernels.dispatch import Linear
 
 from .config import ModelConfig
@@ -98,6 +98,11 @@ class DecoderLayer(nn.Module):
         return y
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    # An opaque oneDNN tensor has no torch storage to ask.
+    return int(torch.ops.mkldnn._nbytes(t)) if t.is_mkldnn else t.numel() * t.element_size()
+
+
 class LMHead(nn.Module):
     """The output projection's weight ([vocab, hidden], name ``lm_head.weight``), uninitialised."""
 
@@ -146,19 +151,21 @@ class LlamaForCausalLM(nn.Module):
 
     def pack_weights(self, ops: KernelOps) -> int:
         """Give every float projection and the output head the kernel backend's own copy of its
-        weight (``ops.pack_linear_weight``; the native CPU kernels keep bf16 panels of a
-        bf16-exact float32 weight and read them at decode batch sizes). Returns the bytes added."""
+        weight (``ops.pack_linear_weight``; the native CPU kernels keep oneDNN's blocked layout of
+        a bf16 weight, which replaces the plain one, or bf16 panels of a bf16-exact float32 weight
+        read at decode batch sizes). Returns the bytes added."""
         added = 0
         for projs in self.lora_projections().values():
             for proj in projs:
                 if proj.weight is not None:
-                    proj.packed = ops.pack_linear_weight(proj.weight)
-                    added += 0 if proj.packed is None else proj.packed.numel() * proj.packed.element_size()
+                    packed = ops.pack_linear_weight(proj.weight)
+                    added += proj.set_packed(packed, packed_replaces_weight(packed))
         if self.quantized_head is None:
             self.packed_head = ops.pack_linear_weight(self.output_weight())
             self.head_linear = ops.linear
             if self.packed_head is not None:
-                added += self.packed_head.numel() * self.packed_head.element_size()
+                # The head stays beside its weight: tied, that weight is the embedding table.
+                added += _nbytes(self.packed_head)
         return added
 
     def output_weight(self) -> torch.Tensor:

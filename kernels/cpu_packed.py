@@ -1,0 +1,151 @@
+"""bf16 linear layers on a weight packed once at load, for CPUs with native bf16 (AMX, AVX512-BF16).
+
+Why: on a CPU with native bf16, ``dtype="auto"`` serves bf16, and ``F.linear`` on a plain
+[out, in] weight makes oneDNN reorder (copy) the weight into its blocked layout on every call: at
+decode batch sizes that copy is as large as the GEMM's own read of the weight. vLLM's CPU path
+avoids it by packing every linear weight once at load; this does the same through torch's own
+oneDNN ops: ``torch.ops.mkldnn._reorder_linear_weight`` makes the blocked copy (an opaque mkldnn
+tensor, the layout oneDNN picks for this CPU: AMX tiles on an AMX Xeon, AVX512-BF16 dot-product
+blocks on Cooper Lake / Zen 4), ``torch.ops.mkldnn._linear_pointwise`` multiplies with it.
+
+Chosen by CPU kind at load (``cpu_kind()``): ``amx`` and ``avx512_bf16`` pack; ``none`` (no
+native bf16: bf16 is emulated, and ``dtype="auto"`` serves float32 there anyway) keeps
+``F.linear``, which stays the oracle of this path in the tests on every CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_native
+
+KINDS = ("amx", "avx512_bf16", "none")
+
+
+@dataclass(frozen=True)
+class CpuKind:
+    """What the linear layers key on: ``name`` one of ``KINDS``; ``model`` and ``flags`` (the ones
+    that matter here) for benchmark tables."""
+
+    name: str
+    model: str
+    flags: tuple[str, ...]
+
+
+_RELEVANT = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "f16c")
+
+
+def kind_from_flags(flags: set[str]) -> str:
+    if {"amx_bf16", "amx_tile"} <= flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return "none"
+
+
+@cache
+def _probe() -> tuple[str, frozenset[str]]:
+    model, flags = platform.processor() or platform.machine(), frozenset[str]()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith(("flags", "Features")) and ":" in line:
+                flags = frozenset(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return model, flags
+
+
+def cpu_kind() -> CpuKind:
+    """This CPU's kind, from /proc/cpuinfo. ``LORAPLEX_CPU_KIND`` (read at each call, i.e. at each
+    engine load) overrides it: tests and A/B benchmarks take another kind's path on this machine."""
+    model, flags = _probe()
+    name = os.environ.get("LORAPLEX_CPU_KIND") or kind_from_flags(set(flags))
+    if name not in KINDS:
+        raise ValueError(f"LORAPLEX_CPU_KIND must be one of {KINDS}, got {name!r}")
+    return CpuKind(name=name, model=model, flags=tuple(f for f in _RELEVANT if f in flags))
+
+
+def packs_bf16(kind: str | None = None) -> bool:
+    """Whether bf16 weights get a packed copy on this CPU kind (and this torch has oneDNN)."""
+    return (kind or cpu_kind().name) in ("amx", "avx512_bf16") and torch.backends.mkldnn.is_available()
+
+
+def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:
+    """oneDNN's blocked copy of a bf16 [out, in] ``weight`` for ``linear_bf16``, or None where
+    this CPU kind keeps the plain weight (or the weight is not a bf16 CPU matrix)."""
+    if (
+        weight.dtype != torch.bfloat16
+        or weight.device.type != "cpu"
+        or weight.dim() != 2
+        or 0 in weight.shape
+        or not packs_bf16(kind)
+    ):
+        return None
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    return packed
+
+
+def is_packed_bf16(packed: torch.Tensor | None) -> bool:
+    return packed is not None and packed.is_mkldnn
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through ``pack_bf16(weight)``: bf16 activations of any
+    leading shape; the same oneDNN kernels as ``F.linear`` minus the per-call weight reorder."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != x2.shape[1]):
+        x2 = x2.contiguous()  # oneDNN reads a dense matrix
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+    return y.reshape(*lead, y.shape[-1])
+
+
+def packed_nbytes(packed: torch.Tensor) -> int:
+    """Bytes a packed copy holds (an opaque oneDNN tensor has no torch storage to ask)."""
+    if packed.is_mkldnn:
+        return int(torch.ops.mkldnn._nbytes(packed))
+    return packed.numel() * packed.element_size()
+
+
+class CpuLinearOps:
+    """``KernelOps.pack_linear_weight`` / ``linear`` of the native CPU backend, by the weight's
+    dtype and the CPU kind (fixed at construction, i.e. at load):
+
+    * bf16 weight on a kind with native bf16 (``amx``, ``avx512_bf16``): oneDNN's blocked copy
+      (``pack_bf16``), used at every batch size; it holds every number of the weight, so the
+      model drops the plain one (``dispatch.packed_replaces_weight``): no memory added.
+    * float32 weight that bf16 holds exactly: the native kernel's bf16 panels for decode-sized
+      batches (``cpu_native.pack_linear_weight``; a CPU without native bf16 serves float32).
+    * anything else: no copy, ``F.linear`` (the oracle of both paths).
+    """
+
+    def __init__(self, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"CPU kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
+
+    def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
+        if weight.dtype == torch.bfloat16:
+            return pack_bf16(weight, self.kind)
+        return cpu_native.pack_linear_weight(weight)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
+    ) -> torch.Tensor:
+        if packed is not None and packed.is_mkldnn:
+            if x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+                return linear_bf16(x, packed, bias)
+            # Another activation dtype never reaches a bf16 model's layers: behave as F.linear.
+            return F.linear(x, packed.to_dense() if weight is None else weight, bias)
+        assert weight is not None, "a plain weight is only dropped for a oneDNN copy"
+        return cpu_native.linear(x, weight, bias, packed)
