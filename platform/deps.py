@@ -51,8 +51,10 @@ def require_admin(ctx: ContextDep, token: TokenDep) -> Actor:
 AdminDep = Annotated[Actor, Depends(require_admin)]
 
 
-def require_tenant(ctx: ContextDep, token: TokenDep) -> TenantAuth:
-    return authenticate_tenant(ctx, token)
+def require_tenant(request: Request, ctx: ContextDep, token: TokenDep) -> TenantAuth:
+    auth = authenticate_tenant(ctx, token)
+    request.state.tenant_id = auth.tenant_id  # a 429 later in this request is counted for this tenant
+    return auth
 
 
 TenantDep = Annotated[TenantAuth, Depends(require_tenant)]
