@@ -3,7 +3,7 @@
 # Debian machine, as root. Steps (each timed, `phase: NAME took Ns`):
 #   tools     podman, runc and mmdebstrap from Debian (skipped when present)
 #   base      the Debian base image made with mmdebstrap (deploy/image/base.sh; reused while
-#             its package list is unchanged: the tag carries the script's hash)
+#             its package list is unchanged: the tag carries the list's hash)
 #   build     `podman build` of ./Containerfile from the tracked files (+ this machine's pip set-up
 #             when it has one: its CA bundle and the local CPU torch wheel, staged in _build/)
 #   size      the image must stay under LORAPLEX_IMAGE_BUDGET_MB (default 3800)
@@ -47,7 +47,7 @@ printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs
 export CONTAINERS_CONF="$work/containers.conf"
 PODMAN=(podman --runtime runc)
 
-base_tag="localhost/loraplex-base:bookworm-$(sha256sum deploy/image/base.sh | cut -c1-12)"
+base_tag="localhost/loraplex-base:bookworm-$(deploy/image/base.sh --packages | sha256sum | cut -c1-12)"
 make_base() {
     if "${PODMAN[@]}" image exists "$base_tag"; then
         echo "base image $base_tag exists"

@@ -57,7 +57,9 @@ def table() -> str:
         kind, labels, doc = tenant[name]
         base = set(plain.get(name, (kind, [], doc))[1])
         shown = [lab if lab in base else f"{lab}†" for lab in labels]
-        shown_name = f"`{name}{SUFFIXES.get(kind, '')}`" + (" (`_bucket`, `_sum`, `_count`)" if kind == "histogram" else "")
+        shown_name = f"`{name}{SUFFIXES.get(kind, '')}`" + (
+            " (`_bucket`, `_sum`, `_count`)" if kind == "histogram" else ""
+        )
         rows.append(f"| {shown_name} | {kind} | {', '.join(shown)} | {doc} |")
     note = (
         "† only with `tenant_labels = true`. The `process_*` families come from prometheus-client's "

@@ -107,7 +107,10 @@ class Metrics:
         )
         # Always by tenant (bounded like the request labels): whose quota refuses is the question.
         self.quota_refusals = Counter(
-            "loraplex:quota_refusals", "Requests refused with 429, by tenant id and reason", ["tenant", "reason"], registry=r
+            "loraplex:quota_refusals",
+            "Requests refused with 429, by tenant id and reason",
+            ["tenant", "reason"],
+            registry=r,
         )
         r.register(_EngineCollector(stats))
         ProcessCollector(registry=r)  # process_start_time_seconds: a restart shows as a new value

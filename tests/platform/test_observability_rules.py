@@ -30,9 +30,7 @@ def promtool() -> str:
 
 
 def test_promtool_check_rules() -> None:
-    out = subprocess.run(
-        [promtool(), "check", "rules", "loraplex-rules.yml"], cwd=PROM, capture_output=True, text=True
-    )
+    out = subprocess.run([promtool(), "check", "rules", "loraplex-rules.yml"], cwd=PROM, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 
