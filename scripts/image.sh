@@ -114,7 +114,8 @@ phase size check_size
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 run_image() {
-    "${PODMAN[@]}" run -d --name "$name" --network host \
+    # k8s-file: `podman logs` works where journald does not run (the demo key is read from the log)
+    "${PODMAN[@]}" run -d --name "$name" --network host --log-driver k8s-file \
         -e LORAPLEX_SERVER__HOST=127.0.0.1 -e LORAPLEX_SERVER__PORT="$port" "$IMAGE" >/dev/null
     python3 deploy/image/smoke.py --url "http://127.0.0.1:$port" --container "$name" || return
     # SIGTERM drained: the exit status of `loraplex serve` after the drain is 0
