@@ -23,9 +23,9 @@ BUILD_ONLY=0
 [ "${1:-}" = --build-only ] && BUILD_ONLY=1
 
 work=$(mktemp -d /tmp/loraplex-image.XXXXXX)
-name="loraplex-smoke-$$"
+smoke_container="loraplex-smoke-$$"  # not "name": phase() has a local of that name
 cleanup() {
-    podman rm -f "$name" >/dev/null 2>&1 || true
+    podman rm -f "$smoke_container" >/dev/null 2>&1 || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -115,15 +115,15 @@ phase size check_size
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 run_image() {
     # k8s-file: `podman logs` works where journald does not run (the demo key is read from the log)
-    "${PODMAN[@]}" run -d --name "$name" --network host --log-driver k8s-file \
+    "${PODMAN[@]}" run -d --name "$smoke_container" --network host --log-driver k8s-file \
         -e LORAPLEX_SERVER__HOST=127.0.0.1 -e LORAPLEX_SERVER__PORT="$port" "$IMAGE" >/dev/null
-    python3 deploy/image/smoke.py --url "http://127.0.0.1:$port" --container "$name" || return
+    python3 deploy/image/smoke.py --url "http://127.0.0.1:$port" --container "$smoke_container" || return
     # SIGTERM drained: the exit status of `loraplex serve` after the drain is 0
     local status
-    status=$("${PODMAN[@]}" wait "$name")
+    status=$("${PODMAN[@]}" wait "$smoke_container")
     echo "container exit status: $status"
     if [ "$status" != 0 ]; then
-        "${PODMAN[@]}" logs --tail 60 "$name" >&2 || true
+        "${PODMAN[@]}" logs --tail 60 "$smoke_container" >&2 || true
         exit 1
     fi
 }
