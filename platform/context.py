@@ -58,9 +58,20 @@ class PlatformContext:
             replay_interval_s=self.settings.ledger.replay_interval_s,
             lease_ttl_s=self.settings.ledger.lease_ttl_s,
         )
+        if metrics is not None:
+            metrics.watch_platform(self._metric_stats)
         # what other servers on this database admitted, read and added to under a per-tenant lock
         shared = LedgerAdmission(self.sessions, self.ledger)
         self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared)
+
+    def _metric_stats(self) -> dict:
+        """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
+        files = self.ledger.spool.pending_files()
+        return {
+            "engine_alive": self.gateway.alive if self.gateway.enabled else None,
+            "usage_spool": {"files": len(files), "bytes": sum(f.stat().st_size for f in files if f.exists())},
+            "adapter_sources": self.sources.resolver.counters,
+        }
 
     def _tokens_since(self, tenant_id: str, since: datetime) -> int:
         from loraplex.platform.usage.repository import tokens_since

@@ -54,7 +54,9 @@ AdminDep = Annotated[Actor, Depends(require_admin)]
 
 def require_tenant(request: Request, ctx: ContextDep, token: TokenDep) -> TenantAuth:
     found = pre_authenticated(request.scope, "tenant", token)
-    return found if isinstance(found, TenantAuth) else authenticate_tenant(ctx, token)
+    auth = found if isinstance(found, TenantAuth) else authenticate_tenant(ctx, token)
+    request.state.tenant_id = auth.tenant_id  # a 429 later in this request is counted for this tenant
+    return auth
 
 
 TenantDep = Annotated[TenantAuth, Depends(require_tenant)]

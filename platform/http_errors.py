@@ -44,7 +44,8 @@ async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
     if exc.status_code == 429:
         observer = getattr(getattr(_req.app.state, "ctx", None), "observer", None)
         if observer is not None:
-            observer.rate_limited(exc.message, exc.code)
+            # the tenant the key belonged to (deps.require_tenant), for refusals by tenant
+            observer.rate_limited(exc.message, exc.code, getattr(_req.state, "tenant_id", None))
     body = error_body(exc.message, exc.type, exc.param, exc.code)
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 

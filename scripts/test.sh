@@ -7,15 +7,16 @@ cd "$(dirname "$0")/.."
 source scripts/phase.sh
 phase setup-venv scripts/setup-venv.sh test,bench,ray
 
-# PostgreSQL (a real server on loopback, owned by this run) and Chromium (admin UI tests), from
-# Debian in one apt-get call.
+# PostgreSQL (a real server on loopback, owned by this run), Chromium (admin UI tests) and Prometheus
+# (promtool and a real server for the rules/dashboard tests), from Debian in one apt-get call.
 APT_PKGS=""
 ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 || APT_PKGS="postgresql"
 [ -x /usr/bin/chromium ] || APT_PKGS="$APT_PKGS chromium"
+command -v prometheus >/dev/null || APT_PKGS="$APT_PKGS prometheus"  # the rules and dashboard tests
 if [ -n "$APT_PKGS" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # shellcheck disable=SC2086
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS >/dev/null) \
-        || echo "warning: could not install ${APT_PKGS# }; their tests (PostgreSQL, admin UI) will be skipped"
+        || echo "warning: could not install ${APT_PKGS# }; their tests (PostgreSQL, admin UI, Prometheus) will be skipped"
 fi
 # PostgreSQL for the DB tests: a private server from the test harness (tests/harness/postgres.py, the
 # same code the fault tests and benchmarks use), on a free loopback port unless LORAPLEX_TEST_PG_PORT

@@ -42,9 +42,9 @@ class RequestObserver:
         if self.tracer is not None:
             _span(self.tracer, rec)
 
-    def rate_limited(self, message: str, code: str | None) -> None:
+    def rate_limited(self, message: str, code: str | None, tenant: str | None = None) -> None:
         if self.metrics is not None:
-            self.metrics.observe_rate_limited(message, code)
+            self.metrics.observe_rate_limited(message, code, tenant)
 
 
 def _span(tracer: Any, rec: FinishedRequest) -> None:
