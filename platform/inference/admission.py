@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.auth import key_scopes
@@ -166,7 +166,7 @@ def tokenize_prompt(
         context = _context_len(ctx.gateway)
         sampling = sampling.with_max_tokens(max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS)
     try:
-        params = ctx.gateway.sampling_params(request=replace(sampling, tenant_id=auth.tenant_id))
+        params = ctx.gateway.sampling_params(request=sampling)
     except ValueError as exc:
         raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     return Tokenized(prompt_ids, params, t0)

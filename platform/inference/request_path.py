@@ -44,6 +44,7 @@ async def _prepare_all(
     adapter = await inference_service.serve_model(ctx, tenant, model, target.adapter)
     if adapter is not target.adapter:  # the store held a new version: it is served instead
         target = dataclasses.replace(target, adapter=adapter)
+    sampling = dataclasses.replace(sampling, tenant_id=tenant.tenant_id)  # grammar compiles are charged to it
     tokenized = [
         await run_in_threadpool(admission.tokenize_prompt, ctx, endpoint, texts, tokenize, sampling)
         for texts, tokenize in prompts

@@ -251,7 +251,12 @@ def capped(live_factory):
     """A small upload cap with generous timeouts (a loaded machine never pauses a sender for long)."""
     return live_factory(
         limits={"body_timeout_s": 300, "body_idle_timeout_s": 60},
-        uploads={"max_upload_bytes": 256 * 1024, "upload_timeout_s": 300, "max_members": 8, "max_unpacked_bytes": 1 << 20},
+        uploads={
+            "max_upload_bytes": 256 * 1024,
+            "upload_timeout_s": 300,
+            "max_members": 8,
+            "max_unpacked_bytes": 1 << 20,
+        },
     )
 
 
