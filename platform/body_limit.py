@@ -59,11 +59,18 @@ class BodyGuard:
         seen = 0
         refused: int | None = None
         started = False
+        body_complete = False
 
         async def guarded_receive():
-            nonlocal seen, refused
+            nonlocal seen, refused, body_complete
             if refused is not None:
                 raise _Refused(refused)
+            if body_complete:
+                # After the body, receive() only waits for the client to leave (DisconnectWatch,
+                # Starlette's streaming response): that wait lasts as long as the answer does and
+                # must never time out. A deadline here cut every stream after ``idle_s``: the 408
+                # was raised in the disconnect listener and the stream's further sends dropped.
+                return await receive()
             wait = min(rule.idle_s, deadline - time.monotonic())
             try:
                 if wait <= 0:
@@ -77,6 +84,7 @@ class BodyGuard:
                 if seen > rule.max_bytes:
                     refused = 413
                     raise _Refused(413)
+                body_complete = not message.get("more_body", False)
             return message
 
         async def guarded_send(message):
