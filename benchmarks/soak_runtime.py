@@ -66,6 +66,9 @@ def one_run(python: str, base: Path, adapter: Path, env: dict, args, root: Path)
 
     data = Path(tempfile.mkdtemp(prefix="lpx-soakrt-", dir=root))
     config = None if args.model == "demo" else "[engine]\nkv_cache_memory_gb = 0.1\n"
+    # the adapter lies outside <data_dir>/adapter-files, file://'s default root: allow its folder
+    roots = f'[adapters]\nfile_roots = ["{adapter.parent}"]\n'
+    config = (config or "") + roots
     server = ServeProcess(data / "d", base, admin_key=ADMIN_KEY, env=env, config=config, python=python, clean_env=True)
     try:
         runtime = next((ln for ln in server.output().splitlines() if "runtime" in ln.lower()), "")

@@ -266,7 +266,8 @@ def test_dead_engine_answers_503_and_ready_says_why(live_factory, demo_model_dir
             "in_flight": 0,
         }
         gw.engine.shutdown()  # the engine loop is gone; the process still answers
-        assert httpx.get(live.url + "/health").status_code == 200
+        health = httpx.get(live.url + "/health")  # liveness fails too: the process is about to exit
+        assert health.status_code == 503 and health.json()["status"] == "engine_dead"
         ready = httpx.get(live.url + "/ready")
         assert ready.status_code == 503 and ready.json()["engine"] == "dead"
         for is_stream in (False, True):

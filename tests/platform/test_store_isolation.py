@@ -184,11 +184,20 @@ def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, 
         _register_many(c, store, good_files, tid, ["warm", "cold0", "cold1", "cold2"])
         _small_pool(monkeypatch)
         node = live_factory(
-            adapters={"s3_endpoint_url": store.url, "fetch_timeout_s": 2.0, "s3_max_attempts": 1},
+            # the fetches stuck in the hole must stay stuck while the test looks (the default deadline,
+            # 6 x fetch_timeout_s, can pass on a loaded machine between the 503s and the count below)
+            adapters={
+                "s3_endpoint_url": store.url,
+                "fetch_timeout_s": 2.0,
+                "fetch_deadline_s": 600.0,
+                "s3_max_attempts": 1,
+            },
             secret_key=SECRET,
         )
         client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=300)
-        client.completions.create(model="warm", prompt=PROMPT, max_tokens=4)  # cached from the real store
+        # cached from the real store; on a loaded machine the first try may answer 503 after the 2 s
+        # fetch timeout while the download goes on: retry as the 503 says
+        _poll("the warm adapter to be served", lambda: _served(client, "warm"))
         # the store's address now leads into the hole (as after a network change)
         node.ctx.sources.resolver.fetchers["s3"] = S3Fetcher(hole.url, "", 300.0, 300.0, 1)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -205,6 +214,15 @@ def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, 
     finally:
         hole.close()
         store.close()
+
+
+def _served(client: openai.OpenAI, model: str) -> bool:
+    try:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=4)
+    except openai.APIStatusError as exc:
+        assert exc.status_code == 503, exc
+        return False
+    return True
 
 
 def _expect_error(client: openai.OpenAI, model: str) -> openai.APIStatusError:
