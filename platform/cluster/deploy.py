@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlPlane
+from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlConfig, ControlPlane
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.cluster")
@@ -40,24 +40,32 @@ class Ingress:
 
         from loraplex.platform.app import create_app
         from loraplex.platform.cluster.quota_store import ActorQuotaStore
-        from loraplex.platform.cluster.remote_client import RemoteEngineClient
+        from loraplex.platform.cluster.remote_client import AbortBroadcast, RemoteEngineClient
         from loraplex.platform.context import PlatformContext
         from loraplex.platform.db.session import unit_of_work
         from loraplex.platform.engine_client import resolve_model_dir
         from loraplex.platform.engine_sync import sync_all
+        from loraplex.platform.inference.inflight import InflightRegistry
 
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
         # named by its Ray actor, which the control plane lists (liveness.py): a silent ingress
         # keeps its holds while Ray holds its actor, and a restarted instance waits for the live
         # ingresses that held reservations, by name, before it admits new limited holds
-        client.name = ray.get_runtime_context().get_actor_name() or client.name
-        ctx = PlatformContext.build(settings, client)
-        quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
-        ctx.quotas = quotas
-        ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
-        client.attach(quotas, ctx.inflight)
+        name = ray.get_runtime_context().get_actor_name() or f"ingress-{os.getpid()}"
+        quotas = ActorQuotaStore(control, owner=name)  # its holds live on this ingress's lease
+        inflight = InflightRegistry(peers=AbortBroadcast(control))  # an admin abort reaches every ingress
+        client = RemoteEngineClient(
+            settings,
+            self.engine_handle,
+            control,
+            resolve_model_dir(settings),
+            name=name,
+            quotas=quotas,
+            inflight=inflight,
+        )
+        ctx = PlatformContext.build(settings, client, quotas=quotas, inflight=inflight)
+        client.start()
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress
@@ -137,26 +145,7 @@ def start(settings: Settings) -> Any:
             "SQLite file; set database_url to PostgreSQL (docs/scale-out.md)"
         )
     dump = cluster_settings_dump(settings)
-    control = (
-        # Restarted by Ray when it dies (state rebuilt from the DB, the replicas and the ingresses);
-        # calls in flight at the death are retried on the new instance.
-        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
-        .options(
-            name=ACTOR_NAME,
-            namespace=NAMESPACE,
-            get_if_exists=True,
-            max_concurrency=1,
-        )
-        .remote(
-            dump["database_url"],
-            replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
-            store_root=str(Path(dump["data_dir"]) / "adapters"),
-            ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
-            # a restarted instance admits new limited holds once this many ingresses handed theirs back
-            expected_ingresses=cl.ingress_replicas,
-            ingress_prefix=INGRESS_ACTOR_PREFIX,
-        )
-    )
+    control = start_control(settings, dump)
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
     deploy_app(settings, dump, generation=0)
     log.info(
@@ -166,6 +155,38 @@ def start(settings: Settings) -> Any:
         cl.replicas,
     )
     return control
+
+
+def control_config(settings: Settings, dump: dict[str, Any]) -> ControlConfig:
+    cl = settings.cluster
+    return ControlConfig(
+        db_url=dump["database_url"],
+        store_root=str(Path(dump["data_dir"]) / "adapters"),
+        replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
+        ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
+        # a restarted instance admits new limited holds once this many ingresses handed theirs back
+        expected_ingresses=cl.ingress_replicas,
+        ingress_prefix=INGRESS_ACTOR_PREFIX,
+    )
+
+
+def start_control(settings: Settings, dump: dict[str, Any], *, detached: bool = False) -> Any:
+    """The control-plane actor (an existing one is reused: a redeploy). Restarted by Ray when it
+    dies (state rebuilt from the database, the replicas and the ingresses); calls in flight at the
+    death are retried on the new instance. ``detached``: it outlives the process that made it
+    (KubeRay's application builder, ``rayservice.py``)."""
+    import ray
+
+    options: dict[str, Any] = {
+        "name": ACTOR_NAME,
+        "namespace": NAMESPACE,
+        "get_if_exists": True,
+        "max_concurrency": 1,  # one call at a time: "check every limit, then hold" is atomic
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
+    return actor.options(**options).remote(control_config(settings, dump))
 
 
 def _init_ray(init: dict[str, Any], attempts: int = 5) -> None:

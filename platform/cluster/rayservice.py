@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.platform.cluster import deploy, replica
-from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlPlane
 from loraplex.platform.settings import Settings, load_settings
 
 INGRESS = "ingress"  # deploy.deploy_app names them the same: serveConfigV2 overrides by these names
@@ -49,26 +48,6 @@ def build(settings: Settings, dump: dict[str, Any]) -> Any:
     return ingress.bind(dump, engine)
 
 
-def start_control(settings: Settings, dump: dict[str, Any]) -> Any:
-    """The control-plane actor with deploy.start's options, detached (it outlives the build task);
-    an existing one (a redeploy) is reused."""
-    import ray
-
-    cl = settings.cluster
-    return (
-        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
-        .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, max_concurrency=1, lifetime="detached")
-        .remote(
-            dump["database_url"],
-            replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
-            store_root=str(Path(dump["data_dir"]) / "adapters"),
-            ingress_lease_s=deploy.ingress_lease_s(cl.sync_interval_s),
-            expected_ingresses=cl.ingress_replicas,
-            ingress_prefix=deploy.INGRESS_ACTOR_PREFIX,
-        )
-    )
-
-
 def app(args: dict[str, Any] | None = None) -> Any:
     """Serve's application builder (serveConfigV2 ``import_path``)."""
     settings = settings_from(args)
@@ -78,5 +57,5 @@ def app(args: dict[str, Any] | None = None) -> Any:
     if admin_key:  # no LORAPLEX_ADMIN_KEY given: the generated one is in the head's Serve log, once
         deploy.log.warning("generated admin key (shown once): %s", admin_key)
     dump = deploy.cluster_settings_dump(settings)
-    start_control(settings, dump)
+    deploy.start_control(settings, dump, detached=True)
     return build(settings, dump)
