@@ -162,13 +162,11 @@ def _show_admin_key(admin_key: str | None) -> None:
 
 
 def _serve_on_ray(settings: Settings) -> None:
-    try:
-        import ray  # noqa: F401
-        from ray import serve  # noqa: F401
-    except ImportError:
-        typer.echo("error: --replicas > 1 runs on Ray Serve: pip install 'loraplex[ray]'", err=True)
-        raise typer.Exit(2) from None
     from loraplex.platform.cluster import deploy
+
+    if not deploy.ray_serve_installed():
+        typer.echo("error: --replicas > 1 runs on Ray Serve: pip install 'loraplex[ray]'", err=True)
+        raise typer.Exit(2)
 
     _show_admin_key(deploy.prepare_once(settings))
     deploy.run(settings)

@@ -72,6 +72,16 @@ class Ingress:
         return create_app(ctx, owns_engine=False)
 
 
+def ray_serve_installed() -> bool:
+    """Whether the ``ray`` extra is installed (``--replicas 1`` never imports it)."""
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
     """Settings for the replicas: absolute paths (Ray workers run in another directory), the key
     cache off when several ingress replicas could each hold a revoked key."""

@@ -23,6 +23,7 @@ ingress's calls renew, and releases them if the ingress dies (``control.py``).""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import uuid
@@ -136,7 +137,8 @@ class ActorQuotaStore:
                 items = [item for item, _ in batch]
                 try:
                     answers: list[ReserveAnswer] = await _await_actor(
-                        lambda: self._actor.reserve_many.remote(self._owner, items), what="the quota coordinator"
+                        functools.partial(self._actor.reserve_many.remote, self._owner, items),
+                        what="the quota coordinator",
                     )
                 except Exception as exc:  # noqa: BLE001 - each waiting caller gets the error
                     for _, fut in batch:
