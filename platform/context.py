@@ -53,7 +53,7 @@ class PlatformContext:
             Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
         )
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), lambda: self.gateway)
+        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), self.gateway)
         self.ledger = UsageLedger(
             self.sessions,
             self.settings.usage_spool_dir,
