@@ -32,12 +32,12 @@ def settings_from(args: dict[str, Any] | None) -> Settings:
     return load_settings(Path(config) if config else None)
 
 
-def build(settings: Settings, dump: dict[str, Any]) -> Any:
+def build(settings: Settings) -> Any:
     """The bound application (ingress -> engine), as deploy.deploy_app builds it; no Ray needed."""
     from ray import serve
 
     cl = settings.cluster
-    engine = replica.deployment(settings).bind(dump)
+    engine = replica.deployment(settings).bind(settings)
     ingress = serve.deployment(
         name=INGRESS,
         num_replicas=cl.ingress_replicas,
@@ -45,7 +45,7 @@ def build(settings: Settings, dump: dict[str, Any]) -> Any:
         ray_actor_options={"num_cpus": cl.ingress_num_cpus},
         graceful_shutdown_timeout_s=cl.drain_timeout_s,
     )(serve.ingress()(deploy.Ingress))
-    return ingress.bind(dump, engine)
+    return ingress.bind(settings, engine)
 
 
 def app(args: dict[str, Any] | None = None) -> Any:
@@ -56,6 +56,6 @@ def app(args: dict[str, Any] | None = None) -> Any:
     admin_key = deploy.prepare_once(settings)
     if admin_key:  # no LORAPLEX_ADMIN_KEY given: the generated one is in the head's Serve log, once
         deploy.log.warning("generated admin key (shown once): %s", admin_key)
-    dump = deploy.cluster_settings_dump(settings)
-    deploy.start_control(settings, dump, detached=True)
-    return build(settings, dump)
+    resolved = deploy.cluster_settings(settings)
+    deploy.start_control(resolved, detached=True)
+    return build(resolved)

@@ -46,11 +46,11 @@ log = logging.getLogger("loraplex.platform.cluster")
 
 
 class EngineReplica:
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings) -> None:
         import ray
         from ray import serve
 
-        self.settings = Settings(**settings)
+        self.settings = settings  # deploy.cluster_settings(): as the driver resolved them
         ctx = serve.get_replica_context()
         self.name = f"engine-{ctx.replica_id.unique_id}"
         self.control: Any = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)  # ControlPlane's methods, .remote
