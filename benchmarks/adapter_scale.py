@@ -186,7 +186,7 @@ def main() -> None:
 
     from loraplex.engine.demo_model import ensure_demo_model
     from loraplex.platform.app import build_context, create_app
-    from loraplex.platform.engine_gateway import EngineGateway
+    from loraplex.platform.engine_client import LocalEngineClient
     from loraplex.platform.settings import load_settings
 
     tmp = Path(tempfile.mkdtemp(prefix="adapter-scale-"))
@@ -221,7 +221,7 @@ def main() -> None:
         reg_settings = load_settings(
             data_dir=tmp / "registrar", engine={**engine, "enabled": False}, adapters=src, **common
         )
-        reg_ctx, _ = build_context(reg_settings, EngineGateway.validator_only(reg_settings))
+        reg_ctx, _ = build_context(reg_settings, LocalEngineClient.validator_only(reg_settings))
         registrar = Live(create_app(reg_ctx, owns_engine=False))
         servers.append(registrar)
         admin = httpx.Client(base_url=registrar.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120)

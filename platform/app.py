@@ -26,7 +26,7 @@ from loraplex.platform.body_limit import BodyGuard, route_rules
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import DatabasePending, EngineWatchdog, readiness
 from loraplex.platform.http_errors import install_error_handlers
@@ -42,7 +42,7 @@ log = logging.getLogger("loraplex.platform")
 
 
 def build_context(
-    settings: Settings, gateway: EngineGateway | None = None, *, upgrade_db: bool = True
+    settings: Settings, gateway: EngineClient | None = None, *, upgrade_db: bool = True
 ) -> tuple[PlatformContext, str | None]:
     """Migrate, connect, start (or adopt) the engine, create the first admin key, sync the engine.
     Returns the context and the generated admin key (None if one exists or is configured).
@@ -51,19 +51,21 @@ def build_context(
     it starts degraded (``/ready`` 503, other routes 503 + Retry-After) and a background thread
     finishes the database steps (migrations included) once it answers. A database that answers
     but is unusable (a file that is not a database) raises: the CLI reports it and exits 2."""
-    ctx = PlatformContext.build(settings, gateway or EngineGateway.disabled())
+    owned = gateway is None  # started here: stopped here if the start fails
+    engine = gateway or LocalEngineClient.start(settings)
+    ctx = PlatformContext.build(settings, engine)
     new_admin_key: str | None = None
     try:
         new_admin_key = _prepare_database(ctx, upgrade_db)
     except SQLAlchemyError as exc:
         if not (is_unreachable(exc) and ctx.db_engine.dialect.name != "sqlite"):
             ctx.db_engine.dispose()
+            if owned:
+                engine.shutdown()
             raise
         log.warning("database unreachable at start; serving degraded until it answers: %s", _first_line(exc))
         ctx.db_ready = False
     ctx.ledger.start()
-    if gateway is None:
-        ctx.gateway = EngineGateway.start(settings)
     if ctx.db_ready:
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, ctx.gateway, ctx.store.root)

@@ -162,13 +162,11 @@ def _show_admin_key(admin_key: str | None) -> None:
 
 
 def _serve_on_ray(settings: Settings) -> None:
-    try:
-        import ray  # noqa: F401
-        from ray import serve  # noqa: F401
-    except ImportError:
-        typer.echo("error: --replicas > 1 runs on Ray Serve: pip install 'loraplex[ray]'", err=True)
-        raise typer.Exit(2) from None
     from loraplex.platform.cluster import deploy
+
+    if not deploy.ray_serve_installed():
+        typer.echo("error: --replicas > 1 runs on Ray Serve: pip install 'loraplex[ray]'", err=True)
+        raise typer.Exit(2)
 
     _show_admin_key(deploy.prepare_once(settings))
     deploy.run(settings)
@@ -195,7 +193,7 @@ def models_pull_demo(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> N
     """Convert the packaged SmolLM2-135M-Instruct GGUF into the data dir now (serve does it on
     first start otherwise); prints the checkpoint's path."""
     from loraplex.engine import DemoModelUnavailable, ensure_demo_checkpoint
-    from loraplex.platform.engine_gateway import demo_model_dir
+    from loraplex.platform.engine_client import demo_model_dir
 
     settings = _settings(config, data_dir)
     try:
@@ -244,13 +242,13 @@ def db_upgrade(
 def _admin_ctx(config: Path | None, data_dir: Path | None, with_engine: bool = False):
     from loraplex.platform.context import PlatformContext
     from loraplex.platform.db import migrate
-    from loraplex.platform.engine_gateway import EngineGateway
+    from loraplex.platform.engine_client import LocalEngineClient
 
     settings = _settings(config, data_dir)
     migrate.upgrade(settings.db_url)
-    gateway = EngineGateway.disabled()
+    gateway = LocalEngineClient.disabled()
     if with_engine:
-        gateway = EngineGateway.validator_only(settings)
+        gateway = LocalEngineClient.validator_only(settings)
     return PlatformContext.build(settings, gateway)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 
 from sqlalchemy import Engine
@@ -39,19 +39,21 @@ class PlatformContext:
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     # False during a degraded start (database unreachable): routes answer 503 until it is ready.
     db_ready: bool = True
-    # Built from the fields above in __post_init__ (a deployment may swap ``quotas`` afterwards).
+    # A scale-out's ingress brings its own (the control plane's); otherwise one in this process.
+    quota_store: InitVar[QuotaStore | None] = None
+    # Built from the fields above in __post_init__.
     quotas: QuotaStore = field(init=False)
     ledger: UsageLedger = field(init=False)
     observer: RequestObserver = field(init=False)
     sources: ServedReferences = field(init=False)  # adapters by reference: disk cache + engine registration
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
         metrics = (
             Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
         )
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), lambda: self.gateway)
+        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), self.gateway)
         self.ledger = UsageLedger(
             self.sessions,
             self.settings.usage_spool_dir,
@@ -60,9 +62,12 @@ class PlatformContext:
         )
         if metrics is not None:
             metrics.watch_platform(self._metric_stats)
-        # what other servers on this database admitted, read and added to under a per-tenant lock
-        shared = LedgerAdmission(self.sessions, self.ledger)
-        self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared)
+        if quota_store is not None:
+            self.quotas = quota_store
+        else:
+            # what other servers on this database admitted, read and added to under a per-tenant lock
+            shared = LedgerAdmission(self.sessions, self.ledger)
+            self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared)
 
     def _metric_stats(self) -> dict:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
@@ -81,7 +86,14 @@ class PlatformContext:
             return tokens_since(session, tenant_id, since)
 
     @classmethod
-    def build(cls, settings: Settings, gateway: EngineClient | None = None) -> PlatformContext:
+    def build(
+        cls,
+        settings: Settings,
+        gateway: EngineClient | None = None,
+        *,
+        quotas: QuotaStore | None = None,
+        inflight: InflightRegistry | None = None,
+    ) -> PlatformContext:
         db_engine = make_db_engine(settings.db_url)
         return cls(
             settings=settings,
@@ -91,6 +103,8 @@ class PlatformContext:
             key_cache=KeyCache(settings.auth.key_cache_ttl_s),
             store=AdapterStore(settings.adapter_store_dir),
             gateway=gateway or LocalEngineClient.disabled(),
+            inflight=inflight or InflightRegistry(),
+            quota_store=quotas,
         )
 
     def close(self) -> None:

@@ -230,6 +230,10 @@ class ClusterSettings(_Table):
     sync_interval_s: float = Field(0.5, gt=0)
     # Fair-share (VTC) counters shared by the replicas through the control plane (docs/scale-out.md).
     global_fairness: bool = True
+    # Node-local scratch of an engine replica: each keeps its own cache of adapters registered by
+    # reference in <replica_data_dir>/adapter-cache/replicas/<replica>/ (nothing shared with the
+    # ingress or another replica). Empty: <adapter cache>/replicas/ (data_dir's, or adapters.cache_dir).
+    replica_data_dir: str = ""
 
 
 class Settings(BaseSettings):

@@ -15,7 +15,7 @@ fi
 # are mapped into the namespace at install time: give mypy the same mapping as a tree of symlinks.
 TREE=build/typecheck
 mkdir -p "$TREE/loraplex"
-for d in engine kernels platform migrations; do ln -sfn "../../../$d" "$TREE/loraplex/$d"; done
+for d in engine kernels platform migrations admin_ui; do ln -sfn "../../../$d" "$TREE/loraplex/$d"; done
 (cd "$TREE" && "../../$PY" -m mypy --config-file ../../pyproject.toml \
     -p loraplex.engine -p loraplex.kernels -p loraplex.platform)
 # Layer contracts (.importlinter): engine imports no platform/FastAPI/SQLAlchemy, kernels import no

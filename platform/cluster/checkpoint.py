@@ -14,8 +14,11 @@ from one prefill and has no per-sample resumption.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loraplex.platform.cluster.messages import GenerateRequest
 
 if TYPE_CHECKING:
     from loraplex.engine import RequestOutput
@@ -54,18 +57,16 @@ class StreamCheckpoint:
         """The reader has all ``max_tokens`` tokens already: only the finish is missing."""
         return self.n == 1 and self.num_tokens() >= self.max_tokens
 
-    def request(self, req: dict[str, Any], send: int) -> dict[str, Any]:
-        """The request dict for the ``send``-th call (0: the request as admitted). A later call gets
+    def request(self, req: GenerateRequest, send: int) -> GenerateRequest:
+        """The request for the ``send``-th call (0: the request as admitted). A later call gets
         its own engine request id (the lost replica may still hold the old one, if it only stalled)
         and, once tokens were received, the checkpoint to resume from."""
         if send == 0:
             return req
-        again = dict(req, request_id=f"{req['request_id']}.r{send}")
         for c in self._choices.values():
             c.skip_tokens, c.skip_chars = len(c.tokens), c.chars
-        if self.n == 1 and self._choices[0].tokens:
-            again["resume_token_ids"] = list(self._choices[0].tokens)
-        return again
+        resume = list(self._choices[0].tokens) if self.n == 1 and self._choices[0].tokens else None
+        return dataclasses.replace(req, request_id=f"{req.request_id}.r{send}", resume_token_ids=resume)
 
     def record(self, out: RequestOutput, request_id: str) -> RequestOutput:
         """Drop what the reader already has from a (resumed) replica's output, count the rest as

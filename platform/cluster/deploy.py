@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlPlane
+from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlConfig, ControlPlane
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.cluster")
@@ -31,8 +31,8 @@ class Ingress:
     """The HTTP app as Serve's ingress: routes, auth, admission and billing run here; generation
     goes to the engine deployment through its handle."""
 
-    def __init__(self, settings: dict[str, Any], engine_handle: Any) -> None:
-        self.settings = Settings(**settings)
+    def __init__(self, settings: Settings, engine_handle: Any) -> None:
+        self.settings = settings  # cluster_settings(): as the driver resolved them
         self.engine_handle = engine_handle
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -40,42 +40,66 @@ class Ingress:
 
         from loraplex.platform.app import create_app
         from loraplex.platform.cluster.quota_store import ActorQuotaStore
-        from loraplex.platform.cluster.remote_client import RemoteEngineClient
+        from loraplex.platform.cluster.remote_client import AbortBroadcast, RemoteEngineClient
         from loraplex.platform.context import PlatformContext
         from loraplex.platform.db.session import unit_of_work
         from loraplex.platform.engine_client import resolve_model_dir
         from loraplex.platform.engine_sync import sync_all
+        from loraplex.platform.inference.inflight import InflightRegistry
 
         settings = self.settings
         control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        client = RemoteEngineClient(settings, self.engine_handle, control, resolve_model_dir(settings))
         # named by its Ray actor, which the control plane lists (liveness.py): a silent ingress
         # keeps its holds while Ray holds its actor, and a restarted instance waits for the live
         # ingresses that held reservations, by name, before it admits new limited holds
-        client.name = ray.get_runtime_context().get_actor_name() or client.name
-        ctx = PlatformContext.build(settings, client)
-        quotas = ActorQuotaStore(control, owner=client.name)  # its holds live on this ingress's lease
-        ctx.quotas = quotas
-        ctx.inflight.peers = client.broadcast_abort  # an admin abort reaches every ingress
-        client.attach(quotas, ctx.inflight)
+        name = ray.get_runtime_context().get_actor_name() or f"ingress-{os.getpid()}"
+        quotas = ActorQuotaStore(control, owner=name)  # its holds live on this ingress's lease
+        inflight = InflightRegistry(peers=AbortBroadcast(control))  # an admin abort reaches every ingress
+        client = RemoteEngineClient(
+            settings,
+            self.engine_handle,
+            control,
+            resolve_model_dir(settings),
+            name=name,
+            quotas=quotas,
+            inflight=inflight,
+        )
+        ctx = PlatformContext.build(settings, client, quotas=quotas, inflight=inflight)
+        client.start()
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress
         return create_app(ctx, owns_engine=False)
 
 
-def cluster_settings_dump(settings: Settings) -> dict[str, Any]:
-    """Settings for the replicas: absolute paths (Ray workers run in another directory), the key
-    cache off when several ingress replicas could each hold a revoked key."""
-    data = settings.model_dump(mode="json")
-    data["data_dir"] = str(Path(settings.data_dir).resolve())
-    data["database_url"] = settings.db_url
+def ray_serve_installed() -> bool:
+    """Whether the ``ray`` extra is installed (``--replicas 1`` never imports it)."""
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cluster_settings(settings: Settings) -> Settings:
+    """The settings every replica and ingress is started with (Ray pickles them): absolute paths
+    (Ray workers run in another directory), the database URL resolved, the key cache off when
+    several ingress replicas could each hold a revoked key."""
     from loraplex.platform.engine_client import resolve_model_dir
 
-    data["engine"]["model"] = str(resolve_model_dir(settings))  # the demo model is built once, here
+    model = str(resolve_model_dir(settings))  # the demo model is built once, here
+    auth = settings.auth
     if settings.cluster.ingress_replicas > 1:
-        data["auth"]["key_cache_ttl_s"] = 0.0
-    return data
+        auth = auth.model_copy(update={"key_cache_ttl_s": 0.0})
+    return settings.model_copy(
+        update={
+            "data_dir": Path(settings.data_dir).resolve(),
+            "database_url": settings.db_url,
+            "engine": settings.engine.model_copy(update={"model": model}),
+            "auth": auth,
+        }
+    )
 
 
 # Serve's own checks of its HTTP proxy assume a quiet machine (ready within 5 s, healthy within
@@ -136,29 +160,10 @@ def start(settings: Settings) -> Any:
             f"this Ray cluster has {len(nodes)} nodes: replicas on other nodes cannot share a "
             "SQLite file; set database_url to PostgreSQL (docs/scale-out.md)"
         )
-    dump = cluster_settings_dump(settings)
-    control = (
-        # Restarted by Ray when it dies (state rebuilt from the DB, the replicas and the ingresses);
-        # calls in flight at the death are retried on the new instance.
-        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
-        .options(
-            name=ACTOR_NAME,
-            namespace=NAMESPACE,
-            get_if_exists=True,
-            max_concurrency=1,
-        )
-        .remote(
-            dump["database_url"],
-            replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
-            store_root=str(Path(dump["data_dir"]) / "adapters"),
-            ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
-            # a restarted instance admits new limited holds once this many ingresses handed theirs back
-            expected_ingresses=cl.ingress_replicas,
-            ingress_prefix=INGRESS_ACTOR_PREFIX,
-        )
-    )
+    resolved = cluster_settings(settings)
+    control = start_control(resolved)
     serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
-    deploy_app(settings, dump, generation=0)
+    deploy_app(resolved, generation=0)
     log.info(
         "loraplex is serving on http://%s:%d with %d engine replica(s)",
         settings.server.host,
@@ -166,6 +171,39 @@ def start(settings: Settings) -> Any:
         cl.replicas,
     )
     return control
+
+
+def control_config(settings: Settings) -> ControlConfig:
+    """From ``cluster_settings()``: absolute paths, the database URL resolved."""
+    cl = settings.cluster
+    return ControlConfig(
+        db_url=settings.db_url,
+        store_root=str(settings.adapter_store_dir),
+        replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
+        ingress_lease_s=ingress_lease_s(cl.sync_interval_s),
+        # a restarted instance admits new limited holds once this many ingresses handed theirs back
+        expected_ingresses=cl.ingress_replicas,
+        ingress_prefix=INGRESS_ACTOR_PREFIX,
+    )
+
+
+def start_control(settings: Settings, *, detached: bool = False) -> Any:
+    """The control-plane actor (an existing one is reused: a redeploy). Restarted by Ray when it
+    dies (state rebuilt from the database, the replicas and the ingresses); calls in flight at the
+    death are retried on the new instance. ``detached``: it outlives the process that made it
+    (KubeRay's application builder, ``rayservice.py``)."""
+    import ray
+
+    options: dict[str, Any] = {
+        "name": ACTOR_NAME,
+        "namespace": NAMESPACE,
+        "get_if_exists": True,
+        "max_concurrency": 1,  # one call at a time: "check every limit, then hold" is atomic
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
+    return actor.options(**options).remote(control_config(settings))
 
 
 def _init_ray(init: dict[str, Any], attempts: int = 5) -> None:
@@ -207,7 +245,7 @@ def _kill_new_children(before: set[int]) -> None:
                 pass
 
 
-def deploy_app(settings: Settings, dump: dict[str, Any], generation: int, wait: bool = True) -> None:
+def deploy_app(settings: Settings, generation: int, wait: bool = True) -> None:
     """(Re)deploy the app. Both deployments carry explicit versions, so deploying again with the
     next ``generation`` replaces the engine replicas only, as a rolling update: Serve starts
     ``rollout_surge`` successors, and once one is up it stops an old replica, which takes no new
@@ -219,7 +257,7 @@ def deploy_app(settings: Settings, dump: dict[str, Any], generation: int, wait: 
     from loraplex.platform.cluster import replica
 
     cl = settings.cluster
-    engine = _versioned(replica.deployment(settings), f"engine-{generation}").bind(dump)
+    engine = _versioned(replica.deployment(settings), f"engine-{generation}").bind(settings)
     ingress = serve.deployment(
         name="ingress",
         num_replicas=cl.ingress_replicas,
@@ -229,7 +267,7 @@ def deploy_app(settings: Settings, dump: dict[str, Any], generation: int, wait: 
         # streams get as long as the engine replicas' to finish
         graceful_shutdown_timeout_s=cl.drain_timeout_s,
     )(serve.ingress()(Ingress))
-    app = _versioned(ingress, "ingress-0").bind(dump, engine)
+    app = _versioned(ingress, "ingress-0").bind(settings, engine)
     # serve._run is serve.run with the wait for RUNNING optional: a rollout takes as long as the
     # old replicas' drain, and the driver must stay responsive to SIGTERM meanwhile
     serve._run(app, name=APP_NAME, route_prefix="/", _blocking=wait)
@@ -310,14 +348,14 @@ def run(settings: Settings) -> None:
     )
     generation = 0
     rollout: list[str] | None = None  # the statuses seen since a rollout began, until it is complete
-    dump = cluster_settings_dump(settings)
+    resolved = cluster_settings(settings)
     while not stop.is_set():
         wake.wait(timeout=2.0 if rollout is not None else None)
         wake.clear()
         if rollouts[0] > generation and not stop.is_set():
             generation = rollouts[0]
             print(f"loraplex: rolling restart {generation} of the engine replicas started", flush=True)
-            deploy_app(settings, dump, generation, wait=False)
+            deploy_app(resolved, generation, wait=False)
             rollout = []
         elif rollout is not None and _rollout_done(generation, rollout):
             rollout = None

@@ -23,14 +23,16 @@ ingress's calls renew, and releases them if the ingress dies (``control.py``).""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from loraplex.platform.cluster.actor_calls import RETRY_BUDGET_S, ActorLoop, call_actor, call_actor_async
-from loraplex.platform.cluster.control import raise_refusal
+from loraplex.platform.cluster.messages import HeldReservation, Hold, Refusal, ReserveAnswer, ReserveItem, Retry
 from loraplex.platform.errors import ServiceUnavailable
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
@@ -45,24 +47,26 @@ class ActorReservation(Reservation):
 
 
 class ActorQuotaStore:
+    """``actor``: the control plane's Ray handle (``ControlPlane`` methods, called ``.remote``)."""
+
     def __init__(self, actor: Any, owner: str = "") -> None:
         self._actor = actor
         self._owner = owner
         self._calls = ActorLoop("loraplex-quota-calls")
-        self._queue: list[tuple[tuple[str, str, QuotaView, int], asyncio.Future[dict[str, Any]]]] = []
+        self._queue: list[tuple[ReserveItem, asyncio.Future[ReserveAnswer]]] = []
         self._sending = False  # a reserve_many is in flight (only the loop's thread reads this)
         self._lock = threading.Lock()
         self._live: dict[str, ActorReservation] = {}
         self._epoch: str | None = None
-        self._refused: dict[str, tuple[float, dict[str, Any]]] = {}  # tenant -> (until, refusal)
+        self._refused: dict[str, tuple[float, Refusal]] = {}  # tenant -> (until, refusal)
 
     def precheck(self, tenant_id: str, quota: QuotaView) -> None:
         with self._lock:
-            until, refusal = self._refused.get(tenant_id, (0.0, {}))
-        if time.monotonic() < until:
-            raise_refusal(refusal)
+            remembered = self._refused.get(tenant_id)
+        if remembered is not None and time.monotonic() < remembered[0]:
+            raise remembered[1].error()
 
-    def _remember(self, tenant_id: str, refusal: dict[str, Any]) -> None:
+    def _remember(self, tenant_id: str, refusal: Refusal) -> None:
         with self._lock:
             self._refused[tenant_id] = (time.monotonic() + REFUSAL_MEMORY_S, refusal)
             if len(self._refused) > 10_000:  # bounded: drop the expired ones
@@ -74,20 +78,20 @@ class ActorQuotaStore:
         if quota.unlimited:
             return self._reserve_unlimited(tenant_id, quota, tokens, key)
         try:
-            got = self._calls.run(self._reserve((key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10)
+            got = self._calls.run(
+                self._reserve(ReserveItem(key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10
+            )
         except BaseException:
             self._actor.cancel.remote(key)  # sent after the reserve: undoes it if it lands after all
             raise
-        if "refused" in got:
-            self._remember(tenant_id, got["refused"])
-            raise_refusal(got["refused"])
+        if isinstance(got, Refusal):
+            self._remember(tenant_id, got)
+            raise got.error()
         period = quota.budget_period if quota.token_budget is not None else None
-        res = ActorReservation(
-            tenant_id, got["tokens"], got["headers"], got["admitted_at"], key=got["key"], period=period
-        )
+        res = ActorReservation(tenant_id, got.tokens, got.headers, got.admitted_at, key=got.key, period=period)
         with self._lock:
             self._live[res.key] = res
-        self.saw_epoch(got["epoch"])
+        self.saw_epoch(got.epoch)
         return res
 
     def count_request(self, tenant_id: str, quota: QuotaView) -> None:
@@ -102,35 +106,38 @@ class ActorQuotaStore:
         before the request's settle or cancel, so the actor sees them in that order (one caller's
         calls run in submission order, on a restarted instance too). So such a tenant's requests
         are served while the control plane restarts; its live holds are adopted like any other."""
-        self._actor.reserve.remote(tenant_id, quota, tokens, self._owner, key)
+        self._actor.reserve_many.remote(self._owner, [ReserveItem(key, tenant_id, quota, tokens)])
         res = ActorReservation(tenant_id, tokens, {}, time.monotonic(), key=key, period=None)
         with self._lock:
             self._live[key] = res
         return res
 
-    async def _reserve(self, item: tuple[str, str, QuotaView, int]) -> dict[str, Any]:
+    async def _reserve(self, item: ReserveItem) -> Hold | Refusal:
         """Queue one reserve; the first in an idle moment starts the sender (on the store's loop)."""
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[ReserveAnswer] = asyncio.get_running_loop().create_future()
         self._queue.append((item, answer))
         if not self._sending:
             self._sending = True
             asyncio.ensure_future(self._send())
         try:  # bounded: a restarted instance may keep asking for a resend while an ingress is frozen
-            return await asyncio.wait_for(answer, timeout=RETRY_BUDGET_S)
+            got = await asyncio.wait_for(answer, timeout=RETRY_BUDGET_S)
         except asyncio.TimeoutError:
             raise ServiceUnavailable(
                 f"the quota coordinator did not admit or refuse in {RETRY_BUDGET_S:.0f} s",
                 headers={"retry-after": "5"},
             ) from None
+        assert not isinstance(got, Retry)  # the sender sends a Retry again, never answers it
+        return got
 
     async def _send(self) -> None:
         """One ``reserve_many`` at a time, each carrying every reserve queued meanwhile."""
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
+                items = [item for item, _ in batch]
                 try:
-                    answers = await _await_actor(
-                        lambda b=batch: self._actor.reserve_many.remote(self._owner, [i for i, _ in b]),
+                    answers: list[ReserveAnswer] = await _await_actor(
+                        functools.partial(self._actor.reserve_many.remote, self._owner, items),
                         what="the quota coordinator",
                     )
                 except Exception as exc:  # noqa: BLE001 - each waiting caller gets the error
@@ -140,8 +147,8 @@ class ActorQuotaStore:
                     continue
                 again = []
                 for (item, fut), got in zip(batch, answers):
-                    if got.get("retry"):  # a restarted instance still collecting the live holds
-                        self.saw_epoch(got["epoch"])  # ours among them: sent before the retry
+                    if isinstance(got, Retry):  # a restarted instance still collecting the live holds
+                        self.saw_epoch(got.epoch)  # ours among them: sent before the retry
                         if not fut.done():  # (its caller may have given up: no resend then)
                             again.append((item, fut))
                     elif not fut.done():
@@ -183,10 +190,7 @@ class ActorQuotaStore:
             if self._epoch == epoch and not readopt:
                 return
             self._epoch = epoch
-            held = [
-                {"key": r.key, "tenant_id": r.tenant_id, "tokens": r.tokens, "budget_period": r.period}
-                for r in self._live.values()
-            ]
+            held = [HeldReservation(r.key, r.tenant_id, r.tokens, r.period) for r in self._live.values()]
             # sent even when empty: a restarted instance counts the ingresses that reported before
             # it admits new limited holds (control.py); at a first start it is a no-op
             self._actor.adopt.remote(held, self._owner)
@@ -204,7 +208,7 @@ class ActorQuotaStore:
             return True
 
 
-async def _await_actor(submit: Any, what: str) -> Any:  # the seam a test without Ray replaces
+async def _await_actor(submit: Callable[[], Any], what: str) -> Any:  # the seam a test without Ray replaces
     return await call_actor_async(submit, what=what)
 
 

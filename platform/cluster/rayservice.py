@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.platform.cluster import deploy, replica
-from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlPlane
 from loraplex.platform.settings import Settings, load_settings
 
 INGRESS = "ingress"  # deploy.deploy_app names them the same: serveConfigV2 overrides by these names
@@ -33,12 +32,12 @@ def settings_from(args: dict[str, Any] | None) -> Settings:
     return load_settings(Path(config) if config else None)
 
 
-def build(settings: Settings, dump: dict[str, Any]) -> Any:
+def build(settings: Settings) -> Any:
     """The bound application (ingress -> engine), as deploy.deploy_app builds it; no Ray needed."""
     from ray import serve
 
     cl = settings.cluster
-    engine = replica.deployment(settings).bind(dump)
+    engine = replica.deployment(settings).bind(settings)
     ingress = serve.deployment(
         name=INGRESS,
         num_replicas=cl.ingress_replicas,
@@ -46,27 +45,7 @@ def build(settings: Settings, dump: dict[str, Any]) -> Any:
         ray_actor_options={"num_cpus": cl.ingress_num_cpus},
         graceful_shutdown_timeout_s=cl.drain_timeout_s,
     )(serve.ingress()(deploy.Ingress))
-    return ingress.bind(dump, engine)
-
-
-def start_control(settings: Settings, dump: dict[str, Any]) -> Any:
-    """The control-plane actor with deploy.start's options, detached (it outlives the build task);
-    an existing one (a redeploy) is reused."""
-    import ray
-
-    cl = settings.cluster
-    return (
-        ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
-        .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, max_concurrency=1, lifetime="detached")
-        .remote(
-            dump["database_url"],
-            replica_ttl_s=max(5.0, 6 * cl.sync_interval_s),
-            store_root=str(Path(dump["data_dir"]) / "adapters"),
-            ingress_lease_s=deploy.ingress_lease_s(cl.sync_interval_s),
-            expected_ingresses=cl.ingress_replicas,
-            ingress_prefix=deploy.INGRESS_ACTOR_PREFIX,
-        )
-    )
+    return ingress.bind(settings, engine)
 
 
 def app(args: dict[str, Any] | None = None) -> Any:
@@ -77,6 +56,6 @@ def app(args: dict[str, Any] | None = None) -> Any:
     admin_key = deploy.prepare_once(settings)
     if admin_key:  # no LORAPLEX_ADMIN_KEY given: the generated one is in the head's Serve log, once
         deploy.log.warning("generated admin key (shown once): %s", admin_key)
-    dump = deploy.cluster_settings_dump(settings)
-    start_control(settings, dump)
-    return build(settings, dump)
+    resolved = deploy.cluster_settings(settings)
+    deploy.start_control(resolved, detached=True)
+    return build(resolved)

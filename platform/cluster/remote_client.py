@@ -14,13 +14,22 @@ request path makes no blocking cluster call for them:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loraplex.platform.adapters.sources.uri import AdapterReference
 from loraplex.platform.cluster.actor_calls import call_actor
-from loraplex.platform.cluster.remote_stream import RemoteStream
+from loraplex.platform.cluster.messages import (
+    AbortMatch,
+    ControlStatus,
+    GenerateRequest,
+    ReplicaReport,
+    Snapshot,
+    StoredAdapter,
+    TenantSettings,
+)
+from loraplex.platform.cluster.remote_stream import RemoteStream, ReplicaCall
 from loraplex.platform.engine_client import shared
 from loraplex.platform.engine_client.protocol import AdapterFacts, EngineStats
 from loraplex.platform.errors import ServiceUnavailable
@@ -41,16 +50,44 @@ class ClusterView:
     """What the control plane last said (one ``snapshot`` call per tick, from one thread)."""
 
     def __init__(self) -> None:
-        self.replicas: list[dict[str, Any]] = []
+        self.replicas: list[ReplicaReport] = []
         self.draining = False
         self.epoch = ""
         self.abort_seq = 0
-        self.control: dict[str, Any] = {}
+        self.control: ControlStatus | None = None
         self.fresh = threading.Event()  # set once a snapshot arrived
 
 
+class AbortBroadcast:
+    """An admin abort issued on this ingress reaches the other ingresses at their next tick (the
+    in-flight registry's ``peers``)."""
+
+    def __init__(self, control: Any) -> None:
+        self._control = control
+
+    def __call__(self, reason: str, match: dict[str, str | None]) -> None:
+        m = AbortMatch(match.get("tenant_id"), match.get("key_id"), match.get("adapter_id"))
+        self._control.broadcast_abort.remote(reason, m)
+
+
 class RemoteEngineClient:
-    def __init__(self, settings: Settings, engine_handle: Any, control: Any, model_dir: Path) -> None:
+    """``engine_handle``: the Serve engine deployment's handle; ``control``: the control plane's
+    Ray actor handle. ``name``: this ingress as the control plane knows it (its Serve actor name:
+    its reservations live on that name's lease); ``quotas`` is told about a restarted control
+    plane, and admin aborts from other ingresses land in ``inflight``. ``start()`` starts the
+    poller once the rest of the ingress is built."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine_handle: Any,
+        control: Any,
+        model_dir: Path,
+        *,
+        name: str,
+        quotas: ActorQuotaStore | None = None,
+        inflight: InflightRegistry | None = None,
+    ) -> None:
         from loraplex.engine import load_tokenizer  # the engine's own loader: same ids
 
         self._settings = settings
@@ -70,16 +107,14 @@ class RemoteEngineClient:
         self._structured = shared.structured_compiler(self._tokenizer, model_dir)
         self._max_prompt_chars: int | None = None
         self.view = ClusterView()
-        self.name = f"ingress-{os.getpid()}"
-        self._quotas: ActorQuotaStore | None = None
-        self._inflight: InflightRegistry | None = None
+        self.name = name
+        self._quotas = quotas
+        self._inflight = inflight
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="loraplex-cluster-view", daemon=True)
 
-    def attach(self, quotas: ActorQuotaStore, inflight: InflightRegistry) -> None:
-        """The ingress's quota store (told about a restarted control plane) and its in-flight
-        registry (admin aborts from other ingresses land there); starts the poller."""
-        self._quotas, self._inflight = quotas, inflight
+    def start(self) -> None:
+        """Poll the control plane from now on (one snapshot per ``sync_interval_s``)."""
         self._poller.start()
 
     # -- the cluster view ------------------------------------------------------------------------
@@ -95,31 +130,28 @@ class RemoteEngineClient:
     def refresh(self) -> None:
         """One snapshot (blocking: the poller's thread, or a worker thread)."""
         in_flight = self._inflight.count() if self._inflight is not None else 0
-        snap: Any = call_actor(lambda: self._control.snapshot.remote(self.name, in_flight, self.view.abort_seq))
+        snap = call_actor(lambda: self._control.snapshot.remote(self.name, in_flight, self.view.abort_seq))
+        assert isinstance(snap, Snapshot)
         view = self.view
-        view.replicas, view.draining, view.epoch = snap["replicas"], snap["draining"], snap["epoch"]
-        view.control = snap["control"]
+        view.replicas, view.draining, view.epoch = snap.replicas, snap.draining, snap.epoch
+        view.control = snap.control
         if self._quotas is not None:
-            self._quotas.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))
-        for abort in snap["aborts"]:
+            self._quotas.saw_epoch(snap.epoch, readopt=snap.readopt)
+        for abort in snap.aborts:
             if self._inflight is not None:
-                m = abort["match"]
+                m = abort.match
                 self._inflight.abort(
                     self,
-                    abort["reason"],
-                    tenant_id=m.get("tenant_id"),
-                    key_id=m.get("key_id"),
-                    adapter_id=m.get("adapter_id"),
+                    abort.reason,
+                    tenant_id=m.tenant_id,
+                    key_id=m.key_id,
+                    adapter_id=m.adapter_id,
                     broadcast=False,
                 )
-        view.abort_seq = max(view.abort_seq, snap["abort_seq"])
+        view.abort_seq = max(view.abort_seq, snap.abort_seq)
         view.fresh.set()
 
-    def broadcast_abort(self, reason: str, match: dict[str, str | None]) -> None:
-        """An admin abort issued here reaches the other ingresses at their next tick."""
-        self._control.broadcast_abort.remote(reason, match)
-
-    def _replicas(self) -> list[dict[str, Any]]:
+    def _replicas(self) -> list[ReplicaReport]:
         if not self.view.fresh.is_set():
             self.refresh()  # before the poller's first tick (start-up)
         return self.view.replicas
@@ -132,7 +164,7 @@ class RemoteEngineClient:
     @property
     def alive(self) -> bool:
         try:
-            return any(r.get("running", True) for r in self._replicas())
+            return any(r.running for r in self._replicas())
         except Exception:  # noqa: BLE001 - no control plane, nothing is alive
             return False
 
@@ -156,7 +188,7 @@ class RemoteEngineClient:
     def max_model_len(self) -> int:
         """The smallest context any replica reports (they share one config; a replica starting
         with another device may size differently, and a request must fit wherever it lands)."""
-        lens = [int(r["max_model_len"]) for r in self._replicas() if "max_model_len" in r]
+        lens = [r.max_model_len for r in self._replicas() if r.max_model_len is not None]
         if not lens:
             raise ServiceUnavailable("no engine replica has reported yet", headers={"retry-after": "5"})
         return min(lens)
@@ -193,15 +225,15 @@ class RemoteEngineClient:
     ) -> RemoteStream:
         if self.view.draining:
             raise ServiceUnavailable("the server is shutting down", code="shutting_down", headers={"retry-after": "5"})
-        req = {
-            "prompt_ids": list(prompt_token_ids),
-            "params": params,
-            "request_id": request_id,
-            "tenant_id": tenant_id,
-            "cache_salt": cache_salt,
-            "version": self._version,
-            "adapter": adapter,  # with affinity routing it also travels as the multiplexed model id
-        }
+        req = GenerateRequest(
+            prompt_ids=list(prompt_token_ids),
+            params=params,
+            request_id=request_id,
+            tenant_id=tenant_id,
+            cache_salt=cache_salt,
+            version=self._version,
+            adapter=adapter,
+        )
         mux = (adapter or "") if self._affinity else ""
         stream = RemoteStream(self._call, self._done, req, mux, self._chunk_timeout_s)
         self._live[request_id] = stream
@@ -215,24 +247,34 @@ class RemoteEngineClient:
     def _done(self, request_id: str) -> None:
         self._live.pop(request_id, None)
 
-    def _call(self, req: dict[str, Any], adapter: str) -> Any:
+    def _call(self, req: GenerateRequest, adapter: str) -> ReplicaCall:
         return self._handle.options(stream=True, multiplexed_model_id=adapter).generate.remote(req)
 
     # -- tenants and adapters: into the control plane, pulled by every replica ---------------------
     def _bump(self, version: object) -> None:
+        assert isinstance(version, int)
         with self._lock:
-            self._version = max(self._version, int(version))  # type: ignore[call-overload]
+            self._version = max(self._version, version)
 
     def set_tenant(self, tenant_id: str, priority: int, weight: float, max_running_seqs: int | None) -> None:
-        self._bump(call_actor(lambda: self._control.set_tenant.remote(tenant_id, priority, weight, max_running_seqs)))
+        settings = TenantSettings(priority, weight, max_running_seqs)
+        self._bump(call_actor(lambda: self._control.set_tenant.remote(tenant_id, settings)))
 
     def validate_adapter(self, path: Path) -> AdapterFacts:
         return shared.validate_adapter(path, self._model_dir, self._settings.engine.max_lora_rank)
 
     def add_adapter(self, key: str, path: Path) -> None:
-        self._bump(call_actor(lambda: self._control.add_adapter.remote(key, str(path))))
+        self._bump(call_actor(lambda: self._control.add_adapter.remote(key, StoredAdapter(str(path)))))
         with self._lock:
             self._adapters[key] = str(path)
+
+    def resolves_references(self) -> bool:
+        return True  # each engine replica fetches into its own cache (replica.py): nothing here
+
+    def add_adapter_reference(self, key: str, ref: AdapterReference) -> None:
+        self._bump(call_actor(lambda: self._control.add_adapter.remote(key, ref)))
+        with self._lock:
+            self._adapters[key] = str(ref)
 
     def remove_adapter(self, key: str) -> None:
         with self._lock:
@@ -244,8 +286,9 @@ class RemoteEngineClient:
             return sorted(self._adapters)
 
     def stats(self) -> EngineStats:
-        replicas = self._replicas()
+        replicas = [r.as_json() for r in self._replicas()]
         first = replicas[0] if replicas else {}
+        control = self.view.control
         return {
             "enabled": True,
             "model": self.model_name,
@@ -254,5 +297,5 @@ class RemoteEngineClient:
             "replica_count": len(replicas),
             "replicas": replicas,
             "draining": self.view.draining,
-            "control": self.view.control,
+            "control": control.as_json() if control is not None else {},
         }

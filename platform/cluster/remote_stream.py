@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
-from loraplex.platform import errors
 from loraplex.platform.cluster.checkpoint import StreamCheckpoint
+from loraplex.platform.cluster.messages import Accepted, GenerateRequest, Output, StreamChunk, StreamError
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -28,23 +28,32 @@ log = logging.getLogger("loraplex.platform.cluster")
 
 MAX_LOSSES = 4  # replicas a request may lose (each resumed from its checkpoint) before it fails
 
-# One call to the engine deployment: (request dict, multiplexed model id) -> Serve's streaming response.
-CallFn = Callable[[dict[str, Any], str], Any]
+
+class ReplicaCall(Protocol):
+    """Serve's streaming response to one call of the engine deployment (``generate``)."""
+
+    def __anext__(self) -> Awaitable[StreamChunk]: ...
+
+    def cancel(self) -> None: ...
+
+
+# One call to the engine deployment: (request, multiplexed model id) -> Serve's streaming response.
+CallFn = Callable[[GenerateRequest, str], ReplicaCall]
 
 
 class RemoteStream:
     def __init__(
-        self, call: CallFn, done: Callable[[str], None], req: dict[str, Any], adapter: str, timeout_s: float
+        self, call: CallFn, done: Callable[[str], None], req: GenerateRequest, adapter: str, timeout_s: float
     ) -> None:
         self._call_fn = call
         self._done = done
         self._req = req
         self._adapter = adapter
         self._timeout_s = timeout_s
-        self._call: Any = None
+        self._call: ReplicaCall | None = None
         self._sends = 0  # calls made: the request, then its resumptions
         self._losses = 0  # replicas lost (died, stalled, engine dead) while serving it
-        self._ckpt = StreamCheckpoint(int(req["params"].n), int(req["params"].max_tokens))
+        self._ckpt = StreamCheckpoint(int(req.params.n), int(req.params.max_tokens))
         self._cancelled = False  # aborted by an operator or by the client going away
         self._abort_told = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,16 +78,16 @@ class RemoteStream:
             except BaseException:
                 self.close()
                 raise
-            if "replica" in first:
-                self.replica = first["replica"]
+            if isinstance(first, Accepted):
+                self.replica = first.replica
                 return
-            if first.get("code") == "engine_unavailable":
+            if isinstance(first, StreamError) and first.code == StreamError.ENGINE_UNAVAILABLE:
                 # that replica's engine loop is dead (Serve's health check will replace it)
                 self._drop_call()
-                await self._lost(_ReplicaLost(first.get("message", "engine unavailable")))
+                await self._lost(_ReplicaLost(first.message))
                 continue
             self.close()
-            _raise_chunk_error(first)
+            raise _unexpected(first)
 
     async def _lost(self, exc: _ReplicaLost) -> None:
         """A replica was lost: wait a moment (Serve's router drops a dead replica when a call to it
@@ -99,7 +108,7 @@ class RemoteStream:
             ) from None
         log.warning(
             "request %s: %s after %d tokens; resuming on another replica",
-            self._req["request_id"],
+            self._req.request_id,
             exc,
             self._ckpt.num_tokens(),
         )
@@ -129,17 +138,17 @@ class RemoteStream:
             except BaseException:
                 self.close()
                 raise
-            if "error_class" in chunk:
-                if chunk.get("code") == "engine_unavailable":  # the engine loop died under it
-                    self._drop_call()
-                    if await self._resume(_ReplicaLost(chunk.get("message", "engine unavailable"))):
+            if not isinstance(chunk, Output):
+                if isinstance(chunk, StreamError) and chunk.code == StreamError.ENGINE_UNAVAILABLE:
+                    self._drop_call()  # the engine loop died under it
+                    if await self._resume(_ReplicaLost(chunk.message)):
                         return self._finish_by_length()
                     continue
                 self.close()
-                _raise_chunk_error(chunk)
-            out = self._ckpt.record(chunk["out"], self._req["request_id"])
+                raise _unexpected(chunk)
+            out = self._ckpt.record(chunk.out, self._req.request_id)
             if out.finished:
-                self._done(self._req["request_id"])
+                self._done(self._req.request_id)
             elif not any(c.token_ids or c.text or c.logprobs for c in out.outputs):
                 continue  # all of it was replay the reader already has
             return out
@@ -155,9 +164,10 @@ class RemoteStream:
 
     def _finish_by_length(self) -> RequestOutput:
         self.close()
-        return self._ckpt.finished_by_length(self._req["request_id"], self._req["prompt_ids"])
+        return self._ckpt.finished_by_length(self._req.request_id, self._req.prompt_ids)
 
-    async def _next(self) -> dict[str, Any]:
+    async def _next(self) -> StreamChunk:
+        assert self._call is not None
         try:
             return await asyncio.wait_for(self._call.__anext__(), timeout=self._timeout_s)
         except StopAsyncIteration:
@@ -194,10 +204,10 @@ class RemoteStream:
         if self._abort_told:
             raise StopAsyncIteration
         self._abort_told = True
-        self._done(self._req["request_id"])
-        n = int(self._req["params"].n)
+        self._done(self._req.request_id)
+        n = int(self._req.params.n)
         outs = [CompletionOutput(i, [], "", FinishReason.ABORT) for i in range(n)]
-        return RequestOutput(self._req["request_id"], self._req["prompt_ids"], outs, True)
+        return RequestOutput(self._req.request_id, self._req.prompt_ids, outs, True)
 
     def _drop_call(self) -> None:
         if self._call is not None:
@@ -209,7 +219,7 @@ class RemoteStream:
 
     def close(self) -> None:
         self._drop_call()
-        self._done(self._req["request_id"])
+        self._done(self._req.request_id)
 
     async def aclose(self) -> None:
         self.close()
@@ -219,9 +229,8 @@ class _ReplicaLost(Exception):
     pass
 
 
-def _raise_chunk_error(chunk: dict[str, Any]) -> None:
-    cls = getattr(errors, chunk.get("error_class", ""), None)
-    if not (isinstance(cls, type) and issubclass(cls, PlatformError)):
-        cls = ServiceUnavailable
-    exc = cls(chunk["message"], param=chunk.get("param"), code=chunk.get("code"), headers=chunk.get("headers"))
-    raise exc
+def _unexpected(chunk: StreamChunk) -> PlatformError:
+    """A replica's error as the same platform error here; anything else out of order is a 503."""
+    if isinstance(chunk, StreamError):
+        return chunk.error()
+    return ServiceUnavailable(f"the engine replica answered out of order: {type(chunk).__name__}")

@@ -4,7 +4,9 @@
 The adapter is Serve's multiplexed model id: ``get_adapter`` is the ``serve.multiplexed`` loader,
 so Serve's router sends an adapter's requests to the replicas that report it loaded and a
 base-model request (no id) to the least loaded one. The engine keeps its own LRU of device slots
-(``max_loras``) and CPU copies; loading reads the shared adapter store on first use.
+(``max_loras``) and CPU copies; loading reads the shared adapter store on first use. Adapters
+registered by reference are fetched by this replica itself, into a disk cache of its own
+(``replica_cache.py``): no filesystem is shared with the ingress or another replica.
 
 Tenant and adapter changes come from the control-plane actor: pulled at start, on a timer, and
 before a request that was admitted under a newer version than this replica has applied.
@@ -17,10 +19,24 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from loraplex.platform.adapters.sources.resolver import AdapterResolver
+from loraplex.platform.adapters.sources.resolver import AdapterResolver, cache_root
+from loraplex.platform.adapters.sources.uri import AdapterReference
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE
+from loraplex.platform.cluster.messages import (
+    Accepted,
+    AdapterSource,
+    EngineState,
+    GenerateRequest,
+    HeartbeatAnswer,
+    Output,
+    ReplicaReport,
+    StreamChunk,
+    StreamError,
+)
+from loraplex.platform.cluster.replica_cache import ReplicaCacheDir
 from loraplex.platform.cluster.routing import PrefixSummary, prefix_keys
 from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.errors import PlatformError
@@ -30,19 +46,21 @@ log = logging.getLogger("loraplex.platform.cluster")
 
 
 class EngineReplica:
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings) -> None:
         import ray
         from ray import serve
 
-        self.settings = Settings(**settings)
+        self.settings = settings  # deploy.cluster_settings(): as the driver resolved them
         ctx = serve.get_replica_context()
         self.name = f"engine-{ctx.replica_id.unique_id}"
-        self.control = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        self.gateway = LocalEngineClient.start(self.settings)
-        # Adapters by reference (s3://, hf://, file://): fetched by this replica into its own disk cache.
-        self.resolver = AdapterResolver.from_settings(self.settings)
+        self.control: Any = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)  # ControlPlane's methods, .remote
+        # Adapters by reference (s3://, hf://, file://): fetched by this replica into its own disk
+        # cache, on its own node (replica_data_dir), never through the ingress's.
+        self.cache_dir = ReplicaCacheDir.claim(replica_cache_parent(self.settings), self.name)
+        self.resolver = AdapterResolver.from_settings(self.settings, cache_dir=self.cache_dir.path)
+        self.gateway = LocalEngineClient.start(self.settings, references=self.resolver)
         self._applied = -1
-        self._adapters: dict[str, str] = {}
+        self._adapters: dict[str, AdapterSource] = {}
         self._sync_lock = threading.Lock()
         self._prefixes = PrefixSummary()  # prompts served lately: what prefix-aware routers read
         self._ongoing = 0
@@ -66,8 +84,8 @@ class EngineReplica:
         """Pull and apply the control plane's state (blocking: the sync thread or a worker)."""
         import ray
 
-        ref: Any = self.control.state.remote(self._applied)
-        self._apply(ray.get(ref, timeout=30))
+        state: EngineState | None = ray.get(self.control.state.remote(self._applied), timeout=30)
+        self._apply(state)
 
     async def sync_async(self) -> None:
         """The same from the request path: the actor call is awaited, the engine calls (which
@@ -76,29 +94,32 @@ class EngineReplica:
         if state is not None:
             await asyncio.to_thread(self._apply, state)
 
-    def _apply(self, state: dict[str, Any] | None) -> None:
+    def _apply(self, state: EngineState | None) -> None:
         if state is None:
             return
         with self._sync_lock:
-            if state["version"] == self._applied:
+            if state.version == self._applied:
                 return
-            for tenant_id, (priority, weight, cap) in state["tenants"].items():
-                self.gateway.set_tenant(tenant_id, priority, weight, cap)
-            wanted: dict[str, str] = state["adapters"]
+            for tenant_id, t in state.tenants.items():
+                self.gateway.set_tenant(tenant_id, t.priority, t.weight, t.max_running_seqs)
+            wanted = state.adapters
             for key in [k for k in self._adapters if k not in wanted or wanted[k] != self._adapters[k]]:
                 self.gateway.remove_adapter(key)
                 del self._adapters[key]
-            for key, path in wanted.items():
+            for key, source in wanted.items():
                 if key not in self._adapters:
-                    self._load_adapter(key, path)
-            self._applied = state["version"]
+                    self._load_adapter(key, source)
+            self._applied = state.version
 
-    def _load_adapter(self, key: str, path: str) -> None:
-        """The one place a replica gets an adapter's weights into its engine (an adapter store
-        that resolves keys to files elsewhere swaps this function only)."""
+    def _load_adapter(self, key: str, source: AdapterSource) -> None:
+        """The one place a replica gets an adapter's weights into its engine: a folder of the
+        shared adapter store, or a reference this engine fetches itself (its own disk cache)."""
         try:
-            self.gateway.add_adapter(key, self.resolver.local_dir(path))
-            self._adapters[key] = path
+            if isinstance(source, AdapterReference):
+                self.gateway.add_adapter_reference(key, source)
+            else:
+                self.gateway.add_adapter(key, Path(source.path))
+            self._adapters[key] = source
         except PlatformError as exc:  # reported to the request that asks for it
             log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
 
@@ -109,9 +130,8 @@ class EngineReplica:
         while not self._stop.wait(interval):
             try:
                 self.sync()
-                ref: Any = self.control.report.remote(self.name, self.report(), self._served)
-                answer: dict[str, Any] = ray.get(ref, timeout=30)
-                self._exchange_service(answer["others"])
+                answer: HeartbeatAnswer = ray.get(self.control.report.remote(self.report(), self._served), timeout=30)
+                self._exchange_service(answer.others)
             except Exception as exc:  # noqa: BLE001 - the control plane restarting: try again next tick
                 log.warning("replica %s: sync failed: %s", self.name, exc)
 
@@ -125,10 +145,10 @@ class EngineReplica:
         self._others_seen = dict(others)
         self._served = self.gateway.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> ReplicaReport:
         stats = self.gateway.stats()
         stats.pop("enabled", None)
-        return {"pid": os.getpid(), "applied_version": self._applied, **stats}
+        return ReplicaReport(self.name, os.getpid(), self._applied, stats, adapter_sources=dict(self.resolver.counters))
 
     # -- requests ----------------------------------------------------------------------------
     async def _multiplexed_adapter(self, adapter_id: str) -> str:
@@ -138,56 +158,50 @@ class EngineReplica:
             await self.sync_async()
         return adapter_id
 
-    async def generate(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yields ``{"replica"}`` once accepted, then ``{"out": RequestOutput}`` per DELTA output; a
-        platform error is a dict too (``{"error_class": ...}``), so the ingress re-raises the same 4xx/503."""
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """Yields ``Accepted`` once the engine took the request, then an ``Output`` per DELTA
+        output; a platform error is a ``StreamError``, which the ingress raises again as the same
+        4xx/503."""
         from ray import serve
 
         routed_by = serve.get_multiplexed_model_id()
-        adapter = routed_by or req.get("adapter") or None
-        if req["version"] > self._applied:
+        adapter = routed_by or req.adapter or None
+        if req.version > self._applied:
             await self.sync_async()
         if routed_by:
             await self.get_adapter(routed_by)
         elif adapter:
             await self._multiplexed_adapter(adapter)
-        rid = req["request_id"]
+        rid = req.request_id
         finished = False
         self._ongoing += 1
-        self._prefixes.add(prefix_keys(req["prompt_ids"], req.get("adapter"), req["cache_salt"]))
+        self._prefixes.add(prefix_keys(req.prompt_ids, req.adapter, req.cache_salt))
         try:
-            params = req["params"]
+            params = req.params
             if params.structured_output is not None:  # compiled off this replica's event loop (cached)
                 await asyncio.to_thread(self.gateway.compile_structured, params.structured_output)
             stream = self.gateway.submit(
-                req["prompt_ids"],
-                req["params"],
+                req.prompt_ids,
+                params,
                 request_id=rid,
                 adapter=adapter,
-                tenant_id=req["tenant_id"],
-                cache_salt=req["cache_salt"],
-                resume_token_ids=req.get("resume_token_ids"),  # continuing a dead replica's request
+                tenant_id=req.tenant_id,
+                cache_salt=req.cache_salt,
+                resume_token_ids=req.resume_token_ids,  # continuing a dead replica's request
             )
-            yield {"replica": self.name}
+            yield Accepted(self.name)
             async for out in stream:  # the engine's DELTA RequestOutput itself (all choices, logprobs)
                 finished = bool(out.finished)
-                yield {"out": out}
+                yield Output(out)
         except PlatformError as exc:
             finished = True
-            yield {
-                "error_class": type(exc).__name__,
-                "status": exc.status_code,
-                "message": exc.message,
-                "param": exc.param,
-                "code": exc.code,
-                "headers": exc.headers,
-            }
+            yield StreamError.of(exc)
         finally:
             self._ongoing -= 1
             if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
                 self.gateway.abort(rid)
 
-    def record_routing_stats(self) -> dict[str, Any]:
+    def record_routing_stats(self) -> dict[str, object]:
         """Polled by Serve for the prefix-aware routers (``cluster/routing.py``)."""
         return {"prefix_keys": self._prefixes.snapshot(), "ongoing": self._ongoing}
 
@@ -202,6 +216,16 @@ class EngineReplica:
         except Exception:  # noqa: BLE001 - shutting down anyway
             pass
         self.gateway.shutdown()
+        self.resolver.close()
+        self.cache_dir.release()  # its downloads go with it: the next replica has its own
+
+
+def replica_cache_parent(settings: Settings) -> Path:
+    """Where the engine replicas' own adapter caches live: ``[cluster] replica_data_dir`` (scratch
+    on each node) or, by default, beside the configured adapter cache."""
+    if settings.cluster.replica_data_dir:
+        return Path(settings.cluster.replica_data_dir) / "adapter-cache" / "replicas"
+    return cache_root(settings) / "replicas"
 
 
 def deployment(settings: Settings) -> Any:

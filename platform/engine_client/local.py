@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams, StructuredOutputSpec
+    from loraplex.platform.adapters.sources.resolver import AdapterResolver
+    from loraplex.platform.adapters.sources.uri import AdapterReference
     from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
@@ -52,10 +54,22 @@ class LocalStream:
 
 
 class LocalEngineClient:
-    def __init__(self, engine: AsyncEngine | None, model_dir: Path | None, max_lora_rank: int) -> None:
+    """``references``: set where this engine fetches by-reference adapters itself (an engine
+    replica of a scale-out, into its own disk cache); None in one process, where the platform's
+    ``ServedReferences`` fetches them (disk cache shared with the admin API, pins, new versions)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine | None,
+        model_dir: Path | None,
+        max_lora_rank: int,
+        *,
+        references: AdapterResolver | None = None,
+    ) -> None:
         self._engine = engine
         self._model_dir = model_dir
         self.max_lora_rank = max_lora_rank
+        self._references = references
         self._lock = threading.Lock()
         self._adapters: dict[str, str] = {}  # engine key -> path, for stats and idempotence
         self._max_prompt_chars: int | None = None
@@ -70,7 +84,7 @@ class LocalEngineClient:
         return cls(None, shared.resolve_model_dir(settings), settings.engine.max_lora_rank)
 
     @classmethod
-    def start(cls, settings: Settings) -> LocalEngineClient:
+    def start(cls, settings: Settings, *, references: AdapterResolver | None = None) -> LocalEngineClient:
         if not settings.engine.enabled:
             return cls.disabled()
         from loraplex.engine import AsyncEngine, EngineConfig
@@ -80,7 +94,7 @@ class LocalEngineClient:
         engine = AsyncEngine(config)
         engine.start()
         log.info("engine started on %s", model_dir)
-        return cls(engine, model_dir, settings.engine.max_lora_rank)
+        return cls(engine, model_dir, settings.engine.max_lora_rank, references=references)
 
     @property
     def enabled(self) -> bool:
@@ -213,6 +227,16 @@ class LocalEngineClient:
                 except Exception as exc:  # e.g. an engine built without LoRA support
                     raise ServiceUnavailable(f"the engine could not load the adapter: {exc}") from exc
             self._adapters[key] = str(path)
+
+    def resolves_references(self) -> bool:
+        return self._references is not None
+
+    def add_adapter_reference(self, key: str, ref: AdapterReference) -> None:
+        """Fetched into this engine's own disk cache (once; later calls find it there), then
+        registered like a folder. A store error is the caller's: the replica reports it."""
+        if self._references is None:
+            raise ServiceUnavailable("this engine does not fetch adapters itself (the platform does)")
+        self.add_adapter(key, self._references.local_dir(ref))
 
     def remove_adapter(self, key: str) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from loraplex.platform.adapters.sources.uri import AdapterReference
 from loraplex.platform.errors import Unprocessable
 
 if TYPE_CHECKING:
@@ -106,7 +107,22 @@ class EngineClient(Protocol):
 
     def validate_adapter(self, path: Path) -> AdapterFacts: ...
 
-    def add_adapter(self, key: str, path: Path) -> None: ...
+    def add_adapter(self, key: str, path: Path) -> None:
+        """Register the adapter in the folder ``path`` (a file this process can read) as ``key``."""
+        ...
+
+    def resolves_references(self) -> bool:
+        """Does the engine fetch by-reference adapters itself? True for a scale-out (each engine
+        replica fetches into its own disk cache, on its own node): the caller hands the reference
+        on with ``add_adapter_reference`` and downloads nothing. False for one process: the caller
+        fetches the folder (``adapters/sources/serving.py``: disk cache, pins, new versions) and
+        registers it with ``add_adapter``."""
+        ...
+
+    def add_adapter_reference(self, key: str, ref: AdapterReference) -> None:
+        """Register ``ref`` as ``key`` for the engine to fetch itself (only where
+        ``resolves_references()``; elsewhere a 503)."""
+        ...
 
     def remove_adapter(self, key: str) -> None: ...
 

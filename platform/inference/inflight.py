@@ -18,12 +18,12 @@ class InFlight:
 
 
 class InflightRegistry:
-    def __init__(self) -> None:
+    def __init__(self, peers: Callable[[str, dict[str, str | None]], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._requests: dict[str, InFlight] = {}
         self._reasons: dict[str, str] = {}
         # Where an abort also goes: the other ingress replicas of a scale-out (reason, match).
-        self.peers: Callable[[str, dict[str, str | None]], None] | None = None
+        self.peers = peers
 
     def add(self, request_id: str, tenant_id: str, key_id: str, adapter_id: str | None) -> None:
         with self._lock:

@@ -10,7 +10,7 @@ from loraplex.platform.db import migrate
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.demo.adapters import register_for_demo_tenant
 from loraplex.platform.demo.bootstrap import DEMO_TENANT, ensure_demo_tenant
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.keys import repository as keys_repo
 from loraplex.platform.settings import load_settings
 from loraplex.platform.tenants import repository as tenants_repo
@@ -19,7 +19,7 @@ from loraplex.platform.tenants import repository as tenants_repo
 def test_demo_tenant_once_and_adapters_registered_for_it(tmp_path, smollm2_dir, demo_adapter_dirs):
     settings = load_settings(data_dir=tmp_path / "data", engine={"model": str(smollm2_dir)})
     migrate.upgrade(settings.db_url)
-    ctx = PlatformContext.build(settings, EngineGateway.validator_only(settings))
+    ctx = PlatformContext.build(settings, LocalEngineClient.validator_only(settings))
     try:
         key = ensure_demo_tenant(ctx)
         assert key and key.startswith("lpx-")

@@ -149,7 +149,7 @@ def test_serve_config_v2_is_valid_for_ray_serve() -> None:
 def test_serve_config_import_path_builds_the_deployments_it_overrides(tmp_path, monkeypatch) -> None:
     pytest.importorskip("ray.serve", reason="needs loraplex[ray]")
     from loraplex.platform.cluster import rayservice
-    from loraplex.platform.cluster.deploy import cluster_settings_dump
+    from loraplex.platform.cluster.deploy import cluster_settings
     from loraplex.platform.settings import load_settings
 
     app_cfg = serve_config()["applications"][0]
@@ -166,7 +166,7 @@ def test_serve_config_import_path_builds_the_deployments_it_overrides(tmp_path, 
     monkeypatch.setenv("LORAPLEX_DATABASE_URL", "postgresql+psycopg://u:p@db:5432/loraplex")
     settings = rayservice.settings_from({"config": str(config)})
     assert settings.engine.device == "cuda" and settings.cluster.replica_num_gpus == 1
-    app = rayservice.build(settings, cluster_settings_dump(settings))
+    app = rayservice.build(cluster_settings(settings))
     ingress = app._bound_deployment
     engine = next(a for a in ingress.init_args if hasattr(a, "_bound_deployment"))._bound_deployment
     built = {ingress.name, engine.name}

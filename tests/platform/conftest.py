@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 from loraplex.platform.app import build_context, create_app
 from loraplex.platform.db import migrate
-from loraplex.platform.engine_gateway import EngineGateway
+from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.settings import load_settings
 
 
@@ -97,7 +97,7 @@ def gateway(demo_model_dir, tmp_path_factory):
             "kv_cache_memory_gb": 0.05,
         },
     )
-    gw = EngineGateway.start(settings)
+    gw = LocalEngineClient.start(settings)
     yield gw
     gw.shutdown()
 

@@ -246,10 +246,10 @@ def test_deleting_adapter_and_tenant_mid_traffic_loses_no_other_record(live, goo
 
 
 def test_dead_engine_answers_503_and_ready_says_why(live_factory, demo_model_dir, tmp_path):
-    from loraplex.platform.engine_gateway import EngineGateway
+    from loraplex.platform.engine_client import LocalEngineClient
     from loraplex.platform.settings import load_settings
 
-    gw = EngineGateway.start(
+    gw = LocalEngineClient.start(
         load_settings(
             data_dir=tmp_path / "own-engine",
             engine={"model": str(demo_model_dir), "max_num_seqs": 2, "kv_cache_memory_gb": 0.02},

@@ -5,65 +5,105 @@ replica registry that forgets silent replicas."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
-from loraplex.platform.cluster.control import ControlPlane, raise_refusal
+from loraplex.platform.adapters.sources.uri import AdapterReference
+from loraplex.platform.cluster.control import ControlConfig, ControlPlane
+from loraplex.platform.cluster.messages import (
+    AbortMatch,
+    EngineState,
+    HeldReservation,
+    Hold,
+    Refusal,
+    ReplicaReport,
+    ReserveAnswer,
+    ReserveItem,
+    StoredAdapter,
+    TenantSettings,
+)
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import QuotaView
 
 
+def _plane(**kw) -> ControlPlane:
+    return ControlPlane(ControlConfig("sqlite://", **kw))
+
+
+def _reserve(cp: ControlPlane, q: QuotaView, tokens: int, key: str | None = None, owner: str = "") -> ReserveAnswer:
+    return cp.reserve_many(owner, [ReserveItem(key or uuid.uuid4().hex, "t", q, tokens)])[0]
+
+
+def _held(answer: ReserveAnswer) -> Hold:
+    assert isinstance(answer, Hold), answer
+    return answer
+
+
+def _refused(answer: ReserveAnswer) -> Refusal:
+    assert isinstance(answer, Refusal), answer
+    return answer
+
+
 def test_reservations_by_key_are_exact_and_refunds_work():
-    cp = ControlPlane("sqlite://")
+    cp = _plane()
     q = QuotaView(rpm=3, tpm=100, max_concurrent=2)
-    a, b = cp.reserve("t", q, 30), cp.reserve("t", q, 30)
-    assert "key" in a and "key" in b and a["key"] != b["key"]
-    refused = cp.reserve("t", q, 30)["refused"]  # the concurrency cap of 2
-    assert refused["message"].startswith("too many concurrent requests")
+    a, b = _held(_reserve(cp, q, 30)), _held(_reserve(cp, q, 30))
+    assert a.key != b.key
+    refused = _refused(_reserve(cp, q, 30))  # the concurrency cap of 2
+    assert refused.message.startswith("too many concurrent requests")
     with pytest.raises(RateLimited) as exc:
-        raise_refusal(refused)
+        raise refused.error()
     assert exc.value.headers["retry-after"] == "1" and exc.value.code == "rate_limit_exceeded"
     assert cp.running("t") == 2
-    cp.cancel(a["key"])  # refused after reserving: the rpm slot comes back too
-    cp.settle(b["key"], 10)  # served 10 of the 30 held
-    cp.settle(b["key"], 10)  # a second settle of the same key changes nothing
+    cp.cancel(a.key)  # refused after reserving: the rpm slot comes back too
+    cp.settle(b.key, 10)  # served 10 of the 30 held
+    cp.settle(b.key, 10)  # a second settle of the same key changes nothing
     assert cp.running("t") == 0
-    c = cp.reserve("t", q, 90)  # tpm window holds 10 (b as served), so 90 fits exactly
-    assert "key" in c and c["headers"]["x-ratelimit-remaining-tokens"] == "0"
-    assert cp.reserve("t", q, 1)["refused"]["message"].startswith("rate limit reached: 100 tokens")
-    assert cp.precheck("t", q) is None  # rpm: 2 of 3 used (a was refunded)
+    c = _held(_reserve(cp, q, 90))  # tpm window holds 10 (b as served), so 90 fits exactly
+    assert c.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert _refused(_reserve(cp, q, 1)).message.startswith("rate limit reached: 100 tokens")
 
 
 def test_state_is_versioned_and_only_changes_bump_it():
-    cp = ControlPlane("sqlite://")
-    v0 = cp.version()
-    assert cp.state(-1) == {"version": v0, "tenants": {}, "adapters": {}}
-    v1 = cp.set_tenant("t", 0, 1.0, None)
+    cp = _plane()
+    v0 = cp.desired.version
+    assert cp.state(-1) == EngineState(v0, {}, {})
+    v1 = cp.set_tenant("t", TenantSettings(0, 1.0, None))
     assert v1 == v0 + 1
-    assert cp.set_tenant("t", 0, 1.0, None) == v1  # the same value again is no change
-    v2 = cp.add_adapter("ad", "/store/ad")
+    assert cp.set_tenant("t", TenantSettings(0, 1.0, None)) == v1  # the same value again is no change
+    v2 = cp.add_adapter("ad", StoredAdapter("/store/ad"))
     assert v2 == v1 + 1 and cp.state(v2) is None  # an up-to-date replica gets nothing
-    v3 = cp.remove_adapter("ad")
-    assert v3 == v2 + 1 and cp.remove_adapter("ad") == v3
-    assert cp.state(v1) == {"version": v3, "tenants": {"t": (0, 1.0, None)}, "adapters": {}}
+    ref = AdapterReference("s3://b/ad/", "ab" * 32)
+    v3 = cp.add_adapter("ad", ref)  # the same key, now by reference: a change
+    assert v3 == v2 + 1 and cp.add_adapter("ad", AdapterReference("s3://b/ad/", "ab" * 32)) == v3
+    assert cp.state(v2) == EngineState(v3, {"t": TenantSettings(0, 1.0, None)}, {"ad": ref})
+    v4 = cp.remove_adapter("ad")
+    assert v4 == v3 + 1 and cp.remove_adapter("ad") == v4
+    assert cp.state(v1) == EngineState(v4, {"t": TenantSettings(0, 1.0, None)}, {})
 
 
 def test_replicas_that_stop_reporting_are_forgotten(monkeypatch):
     # a clock the test moves: a descheduled test process (two CPU burners beside it) must not age
     # the reports between two lines
-    from loraplex.platform.cluster import control
+    from loraplex.platform.cluster import registry
 
     now = [1000.0]
-    monkeypatch.setattr(control.time, "time", lambda: now[0])
-    cp = ControlPlane("sqlite://", replica_ttl_s=0.2)
-    cp.report("engine-a", {"pid": 1})
-    cp.report("engine-b", {"pid": 2})
-    assert [r["replica"] for r in cp.replicas()] == ["engine-a", "engine-b"]
+    monkeypatch.setattr(registry.time, "time", lambda: now[0])
+    cp = _plane(replica_ttl_s=0.2)
+
+    def report(name: str, pid: int, served: dict[str, float]) -> dict[str, float]:
+        return cp.report(ReplicaReport(name, pid, 0, {"running": True}), served).others
+
+    assert report("engine-a", 1, {"t": 5.0}) == {}
+    assert report("engine-b", 2, {"t": 2.0}) == {"t": 5.0}  # what the OTHER replicas served
+    assert [r.replica for r in cp.replica_registry.replicas()] == ["engine-a", "engine-b"]
     now[0] += 0.3
-    cp.report("engine-b", {"pid": 2})
-    assert [r["pid"] for r in cp.replicas()] == [2]
+    report("engine-b", 2, {"t": 3.0})
+    assert [r.pid for r in cp.replica_registry.replicas()] == [2]
+    assert report("engine-b", 2, {"t": 3.0}) == {"t": 5.0}  # a gone replica's service still counts
     cp.forget("engine-b")
-    assert cp.replicas() == []
+    assert cp.replica_registry.replicas() == []
 
 
 def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reservations(tmp_path, db_url, monkeypatch):
@@ -73,6 +113,7 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
+    from loraplex.platform.adapters.models import Adapter
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
     from loraplex.platform.tenants.models import Tenant
 
@@ -80,11 +121,23 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     with Session(engine) as s:
         s.add(Tenant(name="acme", priority=2, weight=3.0))
         s.add(Tenant(name="gone", status="deleted"))
+        facts = {"rank": 4, "alpha": 8.0}
+        s.add(Adapter(name="up", sha256="1" * 64, storage_path="ab/up", **facts))
+        s.add(Adapter(name="ref", sha256="2" * 64, storage_path="", source_uri="s3://b/ref/", **facts))
+        s.add(Adapter(name="old", sha256="3" * 64, storage_path="ab/old", status="superseded", **facts))
         s.commit()
         acme = s.query(Tenant).filter_by(name="acme").one().id
+        ids = {a.name: a.id for a in s.query(Adapter)}
     engine.dispose()
-    old = ControlPlane(db_url, store_root=str(tmp_path / "store"))
-    assert old.state(-1)["tenants"] == {acme: (2, 3.0, None)}  # deleted tenants are not pushed
+    old = ControlPlane(ControlConfig(db_url, store_root=str(tmp_path / "store")))
+    state = old.state(-1)
+    assert state is not None and state.tenants == {acme: TenantSettings(2, 3.0, None)}  # deleted ones are not pushed
+    # an upload is its store folder; an adapter registered by reference stays a reference, which
+    # each replica fetches itself (a store path would point replicas at the store's root)
+    assert state.adapters == {
+        ids["up"]: StoredAdapter(str(tmp_path / "store" / "ab" / "up")),
+        ids["ref"]: AdapterReference("s3://b/ref/", "2" * 64),
+    }
 
     class Direct:  # the actor handle's shape, calling the object in this thread
         def __init__(self, target):
@@ -106,13 +159,12 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     a = store.reserve("t", q, 100)
     b = store.reserve("t", q, 100)
     store.settle(b, 50)  # ended before the restart: not adopted
-    new = ControlPlane(db_url, store_root=str(tmp_path / "store"))
-    assert new.epoch != old.epoch and new.version() > old.version()
+    new = ControlPlane(ControlConfig(db_url, store_root=str(tmp_path / "store")))
+    assert new.epoch != old.epoch and new.desired.version > old.desired.version
     handle.target = new
     c = store.reserve("t", q, 100)  # the answer carries the new epoch: `a` is adopted
     assert new.running("t") == 2  # a (adopted) and c
-    refused = new.reserve("t", q, 1)["refused"]
-    assert refused["message"].startswith("too many concurrent requests")
+    assert _refused(_reserve(new, q, 1)).message.startswith("too many concurrent requests")
     with pytest.raises(RateLimited):
         store.reserve("t", q, 1)  # refused by the actor: the store remembers it briefly
     handle.target = None  # any call to the actor now would fail: the precheck answers from memory
@@ -145,28 +197,28 @@ def test_a_silent_ingress_loses_its_holds_after_the_lease_and_a_stalled_one_read
     the lease the actor has released A's holds: the tenant's concurrency slots and tpm are free
     again (the oracle: fresh reservations that fill both exactly), the rpm requests still count.
     A stalled A that comes back is told at its snapshot and adopts its live holds again."""
-    cp = ControlPlane("sqlite://", ingress_lease_s=0.3)
+    cp = _plane(ingress_lease_s=0.3)
     q = QuotaView(rpm=10, tpm=200, max_concurrent=2)
-    a1 = cp.reserve_many("ingress-a", [("k1", "t", q, 100), ("k2", "t", q, 100)])
-    assert [a["key"] for a in a1] == ["k1", "k2"]
-    assert cp.reserve_many("ingress-b", [("k3", "t", q, 1)])[0]["refused"]["message"].startswith("too many")
+    a1 = cp.reserve_many("ingress-a", [ReserveItem("k1", "t", q, 100), ReserveItem("k2", "t", q, 100)])
+    assert [_held(a).key for a in a1] == ["k1", "k2"]
+    assert _refused(_reserve(cp, q, 1, "k3", "ingress-b")).message.startswith("too many")
     # the same key again (an answer lost, the call sent again) is the same hold, not a second one
-    assert cp.reserve_many("ingress-a", [("k1", "t", q, 100)])[0]["key"] == "k1" and cp.running("t") == 2
+    assert _held(_reserve(cp, q, 100, "k1", "ingress-a")).key == "k1" and cp.running("t") == 2
     deadline = time.monotonic() + 30
     while cp.running("t") and time.monotonic() < deadline:
         cp.snapshot("ingress-b", 0, 0)  # B renews its lease; A is silent
         time.sleep(0.05)
     assert cp.running("t") == 0 and cp.live_reservations() == 0
-    assert cp.snapshot("ingress-b", 0, 0)["control"]["released_by_lease"] == 2
-    b = cp.reserve_many("ingress-b", [("k4", "t", q, 100), ("k5", "t", q, 100)])
-    assert all("key" in x for x in b), b  # both slots and all 200 tokens of the window are back
+    assert cp.snapshot("ingress-b", 0, 0).control.released_by_lease == 2
+    b = cp.reserve_many("ingress-b", [ReserveItem("k4", "t", q, 100), ReserveItem("k5", "t", q, 100)])
+    assert all(isinstance(x, Hold) for x in b), b  # both slots and all 200 tokens of the window are back
     assert cp.usage_now("t")["requests_last_minute"] == 4  # k1, k2 were made (released, still counted), k4, k5
     cp.settle("k4", 0)
     cp.settle("k5", 0)
     # A was only stalled: its next snapshot says so, and it hands back what it still holds
     snap = cp.snapshot("ingress-a", 1, 0)
-    assert snap["readopt"] is True and cp.snapshot("ingress-a", 1, 0)["readopt"] is False
-    assert cp.adopt([{"key": "k1", "tenant_id": "t", "tokens": 100, "budget_period": None}], "ingress-a") == 1
+    assert snap.readopt is True and cp.snapshot("ingress-a", 1, 0).readopt is False
+    assert cp.adopt([HeldReservation("k1", "t", 100, None)], "ingress-a") == 1
     assert cp.running("t") == 1
     cp.settle("k1", 40)
     assert cp.running("t") == 0 and cp.live_reservations() == 0
@@ -182,7 +234,7 @@ def test_the_ingress_store_batches_concurrent_reserves_into_few_actor_calls(monk
     import loraplex.platform.cluster.quota_store as qs
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
 
-    cp = ControlPlane("sqlite://")
+    cp = _plane()
     handle = _Direct(cp)
     store = ActorQuotaStore(handle, owner="ingress-x")
 
@@ -228,7 +280,7 @@ def test_a_tenant_without_limits_is_admitted_without_waiting_for_the_actor(monke
     import loraplex.platform.cluster.quota_store as qs
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
 
-    cp = ControlPlane("sqlite://")
+    cp = _plane()
     handle = _Direct(cp)
     store = ActorQuotaStore(handle, owner="ingress-x")
     waited: list[str] = []
@@ -239,10 +291,10 @@ def test_a_tenant_without_limits_is_admitted_without_waiting_for_the_actor(monke
 
     monkeypatch.setattr(qs, "_await_actor", counted)
     free = store.reserve("t", QuotaView(), 50)
-    assert waited == [] and handle.calls == ["reserve"], (waited, handle.calls)
+    assert waited == [] and handle.calls == ["reserve_many"], (waited, handle.calls)
     assert cp.running("t") == 1 and cp.live_reservations() == 1 and store.live_count() == 1
     store.saw_epoch(cp.epoch)
-    new = ControlPlane("sqlite://")  # restarted: the hold is handed back at the new epoch
+    new = _plane()  # restarted: the hold is handed back at the new epoch
     handle.target = new
     store.saw_epoch(new.epoch)
     assert new.running("t") == 1, new.live_reservations()
@@ -255,18 +307,20 @@ def test_a_tenant_without_limits_is_admitted_without_waiting_for_the_actor(monke
 
 
 def test_admin_aborts_and_draining_reach_every_ingress_snapshot():
-    cp = ControlPlane("sqlite://")
+    cp = _plane()
     first = cp.snapshot("ingress-a", 0, 0)
-    assert first["aborts"] == [] and first["draining"] is False
-    seq = cp.broadcast_abort("key revoked", {"tenant_id": None, "key_id": "k1", "adapter_id": None})
+    assert first.aborts == [] and first.draining is False
+    seq = cp.broadcast_abort("key revoked", AbortMatch(key_id="k1"))
     for name in ("ingress-a", "ingress-b"):
         snap = cp.snapshot(name, 3, 0)
-        assert [(a["reason"], a["match"]["key_id"]) for a in snap["aborts"]] == [("key revoked", "k1")]
-        assert snap["abort_seq"] == seq
-    assert cp.snapshot("ingress-a", 0, seq)["aborts"] == []  # each abort is applied once
+        assert [(a.reason, a.match.key_id) for a in snap.aborts] == [("key revoked", "k1")]
+        assert snap.abort_seq == seq
+    assert cp.snapshot("ingress-a", 0, seq).aborts == []  # each abort is applied once
     cp.set_draining(True)
-    assert cp.snapshot("ingress-b", 1, seq)["draining"] is True
-    assert cp.in_flight() == 1
+    assert not cp.drain_acknowledged()  # ingress-a has not been told yet
+    assert cp.snapshot("ingress-b", 1, seq).draining is True
+    cp.snapshot("ingress-a", 0, seq)
+    assert cp.drain_acknowledged() and cp.ingresses.in_flight() == 1
 
 
 def test_prefix_keys_chain_blocks_and_are_namespaced_by_tenant_and_adapter():

@@ -55,9 +55,9 @@ class Ingress:
     def pid(self) -> int:
         return os.getpid()
 
-    def tick(self) -> dict:
+    def tick(self):
         snap = ray.get(self.control.snapshot.remote(self.name, len(self.held), 0))
-        self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))  # as the ingress's poller
+        self.store.saw_epoch(snap.epoch, readopt=snap.readopt)  # as the ingress's poller
         return snap
 
     def start_polling(self, interval_s: float) -> None:
@@ -70,7 +70,7 @@ class Ingress:
             while True:
                 try:
                     snap = call_actor(lambda: self.control.snapshot.remote(self.name, len(self.held), 0))
-                    self.store.saw_epoch(snap["epoch"], readopt=bool(snap.get("readopt")))
+                    self.store.saw_epoch(snap.epoch, readopt=snap.readopt)
                 except Exception:  # noqa: BLE001 - the control plane restarting: next tick
                     pass
                 time.sleep(interval_s)
@@ -97,22 +97,22 @@ def _restart(control) -> None:
     """Kill the control actor (Ray restarts it) and return once a NEW instance answers: ``ray.kill``
     returns before the old one is gone, and a call sent meanwhile may still reach it. The version
     is milliseconds since the epoch at an instance's start, so the new one's differs."""
-    old = ray.get(control.version.remote())
+    old = ray.get(control.state.remote(-1)).version
     ray.kill(control, no_restart=False)
     deadline = time.monotonic() + WAIT_S
-    while ray.get(control.version.remote()) == old:
+    while ray.get(control.state.remote(-1)).version == old:
         assert time.monotonic() < deadline, "the control actor was not restarted"
         time.sleep(0.05)
 
 
 def _control(**kw):
-    from loraplex.platform.cluster.control import ControlPlane
+    from loraplex.platform.cluster.control import ControlConfig, ControlPlane
 
     # the options deploy.py gives it (one call at a time; no database needed for quotas)
     return (
         ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ControlPlane)
         .options(max_concurrency=1)
-        .remote("sqlite://", ingress_lease_s=LEASE_S, ingress_prefix=PREFIX, **kw)
+        .remote(ControlConfig("sqlite://", ingress_lease_s=LEASE_S, ingress_prefix=PREFIX, **kw))
     )
 
 
@@ -147,11 +147,11 @@ def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray
             time.sleep(0.1)
         assert ray.get(control.running.remote("tenant")) == 2
         assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
-        assert ray.get(b.tick.remote())["control"]["released_by_lease"] == 0
+        assert ray.get(b.tick.remote()).control.released_by_lease == 0
     finally:
         os.kill(pid_a, signal.SIGCONT)
     # A answers again: nothing was released, so nothing is re-adopted (no readopt), holds intact
-    assert ray.get(a.tick.remote())["readopt"] is False
+    assert ray.get(a.tick.remote()).readopt is False
     assert ray.get(control.running.remote("tenant")) == 2
 
     os.kill(pid_a, signal.SIGKILL)  # now gone: Ray confirms the death, the slots come back
@@ -161,7 +161,7 @@ def test_a_stopped_ingress_keeps_its_holds_and_a_killed_one_loses_them(local_ray
         ray.get(b.tick.remote())
         time.sleep(0.2)
     snap = ray.get(b.tick.remote())
-    assert snap["control"]["released_by_lease"] == 2 and snap["control"]["ingresses"] == [PREFIX + "b"]
+    assert snap.control.released_by_lease == 2 and snap.control.ingresses == [PREFIX + "b"]
     assert ray.get(b.admit.remote(2)) == "admitted"  # both of the dead ingress's slots, no more
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
 
@@ -175,12 +175,12 @@ def test_a_restarted_control_plane_admits_no_limited_hold_before_the_ingresses_h
     a, b = _ingress(control, "a"), _ingress(control, "b")
     ray.get([a.tick.remote(), b.tick.remote()])
     assert ray.get([a.admit.remote(2), a.admit.remote(2)]) == ["admitted", "admitted"]
-    epoch = ray.get(b.tick.remote())["epoch"]
+    epoch = ray.get(b.tick.remote()).epoch
     ray.get(a.start_polling.remote(0.5))  # the real ingress's sync_interval_s in the cluster tests
     ray.kill(control, no_restart=False)  # Ray restarts it (max_restarts=-1), as after a crash
     assert ray.get(b.admit.remote(2)).startswith("too many concurrent requests")
     snap = ray.get(b.tick.remote())
-    assert snap["epoch"] != epoch  # it was a new instance that answered
+    assert snap.epoch != epoch  # it was a new instance that answered
     assert ray.get(control.running.remote("tenant")) == 2  # A's two, adopted; nothing more
     # the adopted holds count: a cap of 3 admits exactly one more
     assert ray.get(b.admit.remote(3)) == "admitted"
@@ -223,7 +223,7 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_started_after_it
         c = _ingress(control, "c")  # Serve's replacement: listed from now on, silent
         ray.get(c.pid.remote())
         deadline = time.monotonic() + WAIT_S
-        while PREFIX + "c" not in (ray.get(b.tick.remote())["control"]["live_ingresses"] or []):
+        while PREFIX + "c" not in (ray.get(b.tick.remote()).control.live_ingresses or []):
             assert time.monotonic() < deadline, "the control plane never listed C"
             time.sleep(0.2)
         pending = b.admit.remote(3)  # room for one more once A's two are back
@@ -247,7 +247,7 @@ def test_a_restarted_control_plane_does_not_wait_for_an_ingress_that_never_held_
     c = _ingress(control, "c")  # starting: listed, silent, holds nothing
     ray.get(c.pid.remote())
     _restart(control)  # C is listed when the new instance starts
-    assert PREFIX + "c" in ray.get(b.tick.remote())["control"]["live_ingresses"]
+    assert PREFIX + "c" in (ray.get(b.tick.remote()).control.live_ingresses or [])
     pending = b.admit.remote(3)
     ready, _ = ray.wait([pending], timeout=WAIT_S)
     assert ready, "B's admission still waits (for C, which never held anything)"

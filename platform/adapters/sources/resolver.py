@@ -23,18 +23,27 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loraplex.platform.adapters.sources.cache import DiskCache
 from loraplex.platform.adapters.sources.fetchers import Fetcher, HubFetcher, StoreUnavailable
 from loraplex.platform.adapters.sources.lanes import StoreLanes
 from loraplex.platform.adapters.sources.local import FileFetcher
 from loraplex.platform.adapters.sources.s3 import S3Fetcher
-from loraplex.platform.adapters.sources.uri import RemoteFile, SourceURI, check_files, parse_source
+from loraplex.platform.adapters.sources.uri import (
+    AdapterReference,
+    RemoteFile,
+    SourceURI,
+    check_files,
+    parse_source,
+)
 from loraplex.platform.adapters.store import AdapterStore
+
+if TYPE_CHECKING:
+    from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.adapters")
 
-REF_SEPARATOR = "#sha256="
 DEFAULT_FILE_ROOT = "adapter-files"  # file:// sources without [adapters] file_roots: <data_dir>/adapter-files
 
 
@@ -47,21 +56,17 @@ class Fetched:
     downloaded: bool  # False: served from the disk cache
 
 
+def cache_root(settings: Settings) -> Path:
+    """The configured disk cache of fetched adapters (``[adapters] cache_dir``, else in data_dir)."""
+    a = settings.adapters
+    return Path(a.cache_dir) if a.cache_dir else settings.data_dir / "adapter-cache"
+
+
 def default_file_root(data_dir: Path) -> Path:
     """Where file:// sources must lie when ``[adapters] file_roots`` is empty (created here)."""
     root = Path(data_dir) / DEFAULT_FILE_ROOT
     root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-def make_ref(source: str, sha256: str) -> str:
-    """What the control plane hands a replica for a by-reference adapter: source + content hash."""
-    return f"{source}{REF_SEPARATOR}{sha256}"
-
-
-def split_ref(ref: str) -> tuple[str, str | None]:
-    source, sep, sha = ref.partition(REF_SEPARATOR)
-    return (source, sha) if sep else (ref, None)
 
 
 def fingerprint_of(files: list[RemoteFile]) -> str:
@@ -95,9 +100,13 @@ class AdapterResolver:
         self.counters = {"downloads": 0, "download_bytes": 0, "cache_hits": 0, "failures": 0}
 
     @classmethod
-    def from_settings(cls, settings, on_evict: Callable[[str], None] | None = None) -> AdapterResolver:
+    def from_settings(
+        cls, settings: Settings, on_evict: Callable[[str], None] | None = None, cache_dir: Path | None = None
+    ) -> AdapterResolver:
+        """``cache_dir``: this resolver's own disk cache (an engine replica's), instead of the
+        configured one."""
         a = settings.adapters
-        cache = DiskCache(Path(a.cache_dir) if a.cache_dir else settings.data_dir / "adapter-cache", a.cache_max_bytes)
+        cache = DiskCache(cache_dir or cache_root(settings), a.cache_max_bytes)
         cache.on_evict = on_evict
         fetchers: dict[str, Fetcher] = {
             "s3": S3Fetcher(a.s3_endpoint_url, a.s3_region, a.connect_timeout_s, a.read_timeout_s, a.s3_max_attempts),
@@ -118,15 +127,12 @@ class AdapterResolver:
         )
 
     # -- the one call replicas and the serving path make ----------------------------------------
-    def local_dir(self, ref: str | Path) -> Path:
-        """A local folder for ``ref``: a plain path is returned as is; ``source#sha256=...`` is
-        served from the disk cache or fetched (and must still have that content)."""
-        source, sha = split_ref(str(ref))
-        if "://" not in source:
-            return Path(source)
-        fetched = self.fetch(source, expected_sha256=sha)
-        if sha is not None and fetched.sha256 != sha:
-            raise ContentChanged(source, sha, fetched)
+    def local_dir(self, ref: AdapterReference) -> Path:
+        """A local folder holding ``ref``'s registered content: from the disk cache, or fetched
+        (and refused if the store now holds other content)."""
+        fetched = self.fetch(ref.source, expected_sha256=ref.sha256)
+        if fetched.sha256 != ref.sha256:
+            raise ContentChanged(ref.source, ref.sha256, fetched)
         return fetched.path
 
     def fetch(self, source: str, *, expected_sha256: str | None = None) -> Fetched:

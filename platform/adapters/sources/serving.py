@@ -1,6 +1,10 @@
 """Serving by-reference adapters: the first request for one fetches it (through the resolver's disk
 cache) and registers it with the engine; later requests find it registered and never touch the
-store. Disk-cache eviction unregisters it (requests running with it finish on their host copy)."""
+store. Disk-cache eviction unregisters it (requests running with it finish on their host copy).
+
+An engine that fetches references itself (``EngineClient.resolves_references()``: the replicas of
+a scale-out, each into its own cache) is handed the reference instead: nothing is downloaded here,
+and this process's cache (and its evictions) never concerns those engines."""
 
 from __future__ import annotations
 
@@ -11,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.adapters.sources.fetchers import SourceNotFound
-from loraplex.platform.adapters.sources.resolver import AdapterResolver, ContentChanged, Fetched, make_ref
+from loraplex.platform.adapters.sources.resolver import AdapterResolver, ContentChanged, Fetched
+from loraplex.platform.adapters.sources.uri import AdapterReference
+from loraplex.platform.engine_client.protocol import EngineClient
 from loraplex.platform.errors import BadRequest, PlatformError, ServiceUnavailable
 
 log = logging.getLogger("loraplex.platform.adapters")
@@ -46,19 +51,10 @@ def _unavailable(adapter: Adapter, exc: PlatformError) -> PlatformError:
     )
 
 
-def _engine_is_remote(gateway: Any) -> bool:
-    """Scale-out: replicas resolve references themselves, so the ingress hands the reference on."""
-    try:
-        from loraplex.platform.cluster.remote_gateway import RemoteEngineGateway
-    except ImportError:  # pragma: no cover - the cluster package is always there
-        return False
-    return isinstance(gateway, RemoteEngineGateway)
-
-
 class ServedReferences:
-    def __init__(self, resolver: AdapterResolver, gateway_fn: Callable[[], Any]) -> None:
+    def __init__(self, resolver: AdapterResolver, engine: EngineClient) -> None:
         self.resolver = resolver
-        self._gateway_fn = gateway_fn  # the context's gateway (it can be swapped after start)
+        self._engine = engine
         self._lock = threading.Lock()
         self._served: dict[str, str] = {}  # adapter id -> sha256 registered with the engine
         self._resolved_at: dict[str, float] = {}  # adapter id -> last admission that used it
@@ -76,10 +72,9 @@ class ServedReferences:
         assert adapter.source_uri is not None
         if self._is_current(adapter):
             return
-        gateway = self._gateway_fn()
-        ref = make_ref(adapter.source_uri, adapter.sha256)
-        if _engine_is_remote(gateway):
-            gateway.add_adapter(adapter.id, ref)  # each replica calls AdapterResolver.local_dir(ref)
+        engine = self._engine
+        if engine.resolves_references():
+            engine.add_adapter_reference(adapter.id, AdapterReference(adapter.source_uri, adapter.sha256))
         else:
             with self._pinned_while_loading(adapter):
                 try:
@@ -91,7 +86,7 @@ class ServedReferences:
                     raise
                 except PlatformError as exc:
                     raise _unavailable(adapter, exc) from None
-                self._register(gateway, adapter, path)
+                self._register(engine, adapter, path)
         with self._lock:
             self._served[adapter.id] = adapter.sha256
 
@@ -102,9 +97,10 @@ class ServedReferences:
         assert adapter.source_uri is not None
         if self._is_current(adapter):
             return None
-        gateway = self._gateway_fn()
-        if _engine_is_remote(gateway):
-            await asyncio.to_thread(gateway.add_adapter, adapter.id, make_ref(adapter.source_uri, adapter.sha256))
+        engine = self._engine
+        if engine.resolves_references():
+            ref = AdapterReference(adapter.source_uri, adapter.sha256)
+            await asyncio.to_thread(engine.add_adapter_reference, adapter.id, ref)
         else:
             with self._pinned_while_loading(adapter):
                 try:
@@ -113,7 +109,7 @@ class ServedReferences:
                     raise _unavailable(adapter, exc) from None
                 if fetched.sha256 != adapter.sha256:
                     return fetched
-                await asyncio.to_thread(self._register, gateway, adapter, fetched.path)
+                await asyncio.to_thread(self._register, engine, adapter, fetched.path)
         with self._lock:
             self._served[adapter.id] = adapter.sha256
         return None
@@ -140,9 +136,9 @@ class ServedReferences:
             raise ContentChanged(adapter.source_uri, adapter.sha256, fetched)
         return fetched.path
 
-    def _register(self, gateway: Any, adapter: Adapter, path: Path) -> None:
+    def _register(self, engine: EngineClient, adapter: Adapter, path: Path) -> None:
         try:
-            gateway.add_adapter(adapter.id, path)
+            engine.add_adapter(adapter.id, path)
         except PlatformError as exc:
             raise ModelUnavailable(f"the model {adapter.name!r} is unavailable: {exc.message}", param="model") from None
 
@@ -158,7 +154,9 @@ class ServedReferences:
     def _pinned(self) -> set[str]:
         """Contents with requests queued or running in the engine (a snapshot, outside any lock)."""
         try:
-            active = set(self._gateway_fn().stats().get("lora", {}).get("active_requests", {}))
+            lora = self._engine.stats().get("lora")
+            running = lora.get("active_requests") if isinstance(lora, dict) else None
+            active = set(running) if isinstance(running, dict) else set()
         except Exception:  # noqa: BLE001 - no engine: nothing reads the cache
             active = set()
         horizon = time.monotonic() - PIN_S
@@ -185,9 +183,9 @@ class ServedReferences:
     def _evicted(self, sha256: str) -> None:
         with self._lock:
             ids = self._released.pop(sha256, [])
-        gateway = self._gateway_fn()
+        engine = self._engine
         for adapter_id in ids:
-            gateway.remove_adapter(adapter_id)
+            engine.remove_adapter(adapter_id)
         with self._lock:  # re-added meanwhile by a racing first request: register again next time
             for adapter_id in ids:
                 if self._served.get(adapter_id) == sha256:

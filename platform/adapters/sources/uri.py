@@ -22,6 +22,28 @@ _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}/[A-Za-z0-9][A-Za-z0-9.
 _HF_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,127}$")
 
 
+REF_SEPARATOR = "#sha256="  # between an adapter reference's source and content hash
+
+
+@dataclass(frozen=True)
+class AdapterReference:
+    """An adapter registered by reference: where its files are (``s3://``, ``hf://``, ``file://``)
+    and the content registered (a store that now holds other content is refused). ``str()`` is the
+    wire form the control plane hands replicas: ``<source>#sha256=<hash>``."""
+
+    source: str
+    sha256: str
+
+    def __str__(self) -> str:
+        return f"{self.source}{REF_SEPARATOR}{self.sha256}"
+
+    @classmethod
+    def parse(cls, text: str) -> AdapterReference | None:
+        """The reference ``text`` names, or None for a plain local path."""
+        source, sep, sha = text.partition(REF_SEPARATOR)
+        return cls(source, sha) if sep and "://" in source else None
+
+
 class SourceRejected(BadRequest):
     code = "invalid_source"
 
