@@ -43,7 +43,11 @@ def _post(setup, path, body):
             },
             400,
         ),
-        ("responses", {"model": "bot", "input": "x", "previous_response_id": "resp_" + "a" * 5000}, 400),  # no id is this long
+        (
+            "responses",
+            {"model": "bot", "input": "x", "previous_response_id": "resp_" + "a" * 5000},
+            400,
+        ),  # no id is this long
         ("responses", {"model": "bot", "input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}, 400),
         ("chat/completions", {"model": "bot", "messages": USER, "tools": TOOLS * 129}, 400),
         (
