@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform as host
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,17 +66,18 @@ def one_run(python: str, base: Path, adapter: Path, env: dict, args, root: Path)
     from harness.serve import ServeProcess
 
     data = Path(tempfile.mkdtemp(prefix="lpx-soakrt-", dir=root))
+    # A default launch serves file:// only from <data_dir>/adapter-files: vLLM's load route must
+    # find the adapter there, or every load is a 400 and the soak skips the path that crashed.
+    served_adapter = data / "d" / "adapter-files" / adapter.name
+    shutil.copytree(adapter, served_adapter)
     config = None if args.model == "demo" else "[engine]\nkv_cache_memory_gb = 0.1\n"
-    # the adapter lies outside <data_dir>/adapter-files, file://'s default root: allow its folder
-    roots = f'[adapters]\nfile_roots = ["{adapter.parent}"]\n'
-    config = (config or "") + roots
     server = ServeProcess(data / "d", base, admin_key=ADMIN_KEY, env=env, config=config, python=python, clean_env=True)
     try:
         runtime = next((ln for ln in server.output().splitlines() if "runtime" in ln.lower()), "")
         soak = CrashSoak(
             server.url,
             ADMIN_KEY,
-            adapter,
+            served_adapter,
             lambda: server.proc.poll() is None,
             clients=args.clients,
             active_s=args.active,
@@ -141,6 +143,9 @@ def main() -> None:
                     "died at (s)": ",".join(str(d["died_at_s"]) for d in runs if d["died_at_s"] is not None),
                     "exit codes": ",".join(str(d["exit_code"]) for d in runs if d["exit_code"] is not None),
                     "streams": sum(d["streams_ok"] for d in runs),
+                    # loads that reached the engine (a soak whose loads all fail tests nothing)
+                    "vllm loads": sum(d["statuses"].get("vllm.load 200", 0) for d in runs),
+                    "uploads": sum(d["statuses"].get("admin.upload 201", 0) for d in runs),
                     "5xx": sum(d["5xx"] for d in runs),
                     "run s": ",".join(str(d["elapsed_s"]) for d in runs),
                 }

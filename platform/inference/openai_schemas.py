@@ -24,6 +24,8 @@ Penalty = Annotated[float, Field(ge=-2, le=2)]
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's limit; each tool is part of the grammar of a required tool_choice
+# Messages + content parts + tool calls of one chat request (and Responses input items + parts).
+MAX_MESSAGE_ITEMS = 4096
 
 # Output-changing parameters loraplex does not implement: refused, never silently ignored.
 UNSUPPORTED = {
@@ -80,6 +82,45 @@ def check_extra_fields(body: BaseModel) -> None:
         if name not in HARMLESS and name not in _logged_unknown:
             _logged_unknown.add(name)
             log.warning("ignoring unknown request field %r (logged once)", name)
+
+
+def count_message_items(items: Any, param: str) -> None:
+    """Refuse a message list over ``MAX_MESSAGE_ITEMS`` (messages + content parts + tool calls)
+    on the raw JSON, before pydantic validates it item by item on the event loop: a 4 MiB body of
+    one-character messages otherwise held the loop (every tenant's streams) for seconds and ended
+    in a 400 anyway. Looks at no more than ``MAX_MESSAGE_ITEMS`` entries, whatever was sent."""
+    if not isinstance(items, list):
+        return
+    total = len(items)
+    if total <= MAX_MESSAGE_ITEMS:
+        for item in items:
+            if isinstance(item, dict):
+                for field in ("content", "tool_calls"):
+                    inner = item.get(field)
+                    if isinstance(inner, list):
+                        total += len(inner)
+    if total > MAX_MESSAGE_ITEMS:
+        raise BadRequest(
+            f"{param} holds {total} items (messages, content parts and tool calls); at most "
+            f"{MAX_MESSAGE_ITEMS} are allowed",
+            param=param,
+            code="array_above_max_length",
+        )
+
+
+def count_prompts(prompt: Any) -> None:
+    """The prompt list's bound, on the raw JSON before validation: the ``Prompt`` union walks a
+    list once per member it tries and builds an error per item of every member that fails, so
+    800,000 one-token lists held the event loop for seconds before ``MAX_PROMPTS`` applied."""
+    if not isinstance(prompt, list) or not prompt:
+        return
+    if isinstance(prompt[0], (str, list)):
+        if len(prompt) > MAX_PROMPTS:
+            raise BadRequest(
+                f"the prompt list holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request", param="prompt"
+            )
+    elif not all(isinstance(x, int) for x in prompt):  # one token-id prompt: nothing but ids
+        raise BadRequest("a prompt of token ids must hold only token ids (integers)", param="prompt")
 
 
 class NullIsDefault(BaseModel):
@@ -192,6 +233,13 @@ class CompletionRequest(_Common):
     echo: bool = False
     best_of: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_prompts(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            count_prompts(data.get("prompt"))
+        return data
+
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
         if isinstance(p, str):
@@ -276,6 +324,13 @@ class ChatRequest(_Common):
     continue_final_message: bool = False
     # vLLM's RAG documents: a template variable (a template that does not use them ignores them).
     documents: Annotated[list[dict[str, str]], Field(max_length=1024)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_messages(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            count_message_items(data.get("messages"), "messages")
+        return data
 
     def token_limit(self) -> int | None:
         """None: what is left of the context once the prompt is known (OpenAI's chat default)."""

@@ -24,7 +24,9 @@ DIST = {
 
 @pytest.mark.parametrize("launch", ["default", "dist"])
 def test_server_survives_streams_adapter_churn_and_idle_gaps(launch, serve_process, demo_model_dir, tmp_path):
-    # under the default file:// root (<data_dir>/adapter-files): vLLM's load API reads it from there
+    # Under the data dir's adapter-files folder: the only file:// root a default launch allows, so
+    # vLLM's /v1/load_lora_adapter really loads it (outside it every load was a 400 and the soak
+    # never ran the load path that crashed).
     adapter = make_peft_adapter(demo_model_dir, tmp_path / "data" / "adapter-files" / "adapter", r=4)
     env = DIST if launch == "dist" else {}
     server = serve_process(tmp_path / "data", demo_model_dir, env=env, clean_env=True)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.metadata_limits import check_metadata
-from loraplex.platform.inference.openai_schemas import MAX_TOOLS, MaxTokens, NullIsDefault, Temperature, TopP
+from loraplex.platform.inference.openai_schemas import (
+    MAX_TOOLS,
+    MaxTokens,
+    NullIsDefault,
+    Temperature,
+    TopP,
+    count_message_items,
+)
 
 # Output-changing features this server does not have: refused, never silently ignored.
 UNSUPPORTED = {
@@ -65,6 +72,13 @@ class ResponsesRequest(NullIsDefault):
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
     include: list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_input(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            count_message_items(data.get("input"), "input")
+        return data
 
     def check(self) -> None:
         check_metadata(self.metadata)
