@@ -34,8 +34,21 @@ def bad_text_at(value: Any) -> tuple[str, str] | None:
             v = value.get(field)
             if isinstance(v, str) and "\x00" in v:
                 return field, "a NUL character, which this field cannot hold"
+    if _all_encodable(value):  # the common case, in C: escaped emoji pairs, a NUL in a prompt
+        return None
     where = lone_surrogate_at(value)
     return None if where is None else (where, "a lone UTF-16 surrogate")
+
+
+def _all_encodable(value: Any) -> bool:
+    """Whether every string in the parsed body is valid Unicode, checked by the C JSON encoder and
+    codec (a body of 350k strings costs ~50 ms this way; the walk that names the path is only run
+    once a bad string is known to be there)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
+        return False
+    return True
 
 
 def lone_surrogate_at(value: Any, path: str = "") -> str | None:
