@@ -54,10 +54,8 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
     # The tenant API follows OpenAI's contract (a bad value is a 400, which the SDKs raise as
     # BadRequestError); the admin API keeps FastAPI's 422 for a well-formed body with bad values.
     status = 422 if _req.url.path.startswith("/admin") else 400
-    errors = exc.errors()
+    errors = list(exc.errors())
     first: dict[str, Any] = errors[0] if errors else {"msg": "invalid request", "loc": ()}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
-    param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return error_response(400, "request body is not valid JSON", code="invalid_json")
     if tuple(first.get("loc", ())) == ("body",):
@@ -65,12 +63,135 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
             return error_response(400, "a JSON request body is required", code="invalid_body")
         if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return error_response(400, "request body must be a JSON object", code="invalid_body")
-    message: str = first.get("msg", "invalid request")
-    if param:
-        message = f"{param}: {message}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem(s))"
-    return error_response(status, message, param=param, code="invalid_value")
+    param = openai_param(first.get("loc", ()))
+    # pydantic reports a value that fits no member of a union once per member: one problem
+    same = [e for e in errors if openai_param(e.get("loc", ())) == param]
+    message, code = openai_error(first, same)
+    others = len(errors) - len(same)
+    if others > 0:
+        message += f" (and {others} more problem(s))"
+    return error_response(status, message, param=param, code=code)
+
+
+_LOCATIONS = ("body", "query", "path", "form", "header")
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "bytes"}
+
+
+def openai_param(loc: tuple | list) -> str | None:
+    """OpenAI's spelling of where a value is: ``messages[0].content``. pydantic's location also
+    names the union member it tried (``str``, ``list[TextPart]``, ``ChatMessage``...): left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        p = str(part)
+        if p in _LOCATIONS and not out:
+            continue
+        if p in _TYPE_NAMES or not p.isidentifier() or p[:1].isupper():
+            continue  # a union member's tag, not a field
+        out += f".{p}" if out else p
+    return out or None
+
+
+# pydantic error type -> what OpenAI says it expected
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "none_required": "null",
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "a value of another type"
+
+
+def _bound(ctx: dict[str, Any]) -> tuple[str, Any]:
+    for key, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if key in ctx:
+            return sign, ctx[key]
+    return "", ""
+
+
+def openai_error(first: dict[str, Any], same: list[dict[str, Any]]) -> tuple[str, str]:
+    """The message and code OpenAI gives for this kind of problem (docs/openai-api.md, "Error
+    codes"): clients and frameworks branch on the code, people read the message."""
+    kind = first.get("type", "")
+    name = openai_param(first.get("loc", ())) or "body"
+    value = first.get("input")
+    ctx = first.get("ctx") or {}
+    if kind == "missing":
+        return f"Missing required parameter: '{name}'.", "missing_required_parameter"
+    expected = [_EXPECTED[e.get("type", "")] for e in same if e.get("type", "") in _EXPECTED]
+    if expected and len(expected) == len(same):
+        wanted = " or ".join(dict.fromkeys(expected))
+        return f"Invalid type for '{name}': expected {wanted}, but got {_kind(value)} instead.", "invalid_type"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        sign, limit = _bound(ctx)
+        number = "decimal" if isinstance(limit, float) or isinstance(value, float) else "integer"
+        side = "below_min" if kind.startswith("greater") else "above_max"
+        words = "below minimum" if side == "below_min" else "above maximum"
+        return (
+            f"Invalid '{name}': {number} {words} value. Expected a value {sign} {limit}, but got {_short(value)} instead.",
+            f"{number}_{side}_value",
+        )
+    if kind == "too_short" and isinstance(value, list):
+        if not value:
+            return (
+                f"Invalid '{name}': empty array. Expected an array with minimum length "
+                f"{ctx.get('min_length', 1)}, but got an empty array instead.",
+                "empty_array",
+            )
+        return (
+            f"Invalid '{name}': array too short. Expected an array with minimum length {ctx.get('min_length')}, "
+            f"but got an array with length {len(value)} instead.",
+            "array_below_min_length",
+        )
+    if kind == "too_long" and isinstance(value, list | dict):
+        return (
+            f"Invalid '{name}': array too long. Expected an array with maximum length {ctx.get('max_length')}, "
+            f"but got an array with length {len(value)} instead.",
+            "array_above_max_length",
+        )
+    if kind == "string_too_long" and isinstance(value, str):
+        return (
+            f"Invalid '{name}': string too long. Expected a string with maximum length {ctx.get('max_length')}, "
+            f"but got a string with length {len(value)} instead.",
+            "string_above_max_length",
+        )
+    if kind in ("literal_error", "enum"):
+        return f"Invalid value for '{name}': {_short(value)}. {first.get('msg', '')}.", "invalid_value"
+    return f"{name}: {first.get('msg', 'invalid value')}", "invalid_value"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -96,7 +217,7 @@ DB_RETRY_AFTER_S = 5
 
 
 async def _database_error(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
-    from loraplex.platform.usage.ledger import is_unreachable
+    from loraplex.platform.db.session import is_unreachable
 
     if is_unreachable(exc):  # an outage, not a bug: tell clients when to come back
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
