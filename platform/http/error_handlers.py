@@ -63,11 +63,15 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
             return error_response(400, "a JSON request body is required", code="invalid_body")
         if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return error_response(400, "request body must be a JSON object", code="invalid_body")
-    param = openai_param(first.get("loc", ()))
-    # pydantic reports a value that fits no member of a union once per member: one problem
-    same = [e for e in errors if openai_param(e.get("loc", ())) == param]
-    message, code = openai_error(first, same)
-    others = len(errors) - len(same)
+    # pydantic reports a value that fits no member of a union once per member: one problem, named
+    # where it went deepest (``messages[0].content[0].text`` rather than ``messages[0].content``)
+    top = openai_param(first.get("loc", ())) or ""
+    related = [e for e in errors if (openai_param(e.get("loc", ())) or "").startswith(top)]
+    chosen = max(related, key=lambda e: len(e.get("loc", ())))
+    param = openai_param(chosen.get("loc", ()))
+    same = [e for e in related if openai_param(e.get("loc", ())) == param]
+    message, code = openai_error(same[0], same)
+    others = len(errors) - len(related)
     if others > 0:
         message += f" (and {others} more problem(s))"
     return error_response(status, message, param=param, code=code)

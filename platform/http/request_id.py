@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -30,7 +31,7 @@ def choose(headers: list[tuple[bytes, bytes]]) -> str:
     return "req_" + uuid.uuid4().hex
 
 
-def of(scope: dict[str, Any]) -> str | None:
+def of(scope: Mapping[str, Any]) -> str | None:
     """The id of a request (routes read it through ``request.state.request_id``)."""
     return (scope.get("state") or {}).get("request_id")
 
