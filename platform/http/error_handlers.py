@@ -65,8 +65,8 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
             return error_response(400, "request body must be a JSON object", code="invalid_body")
     # pydantic reports a value that fits no member of a union once per member: one problem, named
     # where it went deepest (``messages[0].content[0].text`` rather than ``messages[0].content``)
-    top = openai_param(first.get("loc", ())) or ""
-    related = [e for e in errors if (openai_param(e.get("loc", ())) or "").startswith(top)]
+    top = openai_param(first.get("loc", ()))
+    related = [e for e in errors if top and _within(openai_param(e.get("loc", ())), top)] or [first]
     chosen = max(related, key=lambda e: len(e.get("loc", ())))
     param = openai_param(chosen.get("loc", ()))
     same = [e for e in related if openai_param(e.get("loc", ())) == param]
@@ -75,6 +75,10 @@ async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONR
     if others > 0:
         message += f" (and {others} more problem(s))"
     return error_response(status, message, param=param, code=code)
+
+
+def _within(param: str | None, top: str) -> bool:
+    return param is not None and (param == top or param.startswith((top + ".", top + "[")))
 
 
 _LOCATIONS = ("body", "query", "path", "form", "header")

@@ -126,6 +126,7 @@ CHAT_MISTAKES = [
     ({"messages": "hi"}, "messages", "invalid_type"),
     ({"model": 5}, "model", "invalid_type"),
     ({"stop": 5}, "stop", "invalid_type"),
+    ({"stop": 5, "stop_token_ids": "x"}, "stop", "invalid_type"),  # two problems: the first named, not merged
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
     (
         {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
@@ -213,3 +214,20 @@ def test_system_fingerprint_on_bodies_and_chunks(module_tenant_setup):
     bot = client.chat.completions.create(model="bot", messages=msgs, max_tokens=2).system_fingerprint
     assert bot is not None and bot != fp
     assert client.completions.create(model="bot", prompt="hi", max_tokens=2).system_fingerprint == bot
+
+
+@pytest.mark.parametrize(
+    ("loc", "param"),
+    [
+        (("body", "messages", 0, "content", "list[TextPart]", 0, "text"), "messages[0].content[0].text"),
+        (("body", "tool_choice", "literal['none','auto','required']"), "tool_choice"),
+        (("body", "tool_choice", "NamedToolChoice", "function"), "tool_choice.function"),
+        (("body", "stop", "str"), "stop"),
+        (("body",), None),
+        (("query", "limit"), "limit"),
+    ],
+)
+def test_openai_param_spelling(loc, param):
+    from loraplex.platform.http.error_handlers import openai_param
+
+    assert openai_param(loc) == param
