@@ -19,24 +19,24 @@ from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodi
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
-from loraplex.platform.api_errors import ADMIN_ERRORS, TENANT_ERRORS
 from loraplex.platform.auth.admin import ensure_admin_key
 from loraplex.platform.auth.gate import AuthGate, KeyPolicy
-from loraplex.platform.body_limit import BodyGuard, route_rules
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db import migrate
-from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.db.session import is_unreachable, unit_of_work
 from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.engine_sync import sync_all
 from loraplex.platform.health import DatabasePending, EngineWatchdog, readiness
-from loraplex.platform.http_errors import install_error_handlers
+from loraplex.platform.http.body_guard import BodyGuard, route_rules
+from loraplex.platform.http.error_handlers import install_error_handlers
+from loraplex.platform.http.openapi_errors import ADMIN_ERRORS, TENANT_ERRORS
+from loraplex.platform.http.request_id import RequestId
+from loraplex.platform.http.text_guard import LoneSurrogateGuard
 from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
 from loraplex.platform.settings import Settings
-from loraplex.platform.text_guard import LoneSurrogateGuard
-from loraplex.platform.usage.ledger import is_unreachable
 
 log = logging.getLogger("loraplex.platform")
 
@@ -180,13 +180,15 @@ KEY_POLICY = KeyPolicy(
 def _add_request_guards(app: FastAPI, ctx: PlatformContext) -> None:
     """ASGI guards, listed innermost first (each ``add_middleware`` wraps the ones before it):
     text validity (reads the body) < body size and time bounds (every route, docs/limits.md) <
-    disconnect watch (sees the client's own receive channel) < key check (before any body byte)."""
+    disconnect watch (sees the client's own receive channel) < key check (before any body byte) <
+    database pending < request id."""
     rules = route_rules(ctx.settings, tenant_prefixes=TENANT_PREFIXES, upload_path=f"{ADMIN_PREFIX}/adapters")
     app.add_middleware(LoneSurrogateGuard, prefixes=(*TENANT_PREFIXES, f"{ADMIN_PREFIX}/"))
     app.add_middleware(BodyGuard, rule_for=rules)
     app.add_middleware(DisconnectWatch, prefixes=("/v1/",))
     app.add_middleware(AuthGate, ctx=ctx, policy=KEY_POLICY)
-    app.add_middleware(DatabasePending, ctx=ctx)  # outermost: nothing else runs before the DB is ready
+    app.add_middleware(DatabasePending, ctx=ctx)  # nothing else runs before the DB is ready
+    app.add_middleware(RequestId)  # outermost: every answer, any guard's refusal too, carries x-request-id
 
 
 # The admin web page: static files that talk only to /admin/v1. The CSP keeps any injected markup inert.

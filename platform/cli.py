@@ -67,7 +67,7 @@ def serve(
     import uvicorn
 
     from loraplex.platform.app import create_app
-    from loraplex.platform.head_deadline import RequestHeadDeadline
+    from loraplex.platform.http.head_deadline import RequestHeadDeadline
 
     # Flags override the file and the environment, field by field.
     engine = {"model": model} if model is not None else None
@@ -89,8 +89,8 @@ def serve(
     _show_admin_key(admin_key)
     if settings.environment == "demo" and ctx.db_ready:  # a degraded start has no tenants to show yet
         _print_demo_key(ctx, settings)
-    from loraplex.platform import access_log
     from loraplex.platform.health import ENGINE_DEAD_EXIT_CODE, EngineWatchdog
+    from loraplex.platform.http import access_log
 
     # When the engine loop dies the process ends with a non-zero status (a supervisor restarts it):
     # the watchdog asks uvicorn to stop, and the status is set below, after the shutdown.

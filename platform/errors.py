@@ -1,4 +1,4 @@
-"""Domain errors. Services raise these; ``http_errors`` turns them into OpenAI-style bodies:
+"""Domain errors. Services raise these; ``http/error_handlers.py`` turns them into OpenAI-style bodies:
 ``{"error": {"message", "type", "param", "code"}}``."""
 
 from __future__ import annotations

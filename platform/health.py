@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
-from loraplex.platform.http_errors import error_response
+from loraplex.platform.http.error_handlers import error_response
 
 if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
     from loraplex.platform.context import PlatformContext

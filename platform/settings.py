@@ -149,7 +149,7 @@ class LimitsSettings(_Table):
     # An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
     idle_timeout_s: float = Field(15.0, gt=0)
     # A request line and headers must arrive whole within this long (checked every this long, so
-    # a silent or stalled connection is closed after one to two of it; platform/head_deadline.py).
+    # a silent or stalled connection is closed after one to two of it; platform/http/head_deadline.py).
     header_timeout_s: float = Field(20.0, gt=0)
     # The request line and headers together: a longer head gets 431 and the connection is closed.
     max_header_bytes: int = Field(64 * 1024, ge=4096)

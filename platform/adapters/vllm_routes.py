@@ -13,9 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.adapters import references, repository, service
 from loraplex.platform.adapters.models import Adapter
-from loraplex.platform.api_errors import ErrorBody
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.errors import BadRequest, NotFound
+from loraplex.platform.http.openapi_errors import ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["vllm"])
 

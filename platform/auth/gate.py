@@ -28,7 +28,7 @@ from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.tenant import authenticate_tenant
 from loraplex.platform.errors import PlatformError, Unauthorized
-from loraplex.platform.http_errors import error_body, error_response
+from loraplex.platform.http.error_handlers import error_body, error_response
 
 if TYPE_CHECKING:
     from loraplex.platform.context import PlatformContext
@@ -114,10 +114,10 @@ def _closing(request_headers: dict, extra: dict | None) -> dict:
 
 
 def _database_failed(exc: SQLAlchemyError, headers: dict) -> JSONResponse:
-    from loraplex.platform.http_errors import DB_RETRY_AFTER_S
-    from loraplex.platform.usage.ledger import is_unreachable
+    from loraplex.platform.db.session import is_unreachable
+    from loraplex.platform.http.error_handlers import DB_RETRY_AFTER_S
 
-    if is_unreachable(exc):  # an outage: the same answer the routes give (http_errors)
+    if is_unreachable(exc):  # an outage: the same answer the routes give (http/error_handlers.py)
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
         body = error_body(
             "the database is unavailable; retry shortly", "service_unavailable", None, "database_unavailable"

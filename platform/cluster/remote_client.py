@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
     from loraplex.platform.inference.inflight import InflightRegistry
-    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.cluster")
 
@@ -210,8 +209,8 @@ class RemoteEngineClient:
             stream.cancel()
 
     # -- requests ----------------------------------------------------------------------------------
-    def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
-        return shared.sampling_params(request, self._structured)
+    def check_sampling(self, params: SamplingParams, *, tenant_id: str | None) -> None:
+        shared.check_sampling(params, tenant_id, self._structured)
 
     def submit(
         self,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -66,3 +67,10 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
             callback()
     finally:
         session.close()
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """The database could not be reached (as opposed to refusing this data)."""
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams, StructuredOutputSpec
     from loraplex.platform.adapters.sources.resolver import AdapterResolver
     from loraplex.platform.adapters.sources.uri import AdapterReference
-    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -160,10 +159,10 @@ class LocalEngineClient:
             self._engine = None
 
     # -- requests ---------------------------------------------------------------------------
-    def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
+    def check_sampling(self, params: SamplingParams, *, tenant_id: str | None) -> None:
         """Compiled in the caller's worker thread: the request waits for its grammar, the loop does not."""
         engine = self.engine.engine
-        return shared.sampling_params(request, engine.structured, engine.limits)
+        shared.check_sampling(params, tenant_id, engine.structured, engine.limits)
 
     def compile_structured(self, spec: StructuredOutputSpec) -> None:
         """A grammar built elsewhere (an ingress) compiled into this engine's cache, off the loop."""

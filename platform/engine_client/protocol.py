@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loraplex.engine import RequestOutput, SamplingParams
-    from loraplex.platform.inference.sampling_request import SamplingRequest
 
 # Live engine state as the admin API and /metrics read it (JSON values: numbers, names, nested maps).
 EngineStats = dict[str, object]
@@ -83,10 +82,10 @@ class EngineClient(Protocol):
     def shutdown(self) -> None: ...
 
     # -- requests ---------------------------------------------------------------------------
-    def sampling_params(self, *, request: SamplingRequest) -> SamplingParams:
-        """Engine ``SamplingParams`` for ``request`` (always passed by keyword); its
-        ``structured_output=(kind, value)`` is compiled here (call from a worker thread), so a bad
-        schema is a 400 before any quota is reserved."""
+    def check_sampling(self, params: SamplingParams, *, tenant_id: str | None) -> None:
+        """Refuse (4xx) what the engine would refuse of ``params``: its request limits, and a
+        structured-output spec that does not compile (compiled here, call from a worker thread),
+        so a bad schema is a 400 before any quota is reserved."""
         ...
 
     def submit(

@@ -14,8 +14,7 @@ from loraplex.platform.settings import Settings
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import RequestLimits, SamplingParams, StructuredOutputManager, StructuredOutputSpec
-    from loraplex.platform.inference.sampling_request import SamplingRequest
+    from loraplex.engine import RequestLimits, SamplingParams, StructuredOutputManager
 
 log = logging.getLogger("loraplex.platform.engine")
 
@@ -72,60 +71,27 @@ def max_prompt_chars(tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> 
     return max_model_len * max(longest, 1)
 
 
-def sampling_params(
-    request: SamplingRequest, structured: StructuredOutputManager, limits: RequestLimits | None = None
-) -> SamplingParams:
-    """The engine's ``SamplingParams`` for a ``SamplingRequest``, field by field; its
-    ``structured_output=(kind, value)`` becomes a spec compiled by ``structured`` (the engine's own
-    code and cache), so an unsupported schema is refused here, before the request reserves quota
-    or reaches an engine."""
-    from loraplex.engine import (
-        BusyError,
-        InvalidRequestError,
-        SamplingParams,
-        StructuredOutputSpec,
-        check_request_limits,
-    )
+def check_sampling(
+    params: SamplingParams,
+    tenant_id: str | None,
+    structured: StructuredOutputManager,
+    limits: RequestLimits | None = None,
+) -> None:
+    """Refuse what the engine would refuse, before the request reserves quota or reaches an engine:
+    the per-request limits, and a structured-output spec that does not compile (compiled here by
+    ``structured``, the engine's own code and cache, charged to ``tenant_id``)."""
+    from loraplex.engine import BusyError, InvalidRequestError, check_request_limits
 
-    r = request
-    if r.max_tokens is None:
-        raise ValueError("max_tokens is set at admission, before the engine's SamplingParams are built")
-    so = r.structured_output
-    params = SamplingParams(
-        n=r.n,
-        max_tokens=r.max_tokens,
-        temperature=r.temperature,
-        top_k=r.top_k,
-        top_p=r.top_p,
-        seed=r.seed,
-        stop=list(r.stop),
-        stop_token_ids=list(r.stop_token_ids),
-        ignore_eos=r.ignore_eos,
-        include_stop_str_in_output=r.include_stop_str_in_output,
-        presence_penalty=r.presence_penalty,
-        frequency_penalty=r.frequency_penalty,
-        repetition_penalty=r.repetition_penalty,
-        min_p=r.min_p,
-        logit_bias=dict(r.logit_bias),
-        logprobs=r.logprobs,
-        prompt_logprobs=r.prompt_logprobs,
-        structured_output=StructuredOutputSpec(so[0], so[1]) if so is not None else None,
-        min_tokens=r.min_tokens,
-        bad_words_token_ids=[list(w) for w in r.bad_words_token_ids],
-        allowed_token_ids=list(r.allowed_token_ids) if r.allowed_token_ids is not None else None,
-    )
-    if limits is not None:  # before compiling, and before the request reserves quota
+    if limits is not None:  # before compiling
         try:
             check_request_limits(params, limits)
         except InvalidRequestError as exc:
             raise platform_error(exc) from None
-    compiled: StructuredOutputSpec | None = params.structured_output
-    if compiled is not None:
+    if params.structured_output is not None:
         try:
-            structured.compile(compiled, tenant=r.tenant_id)
+            structured.compile(params.structured_output, tenant=tenant_id)
         except (InvalidRequestError, BusyError) as exc:
             raise platform_error(exc) from None
-    return params
 
 
 def structured_compiler(tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> StructuredOutputManager:

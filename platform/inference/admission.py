@@ -21,6 +21,7 @@ from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
+from loraplex.platform.inference import context_window
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import group
 from loraplex.platform.quotas import repository as quotas_repo
@@ -30,9 +31,7 @@ from loraplex.platform.quotas.store import QuotaView, Reservation
 if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
     from loraplex.platform.adapters.models import Adapter
-    from loraplex.platform.inference.sampling_request import SamplingRequest
-
-DEFAULT_MAX_TOKENS = 256  # chat without max_tokens when the engine's context length is unknown
+    from loraplex.platform.inference.openai_schemas import _Common
 
 
 @dataclass
@@ -50,21 +49,18 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)
     admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
     user: str | None = None  # the OpenAI ``user`` field (logs and traces)
+    http_request_id: str | None = None  # the x-request-id of the HTTP request it came in (usage record)
 
     @property
     def headers(self) -> dict[str, str]:
         return self.reservation.headers
 
 
-def check_text(texts: list[str], param: str, max_chars: int | None) -> None:
+def check_text(texts: list[str], param: str, max_chars: int | None, context: int | None) -> None:
     """Refuse, without tokenizing, text that cannot fit or is not valid Unicode."""
     total = sum(len(t) for t in texts)
-    if max_chars is not None and total > max_chars:
-        raise BadRequest(
-            f"the prompt has {total} characters; it cannot fit the model's context (at most {max_chars} characters)",
-            param=param,
-            code="context_length_exceeded",
-        )
+    if max_chars is not None and context is not None and total > max_chars:
+        raise context_window.too_many_characters(total, max_chars, context, param=param)
     for t in texts:
         try:
             t.encode("utf-8")
@@ -105,10 +101,12 @@ def chat_texts(messages: list[Any], tools: list[Any] | None = None) -> list[str]
     return texts
 
 
-def _context_len(gateway: Any) -> int | None:
+def context_len(gateway: Any) -> int | None:
+    """The engine's context length; None where no engine can say yet (a scale-out ingress before
+    any replica reported)."""
     try:
         return int(gateway.max_model_len)
-    except Exception:  # noqa: BLE001 - a remote gateway has no one engine to ask: the fixed default
+    except Exception:  # noqa: BLE001 - a remote gateway has no one engine to ask
         return None
 
 
@@ -154,21 +152,26 @@ class Tokenized:
 
 
 def tokenize_prompt(
-    ctx, endpoint: str, texts: list[str], tokenize: Callable[[Any], list[int]], sampling: SamplingRequest
+    ctx,
+    auth: TenantAuth,
+    endpoint: str,
+    texts: list[str],
+    tokenize: Callable[[Any], list[int]],
+    body: _Common,
+    structured_output: tuple[str, str] | None,
 ) -> Tokenized:
-    """Blocking (tokenizer, grammar): run it in a worker thread."""
+    """Blocking (tokenizer, grammar): run it in a worker thread. The prompt's ids, and the
+    engine's ``SamplingParams`` with the ``max_tokens`` that fits (decided here, once)."""
     t0 = time.monotonic()
-    check_text(texts, "messages" if endpoint.startswith("chat") else "prompt", ctx.gateway.max_prompt_chars())
+    param = "messages" if endpoint.startswith("chat") else "prompt"
+    context = context_len(ctx.gateway)
+    check_text(texts, param, ctx.gateway.max_prompt_chars(), context)
     prompt_ids = tokenize(ctx.gateway.tokenizer)
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
-    if sampling.max_tokens is None:  # chat's default (OpenAI, vLLM): what is left of the context
-        context = _context_len(ctx.gateway)
-        sampling = sampling.with_max_tokens(max(1, context - len(prompt_ids)) if context else DEFAULT_MAX_TOKENS)
-    try:
-        params = ctx.gateway.sampling_params(request=sampling)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
+    max_tokens = context_window.max_tokens_for(body.requested_max_tokens(), len(prompt_ids), context, param=param)
+    params = body.to_sampling_params(ctx.gateway.tokenizer, max_tokens=max_tokens, structured_output=structured_output)
+    ctx.gateway.check_sampling(params, tenant_id=auth.tenant_id)  # grammar compiles are charged to the tenant
     return Tokenized(prompt_ids, params, t0)
 
 

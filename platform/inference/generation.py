@@ -125,6 +125,7 @@ class Generation:
         now = time.monotonic()
         return self.ctx.ledger.write(
             request_id=p.request_id,
+            http_request_id=p.http_request_id,
             tenant_id=p.auth.tenant_id,
             api_key_id=p.auth.key_id,
             adapter_id=p.adapter_id,
@@ -164,6 +165,7 @@ class Generation:
                 admission_s=p.admission_s,
                 user=p.user,
                 start_unix=time.time() - (now - p.started),
+                http_request_id=p.http_request_id,
             )
         )
         return self.record(status)

@@ -1,19 +1,27 @@
-"""Request bodies of the OpenAI-compatible API.
+"""Request bodies of the OpenAI-compatible API, and how one becomes the engine's sampling values.
 
 Every field that changes the output is either honoured or refused with a 400 that names it
 (``UNSUPPORTED``); fields that cannot change the output (``store``, ``metadata``...) and fields we
 do not know are accepted, and an unknown one is logged once per name.
+
+A body turns into the engine's ``SamplingParams`` in one copy, ``to_sampling_params`` (vLLM's
+name), once its prompt is tokenized and ``context_window.max_tokens_for`` has decided
+``max_tokens``; what needs the tokenizer but not the prompt is checked earlier
+(``check_sampling``, before the database is asked anything).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.metadata_limits import check_metadata
+
+if TYPE_CHECKING:
+    from loraplex.engine import SamplingParams
 
 log = logging.getLogger("loraplex.platform.inference")
 
@@ -26,6 +34,7 @@ MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's limit; each tool is part of the grammar of a required tool_choice
 # Messages + content parts + tool calls of one chat request (and Responses input items + parts).
 MAX_MESSAGE_ITEMS = 4096
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 
 # Output-changing parameters loraplex does not implement: refused, never silently ignored.
 UNSUPPORTED = {
@@ -181,7 +190,7 @@ class _Common(NullIsDefault):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     user: str | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
@@ -208,6 +217,8 @@ class _Common(NullIsDefault):
     priority: int = 0
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
+    _bad_words_ids: tuple[tuple[int, ...], ...] | None = PrivateAttr(default=None)
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -219,8 +230,98 @@ class _Common(NullIsDefault):
             try:
                 out[int(k)] = float(v)
             except ValueError:
-                raise BadRequest(f"logit_bias keys must be token ids, got {k!r}", param="logit_bias") from None
+                raise BadRequest(
+                    f"logit_bias keys must be token ids, got {k!r}", param="logit_bias", code="invalid_value"
+                ) from None
         return out
+
+    # -- what the endpoint asks of the sampler (chat and completions name these differently) ------
+    def requested_max_tokens(self) -> int | None:
+        """None: what is left of the context (chat's default; decided by ``context_window``)."""
+        raise NotImplementedError
+
+    def sample_logprobs(self) -> int | None:
+        """Top-k of each generated token; None: no logprobs."""
+        raise NotImplementedError
+
+    def sample_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
+    # -- the conversion ----------------------------------------------------------------------------
+    def check_sampling(self, tokenizer: Any) -> None:
+        """What pydantic cannot check alone: token ids against the tokenizer's vocabulary (the
+        model's embedding may have more rows, ids that decode to no text: a logit_bias on one made
+        the answer empty) and fields loraplex refuses. 400s naming the field; nothing is copied."""
+        if self.priority != 0:
+            raise BadRequest(
+                "per-request priority is not supported (a tenant's priority is set by the operator)",
+                param="priority",
+                code="unsupported_parameter",
+            )
+        vocab = len(tokenizer)
+        for name, ids in (
+            ("allowed_token_ids", self.allowed_token_ids or []),
+            ("stop_token_ids", self.stop_token_ids or []),
+            ("logit_bias", list(self.bias())),
+        ):
+            if any(t >= vocab for t in ids):
+                raise BadRequest(
+                    f"{name} holds a token id outside the vocabulary [0, {vocab})", param=name, code="invalid_value"
+                )
+
+    def to_sampling_params(
+        self, tokenizer: Any, *, max_tokens: int, structured_output: tuple[str, str] | None
+    ) -> SamplingParams:
+        """The engine's ``SamplingParams`` for this body, field by field (the only copy), with the
+        ``max_tokens`` that ``context_window.max_tokens_for`` decided and the output constraint
+        (``(kind, value)``) of the response format or the tool plan; its grammar is compiled by the
+        engine client (``check_sampling``). The engine's own checks become 400s naming the field."""
+        from loraplex.engine import InvalidRequestError, SamplingParams, StructuredOutputSpec
+
+        so = structured_output
+        try:
+            return SamplingParams(
+                n=self.n,
+                max_tokens=max_tokens,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                seed=self.seed,
+                stop=self.stop_list(),
+                stop_token_ids=list(self.stop_token_ids or ()),
+                ignore_eos=self.ignore_eos,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
+                min_p=self.min_p,
+                logit_bias=self.bias(),
+                logprobs=self.sample_logprobs(),
+                prompt_logprobs=self.sample_prompt_logprobs(),
+                structured_output=StructuredOutputSpec(so[0], so[1]) if so is not None else None,
+                min_tokens=self.min_tokens,
+                bad_words_token_ids=[list(w) for w in self._bad_words(tokenizer)],
+                allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
+            )
+        except InvalidRequestError as exc:
+            raise BadRequest(str(exc), param=exc.param, code="invalid_value") from None
+
+    def _bad_words(self, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+        # Tokenized once per body, however many prompts a completions request carries.
+        if self._bad_words_ids is None:
+            self._bad_words_ids = bad_words_token_ids(self.bad_words or [], tokenizer)
+        return self._bad_words_ids
+
+
+def bad_words_token_ids(words: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """As vLLM: each word's tokens alone and after a space (the forms it takes mid-sentence)."""
+    out: list[tuple[int, ...]] = []
+    for w in words:
+        for form in (w, " " + w.lstrip()):
+            ids = tuple(tokenizer.encode(form, add_special_tokens=False))
+            if ids and ids not in out:
+                out.append(ids)
+    return tuple(out)
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -239,6 +340,19 @@ class CompletionRequest(_Common):
         if isinstance(data, dict):
             count_prompts(data.get("prompt"))
         return data
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def sample_prompt_logprobs(self) -> int | None:
+        # echo + logprobs: the prompt's own logprobs (top-k as the completion's), computed with any
+        # prompt_logprobs the request also asked for (each is cut to its own k when rendered).
+        if self.echo and self.logprobs is not None:
+            return max(self.prompt_logprobs or 0, self.logprobs)
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -332,6 +446,8 @@ class ChatRequest(_Common):
             count_message_items(data.get("messages"), "messages")
         return data
 
-    def token_limit(self) -> int | None:
-        """None: what is left of the context once the prompt is known (OpenAI's chat default)."""
+    def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def sample_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,7 +1,8 @@
-"""The request path behind /v1/completions, /v1/chat/completions and /v1/responses: checks, the
-tool plan and prompt, the ``SamplingRequest``, admission (quota reservation) of every prompt, then
-``generation.start_all`` (submission; billing from here on) and ``responses.render`` (the bodies;
-it never submits). The Responses API goes through ``chat`` too, so there is one admission and one
+"""The request path behind /v1/completions, /v1/chat/completions and /v1/responses: checks (the
+body's own, ``check_sampling``), the tool plan and prompt, admission of every prompt (tokenize,
+``max_tokens`` decided, the body's ``to_sampling_params``, quota reservation), then
+``generation.start_all`` (submission; billing from here on) and ``render.render`` (the bodies; it
+never submits). The Responses API goes through ``chat`` too, so there is one admission and one
 billing path."""
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from loraplex.platform.inference import admission, chat_prompt, generation
 from loraplex.platform.inference import service as inference_service
 from loraplex.platform.inference.logprobs_format import LogprobsFormatter
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest, _Common, check_extra_fields
-from loraplex.platform.inference.responses import Shape, render
-from loraplex.platform.inference.sampling_request import SamplingRequest
+from loraplex.platform.inference.render import Shape, render
 from loraplex.platform.inference.structured import response_spec
 from loraplex.platform.inference.tools import plan_tools
 
@@ -33,8 +33,9 @@ async def _prepare_all(
     model: str,
     endpoint: str,
     prompts: list[tuple[list[str], Callable[[Any], list[int]]]],
-    sampling: SamplingRequest,
-    user: str | None,
+    body: _Common,
+    structured_output: tuple[str, str] | None,
+    request_id: str | None,
 ) -> list[admission.Prepared]:
     """Admit one engine request per prompt, all of them or none: look the model and quota up (a
     short transaction), fetch an uncached adapter (awaited here: no thread or connection waits on
@@ -44,14 +45,16 @@ async def _prepare_all(
     adapter = await inference_service.serve_model(ctx, tenant, model, target.adapter)
     if adapter is not target.adapter:  # the store held a new version: it is served instead
         target = dataclasses.replace(target, adapter=adapter)
-    sampling = dataclasses.replace(sampling, tenant_id=tenant.tenant_id)  # grammar compiles are charged to it
     tokenized = [
-        await run_in_threadpool(admission.tokenize_prompt, ctx, endpoint, texts, tokenize, sampling)
+        await run_in_threadpool(
+            admission.tokenize_prompt, ctx, tenant, endpoint, texts, tokenize, body, structured_output
+        )
         for texts, tokenize in prompts
     ]
     preps = admission.admit(ctx, tenant, model, endpoint, target, tokenized)
     for p in preps:
-        p.user = user
+        p.user = body.user
+        p.http_request_id = request_id
     return preps
 
 
@@ -60,7 +63,7 @@ def _check_prompt_logprobs(body: _Common) -> None:
         raise BadRequest("prompt_logprobs is not available when streaming", param="prompt_logprobs")
 
 
-async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: TenantAuth):
+async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: TenantAuth, request_id: str | None = None):
     check_extra_fields(body)
     _check_prompt_logprobs(body)
     if body.best_of is not None and body.best_of != body.n:
@@ -84,37 +87,32 @@ async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: Ten
         return tokenize
 
     tok = ctx.gateway.tokenizer
-    # echo + logprobs: the prompt's own logprobs (top-k as the completion's), computed with any
-    # prompt_logprobs the request also asked for (each is cut to its own k when rendered).
-    prompt_k = max(body.prompt_logprobs or 0, body.logprobs or 0) if echo_logprobs else body.prompt_logprobs
-    sampling = SamplingRequest.from_body(
-        body,
-        tok,
-        max_tokens=body.max_tokens,
-        logprobs=body.logprobs,
-        structured_output=response_spec(body),
-        prompt_logprobs=prompt_k,
-    )
-    vocab = len(ctx.gateway.tokenizer)
+    body.check_sampling(tok)
+    vocab = len(tok)
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab for t in p):
             bad = next(t for t in p if not 0 <= t < vocab)
-            raise BadRequest(f"prompt token ids must be in the vocabulary [0, {vocab}), got {bad}", param="prompt")
+            raise BadRequest(
+                f"prompt token ids must be in the vocabulary [0, {vocab}), got {bad}",
+                param="prompt",
+                code="invalid_value",
+            )
     preps = await _prepare_all(
         ctx,
         tenant,
         body.model,
         "completions",
         [([p] if isinstance(p, str) else [], tokenizer_for(p)) for p in prompts],
-        sampling,
-        body.user,
+        body,
+        response_spec(body),
+        request_id,
     )
     echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if body.echo else None
     gens = await generation.start_all(ctx, preps, streaming=body.stream)
     return await render(gens, _shape(body, chat=False, logprobs=body.logprobs, echo=echo), LogprobsFormatter(tok))
 
 
-async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth):
+async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth, request_id: str | None = None):
     check_extra_fields(body)
     _check_prompt_logprobs(body)
     if body.top_logprobs is not None and not body.logprobs:
@@ -125,18 +123,16 @@ async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth):
     spec = plan.spec or response_spec(body)
     if plan.spec is not None and response_spec(body) is not None:
         raise BadRequest("a required or named tool_choice cannot be combined with another output constraint")
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    logprobs = body.sample_logprobs()
     template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
 
     def tokenize(tok) -> list[int]:
         return chat_prompt.render(body, tok, plan, template)
 
     tok = ctx.gateway.tokenizer
-    sampling = SamplingRequest.from_body(
-        body, tok, max_tokens=body.token_limit(), logprobs=logprobs, structured_output=spec
-    )
+    body.check_sampling(tok)
     texts = admission.chat_texts(body.messages, body.tools)  # tool calls and definitions count too
-    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], sampling, body.user)
+    preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], body, spec, request_id)
     gens = await generation.start_all(ctx, preps, streaming=body.stream)
     return await render(gens, _shape(body, chat=True, logprobs=logprobs, tools=plan), LogprobsFormatter(tok))
 

@@ -7,10 +7,11 @@ is durable."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from loraplex.platform.deps import ContextDep, MeteredTenantDep, SessionDep, TenantDep
 from loraplex.platform.errors import NotFound
+from loraplex.platform.http import request_id
 from loraplex.platform.inference import request_path, service
 from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
 from loraplex.platform.inference.responses_api.routes import router as responses_router
@@ -39,10 +40,10 @@ def get_model(model_id: str, session: SessionDep, ctx: ContextDep, tenant: Meter
 
 
 @router.post("/completions")
-async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDep):
-    return await request_path.completions(body, ctx, tenant)
+async def completions(body: CompletionRequest, ctx: ContextDep, tenant: TenantDep, request: Request):
+    return await request_path.completions(body, ctx, tenant, request_id.of(request.scope))
 
 
 @router.post("/chat/completions")
-async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep):
-    return await request_path.chat(body, ctx, tenant)
+async def chat_completions(body: ChatRequest, ctx: ContextDep, tenant: TenantDep, request: Request):
+    return await request_path.chat(body, ctx, tenant, request_id.of(request.scope))

@@ -15,7 +15,7 @@ from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.deps import ContextDep, MeteredTenantDep, SessionDep
 from loraplex.platform.errors import BadRequest
-from loraplex.platform.inference.admission import chat_texts, check_text
+from loraplex.platform.inference.admission import chat_texts, check_text, context_len
 from loraplex.platform.inference.openai_schemas import MAX_TOOLS, ChatMessage, Tool
 from loraplex.platform.inference.service import resolve_model
 from loraplex.platform.quotas import repository as quotas_repo
@@ -62,7 +62,8 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
     tok = ctx.gateway.tokenizer
     # The generation routes' character bound (and text validity), before any templating.
     texts = chat_texts(body.messages) if body.messages is not None else [body.prompt or ""]
-    check_text(texts, "messages" if body.messages is not None else "prompt", ctx.gateway.max_prompt_chars())
+    param = "messages" if body.messages is not None else "prompt"
+    check_text(texts, param, ctx.gateway.max_prompt_chars(), context_len(ctx.gateway))
     if body.messages is not None:
         from loraplex.platform.inference import chat_prompt
         from loraplex.platform.inference.openai_schemas import ChatRequest

@@ -130,6 +130,7 @@ class ChatCompletion(Wire):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    system_fingerprint: str | None = None  # which backend configuration answered (fingerprint.py)
     prompt_logprobs: PromptLogprobs | None = None  # vLLM: the chat prompt's, when asked
 
 
@@ -153,6 +154,7 @@ class ChatChunk(Wire):
     model: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
+    system_fingerprint: str | None = None
     usage: Usage | None = None
     omit_when_none = frozenset({"usage"})
 
@@ -173,6 +175,7 @@ class Completion(Wire):
     model: str
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
     usage: Usage
 
 
@@ -190,4 +193,5 @@ class CompletionChunk(Wire):
     model: str
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChunkChoice]
+    system_fingerprint: str | None = None
     usage: Usage | None = None

@@ -42,6 +42,7 @@ class FinishedRequest:
     admission_s: float = 0.0
     user: str | None = None
     start_unix: float = 0.0  # wall clock at the request's start (for trace spans)
+    http_request_id: str | None = None  # the response's x-request-id (what a client quotes)
 
 
 class BoundedLabel:

@@ -26,6 +26,7 @@ class RequestObserver:
             extra={
                 "request": {
                     "request_id": rec.request_id,
+                    "http_request_id": rec.http_request_id,
                     "endpoint": rec.endpoint,
                     "status": rec.status,
                     "tenant_id": rec.tenant_id,

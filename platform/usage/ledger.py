@@ -27,17 +27,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    OperationalError,
-    SQLAlchemyError,
-)
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.base import utcnow
-from loraplex.platform.db.session import unit_of_work
+from loraplex.platform.db.session import is_unreachable, unit_of_work
 from loraplex.platform.usage import repository
 from loraplex.platform.usage.lease import InstanceLease, live_instances
 from loraplex.platform.usage.spool import REJECTED, Spool
@@ -45,13 +39,6 @@ from loraplex.platform.usage.spool import REJECTED, Spool
 log = logging.getLogger("loraplex.platform.usage")
 
 _TIME_FIELDS = ("created_at", "updated_at")
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """The database could not be reached (as opposed to refusing this data)."""
-    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError)):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 @dataclass
@@ -324,7 +311,7 @@ def _db_row(row: dict) -> dict:
 
 def _storable(text: str) -> str:
     """Text every database can hold: a lone surrogate (not UTF-8) and a NUL (PostgreSQL text cannot
-    hold it) become U+FFFD. The request guard (``text_guard.py``) refuses such text up front; a
+    hold it) become U+FFFD. The request guard (``http/text_guard.py``) refuses such text up front; a
     label that gets past it some other way must not cost the record (refused: its tokens unbilled)."""
     if "\x00" not in text:
         try:

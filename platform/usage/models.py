@@ -24,6 +24,9 @@ class UsageRecord(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     # Idempotency key: a replayed or re-sent record updates its row, never adds a second one.
     request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    # The x-request-id of the HTTP request (the client's own, or one the server made): what a
+    # client quotes to support. One HTTP request may be several records (a list of prompts).
+    http_request_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     tenant_id: Mapped[str] = mapped_column(String(32), index=True)
     api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     adapter_id: Mapped[str | None] = mapped_column(String(32), nullable=True)

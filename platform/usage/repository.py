@@ -26,6 +26,7 @@ _MUTABLE = (
     "endpoint",
     "user",
     "reserved_tokens",
+    "http_request_id",
 )
 
 

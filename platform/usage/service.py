@@ -48,6 +48,7 @@ def report(
 
 EXPORT_FIELDS = (
     "request_id",
+    "http_request_id",
     "created_at",
     "updated_at",
     "tenant_id",

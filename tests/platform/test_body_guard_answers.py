@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loraplex.platform.body_limit import BodyGuard, BodyRule
+from loraplex.platform.http.body_guard import BodyGuard, BodyRule
 
 IDLE_S = 0.05
 RULE = BodyRule(max_bytes=1024, deadline_s=0.2, idle_s=IDLE_S, message="too large")

@@ -1,4 +1,4 @@
-"""The request head's size bound (platform/head_deadline.py) on a real uvicorn with the protocol
+"""The request head's size bound (platform/http/head_deadline.py) on a real uvicorn with the protocol
 ``loraplex serve`` uses: httptools buffers a header of any length, so one endless header grew the
 process by the client's bandwidth until the head deadline. A head over ``max_head_bytes`` gets 431
 and the connection is closed, also when it is pipelined behind a request; bodies are not heads.
@@ -16,7 +16,7 @@ import time
 import pytest
 import uvicorn
 
-from loraplex.platform.head_deadline import RequestHeadDeadline
+from loraplex.platform.http.head_deadline import RequestHeadDeadline
 
 MAX_HEAD = 16 * 1024
 STREAMED = 32 * 1024 * 1024  # what the client tries to send as one header

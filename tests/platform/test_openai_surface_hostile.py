@@ -1,4 +1,4 @@
-"""The request path (SamplingRequest -> admission -> start_all -> render) attacked through a real
+"""The request path (to_sampling_params -> admission -> start_all -> render) attacked through a real
 server: n > 1 streams with tools, structured output with logprobs, stop strings that span tokens,
 hostile values (lone surrogates, int overflows, negative token ids, huge bodies), echo + logprobs
 at a tenant's quota. Every answer is a 200 or a 4xx with OpenAI's error body, never a 500."""

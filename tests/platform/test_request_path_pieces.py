@@ -1,5 +1,5 @@
-"""The request path's pure pieces, without an engine or a server: SamplingRequest (built once,
-validated in one place), engine output -> per-choice deltas, the logprobs layouts, the wire models
+"""The request path's pure pieces, without an engine or a server: a body's one conversion into the
+engine's SamplingParams, max_tokens decided in one place (and OpenAI's context error), engine output -> per-choice deltas, the logprobs layouts, the wire models
 and the body / chunk builders (rendering never submits: they take deltas and produce bodies)."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ import dataclasses
 import json
 
 import pytest
+from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from loraplex.engine.outputs import CompletionOutput, FinishReason, RequestOutput
 from loraplex.engine.sampler import TokenLogprobs
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import wire
+from loraplex.platform.inference.context_window import DEFAULT_MAX_TOKENS, ContextLengthExceeded, max_tokens_for
 from loraplex.platform.inference.deltas import Delta, choice_deltas, is_abort, new_tokens, timeout_deltas
 from loraplex.platform.inference.logprobs_format import LogprobsFormatter, concat
-from loraplex.platform.inference.openai_schemas import ChatRequest, CompletionRequest
-from loraplex.platform.inference.responses import BodyBuilder, ChunkBuilder, Meta, Shape
-from loraplex.platform.inference.sampling_request import MAX_SEED, SamplingRequest
+from loraplex.platform.inference.openai_schemas import MAX_SEED, ChatRequest, CompletionRequest
+from loraplex.platform.inference.render import BodyBuilder, ChunkBuilder, Meta, Shape
 from loraplex.platform.inference.tools import plan_tools
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,52 +30,82 @@ def tok(demo_model_dir):
     return AutoTokenizer.from_pretrained(str(demo_model_dir))
 
 
-# -- SamplingRequest -----------------------------------------------------------------------------
+# -- body -> SamplingParams (one copy) ------------------------------------------------------------
 def _completion_body(**kw) -> CompletionRequest:
     return CompletionRequest.model_validate({"model": "m", "prompt": "x", **kw})
 
 
-def test_sampling_request_is_frozen_typed_and_carries_every_field(tok):
-    body = _completion_body(
-        temperature=0.5,
-        top_p=0.9,
-        n=2,
-        stop=["a", "bc"],
-        seed=7,
-        logit_bias={"5": 3.0},
-        top_k=4,
-        min_p=0.1,
-        min_tokens=1,
-        stop_token_ids=[3],
-        bad_words=["Paris"],
-        allowed_token_ids=[1, 2, 3],
-        include_stop_str_in_output=True,
-        ignore_eos=True,
-        repetition_penalty=1.2,
-        presence_penalty=0.5,
-        frequency_penalty=-0.5,
-    )
-    r = SamplingRequest.from_body(body, tok, max_tokens=9, logprobs=2, structured_output=("regex", "a+"))
-    assert (r.max_tokens, r.n, r.temperature, r.top_p, r.top_k, r.min_p, r.seed) == (9, 2, 0.5, 0.9, 4, 0.1, 7)
-    assert r.stop == ("a", "bc") and r.stop_token_ids == (3,) and r.logit_bias == ((5, 3.0),)
-    assert r.allowed_token_ids == (1, 2, 3) and r.include_stop_str_in_output and r.ignore_eos
-    assert (r.presence_penalty, r.frequency_penalty, r.repetition_penalty) == (0.5, -0.5, 1.2)
-    assert r.logprobs == 2 and r.structured_output == ("regex", "a+") and r.min_tokens == 1
+EVERY_FIELD = dict(
+    temperature=0.5,
+    top_p=0.9,
+    n=2,
+    stop=["a", "bc"],
+    seed=7,
+    logit_bias={"5": 3.0},
+    top_k=4,
+    min_p=0.1,
+    min_tokens=1,
+    stop_token_ids=[3],
+    bad_words=["Paris"],
+    allowed_token_ids=[1, 2, 3],
+    include_stop_str_in_output=True,
+    ignore_eos=True,
+    repetition_penalty=1.2,
+    presence_penalty=0.5,
+    frequency_penalty=-0.5,
+    logprobs=2,
+    prompt_logprobs=1,
+)
+
+
+def test_a_body_becomes_the_engines_sampling_params_in_one_copy(tok):
+    from loraplex.engine import SamplingParams, StructuredOutputSpec
+
+    body = _completion_body(**EVERY_FIELD)
+    p = body.to_sampling_params(tok, max_tokens=9, structured_output=("regex", "a+"))
+    assert isinstance(p, SamplingParams)
+    assert (p.max_tokens, p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (9, 2, 0.5, 0.9, 4, 0.1, 7)
+    assert p.stop == ["a", "bc"] and p.stop_token_ids == [3] and p.logit_bias == {5: 3.0}
+    assert p.allowed_token_ids == [1, 2, 3] and p.include_stop_str_in_output and p.ignore_eos
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert p.logprobs == 2 and p.prompt_logprobs == 1 and p.min_tokens == 1
+    assert p.structured_output == StructuredOutputSpec("regex", "a+")
     # bad words: alone and after a space, as token ids of the real tokenizer
-    assert tuple(tok.encode("Paris", add_special_tokens=False)) in r.bad_words_token_ids
-    assert tuple(tok.encode(" Paris", add_special_tokens=False)) in r.bad_words_token_ids
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        r.n = 3  # type: ignore[misc]
-    hash(r)  # frozen and made of tuples: hashable
-    later = r.with_max_tokens(100)
-    assert later.max_tokens == 100 and r.max_tokens == 9 and dataclasses.replace(later, max_tokens=9) == r
+    assert tok.encode("Paris", add_special_tokens=False) in p.bad_words_token_ids
+    assert tok.encode(" Paris", add_special_tokens=False) in p.bad_words_token_ids
+    # Every engine field is set from the body: a field added to SamplingParams that the conversion
+    # forgets keeps its default and fails here (speculative is the engine's own decision).
+    default = SamplingParams()
+    unset = [
+        f.name
+        for f in dataclasses.fields(SamplingParams)
+        if getattr(p, f.name) == getattr(default, f.name) and f.name != "speculative"
+    ]
+    assert unset == []
+
+
+def test_each_endpoint_names_its_logprobs_and_limits(tok):
+    chat = ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}
+    )
+    assert chat.requested_max_tokens() is None  # chat's default: what is left of the context
+    assert chat.to_sampling_params(tok, max_tokens=4, structured_output=None).logprobs == 3
+    both = ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 9, "max_completion_tokens": 5}
+    )
+    assert (
+        both.requested_max_tokens() == 5
+        and both.to_sampling_params(tok, max_tokens=5, structured_output=None).logprobs is None
+    )
+    # completions: 16 by default (OpenAI); echo + logprobs asks the prompt's logprobs at the larger k
+    assert _completion_body().requested_max_tokens() == 16
+    echo = _completion_body(echo=True, logprobs=3, prompt_logprobs=1)
+    assert echo.to_sampling_params(tok, max_tokens=4, structured_output=None).prompt_logprobs == 3
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"seed": MAX_SEED + 1}, "seed"),
-        ({"seed": -1}, "seed"),
         ({"priority": 3}, "priority"),
         ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),
         ({"stop_token_ids": [10**9]}, "stop_token_ids"),
@@ -82,31 +113,49 @@ def test_sampling_request_is_frozen_typed_and_carries_every_field(tok):
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
     ],
 )
-def test_sampling_request_refusals_name_the_field(tok, fields, param):
+def test_sampling_refusals_that_need_the_tokenizer_name_the_field(tok, fields, param):
     with pytest.raises(BadRequest) as e:
-        SamplingRequest.from_body(_completion_body(**fields), tok, max_tokens=4, logprobs=None, structured_output=None)
+        _completion_body(**fields).check_sampling(tok)
     assert e.value.param == param and e.value.status_code == 400
 
 
-def test_sampling_request_becomes_the_engines_sampling_params(tok):
-    """The gateway's conversion (engine_client.shared) sets every engine field from the request."""
-    from loraplex.engine import SamplingParams
-    from loraplex.platform.engine_client.shared import sampling_params
+@pytest.mark.parametrize(("fields", "param"), [({"seed": MAX_SEED + 1}, "seed"), ({"seed": -1}, "seed")])
+def test_sampling_refusals_of_the_schema_name_the_field(fields, param):
+    with pytest.raises(ValidationError) as e:
+        _completion_body(**fields)
+    assert e.value.errors()[0]["loc"] == (param,)
 
-    body = _completion_body(n=3, stop="zz", seed=1, logit_bias={"7": -2.0}, bad_words=["cat"], temperature=0)
-    r = SamplingRequest.from_body(body, tok, max_tokens=5, logprobs=1, structured_output=None, prompt_logprobs=2)
-    p = sampling_params(r, structured=None)  # type: ignore[arg-type]  # no grammar: no compiler needed
-    assert isinstance(p, SamplingParams)
-    assert (p.n, p.max_tokens, p.stop, p.seed, p.logit_bias, p.logprobs, p.prompt_logprobs) == (
-        3,
-        5,
-        ["zz"],
-        1,
-        {7: -2.0},
-        1,
-        2,
-    )
-    assert p.bad_words_token_ids == [list(w) for w in r.bad_words_token_ids] and p.temperature == 0
+
+def test_the_engines_own_refusal_is_a_400_naming_its_field(tok):
+    with pytest.raises(BadRequest) as e:  # min_tokens > max_tokens: only known once max_tokens is decided
+        _completion_body(min_tokens=50).to_sampling_params(tok, max_tokens=4, structured_output=None)
+    assert e.value.param == "min_tokens" and e.value.code == "invalid_value"
+
+
+# -- max_tokens: decided in one place -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("requested", "prompt", "context", "expected"),
+    [
+        (None, 10, 100, 90),  # chat's default: what is left
+        (5, 10, 100, 5),
+        (90, 10, 100, 90),  # exactly fits
+        (None, 99, 100, 1),
+        (None, 10, None, DEFAULT_MAX_TOKENS),  # no engine to ask yet: the fixed default
+        (7, 10, None, 7),
+    ],
+)
+def test_max_tokens_for(requested, prompt, context, expected):
+    assert max_tokens_for(requested, prompt, context, param="messages") == expected
+
+
+@pytest.mark.parametrize(("requested", "prompt"), [(None, 100), (None, 150), (91, 10), (1, 100)])
+def test_a_request_that_cannot_fit_gets_openais_context_error(requested, prompt):
+    with pytest.raises(ContextLengthExceeded) as e:
+        max_tokens_for(requested, prompt, 100, param="messages")
+    err = e.value
+    assert (err.status_code, err.code, err.param) == (400, "context_length_exceeded", "messages")
+    assert err.message.startswith("This model's maximum context length is 100 tokens. However, ")
+    assert f"{prompt} " in err.message  # the prompt's own count, as OpenAI states it
 
 
 # -- engine output -> deltas --------------------------------------------------------------------

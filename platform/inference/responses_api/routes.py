@@ -9,7 +9,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
@@ -19,7 +19,9 @@ from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.deps import ContextDep, MeteredTenantDep, SessionDep, TenantDep
 from loraplex.platform.errors import BadRequest, NotFound
+from loraplex.platform.http import request_id
 from loraplex.platform.inference import request_path
+from loraplex.platform.inference.context_window import ContextLengthExceeded
 from loraplex.platform.inference.responses_api import convert, input_items, store
 from loraplex.platform.inference.responses_api.events import translate
 from loraplex.platform.inference.responses_api.schemas import ResponsesRequest
@@ -75,12 +77,16 @@ def _save(ctx: PlatformContext, auth: TenantAuth, response: dict[str, Any], conv
 
 
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, ctx: ContextDep, tenant: TenantDep):
+async def create_response(body: ResponsesRequest, ctx: ContextDep, tenant: TenantDep, request: Request):
     body.check()
     history = await run_in_threadpool(_before_generation, ctx, tenant, body)
     chat, conversation = convert.to_chat(body, history)
     rid = convert.new_id("resp")
-    result = await request_path.chat(chat, ctx, tenant)  # refusals are HTTP errors, before any byte
+    try:  # refusals are HTTP errors, before any byte
+        result = await request_path.chat(chat, ctx, tenant, request_id.of(request.scope))
+    except ContextLengthExceeded as exc:
+        exc.param = "input"  # the Responses API's name for what the chat path calls messages
+        raise
     headers = {k: v for k, v in result.headers.items() if k.startswith(("x-", "retry-after"))}
 
     async def finish(output: list[dict[str, Any]], chat_usage: dict | None, reason: str | None) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from loraplex.platform.errors import PlatformError
-from loraplex.platform.http_errors import error_body
+from loraplex.platform.http.error_handlers import error_body
 from loraplex.platform.inference import wire
 from loraplex.platform.inference.deltas import Delta
+from loraplex.platform.inference.fingerprint import system_fingerprint
 from loraplex.platform.inference.generation import Generation, merge_deltas
 from loraplex.platform.inference.logprobs_format import LogprobsFormatter, concat
 from loraplex.platform.inference.tools import ToolPlan, ToolStream, finish_reason, parse_output
@@ -40,12 +41,14 @@ class Shape:
 
 @dataclass
 class Meta:
-    """Each body's id, created and model; the prompts' token ids (usage, echoed logprobs)."""
+    """Each body's id, created, model and system_fingerprint; the prompts' token ids (usage, echoed
+    logprobs)."""
 
     id: str
     created: int
     model: str
     prompt_ids: list[list[int]] = field(default_factory=list)
+    system_fingerprint: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -60,6 +63,7 @@ async def render(gens: list[Generation], shape: Shape, fmt: LogprobsFormatter) -
         first.created,
         first.model,
         [g.prep.prompt_ids for g in gens],
+        system_fingerprint(gens[0].ctx.gateway, first.adapter_id),
     )
     # The first prompt's rate-limit headers, and the replica(s) that served the response.
     headers = {**first.headers, "x-loraplex-replica": ",".join(dict.fromkeys(g.replica for g in gens))}
@@ -131,6 +135,7 @@ class BodyBuilder:
                 id=m.id,
                 created=m.created,
                 model=m.model,
+                system_fingerprint=m.system_fingerprint,
                 choices=[self._chat_choice(i) for i in range(total)],
                 usage=self.usage(),
                 **extra,
@@ -139,6 +144,7 @@ class BodyBuilder:
             id=m.id,
             created=m.created,
             model=m.model,
+            system_fingerprint=m.system_fingerprint,
             choices=[self._completion_choice(i) for i in range(total)],
             usage=self.usage(),
         )
@@ -190,7 +196,8 @@ class ChunkBuilder:
         self._offsets: dict[int, int] = defaultdict(int)  # completions: each choice's text so far
 
     def _head(self) -> dict:
-        return {"id": self.meta.id, "created": self.meta.created, "model": self.meta.model}
+        m = self.meta
+        return {"id": m.id, "created": m.created, "model": m.model, "system_fingerprint": m.system_fingerprint}
 
     def opening(self) -> list[wire.ChatChunk | wire.CompletionChunk]:
         out: list[wire.ChatChunk | wire.CompletionChunk] = []

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from loraplex.platform.http_errors import error_response
+from loraplex.platform.http.error_handlers import error_response
 
 if TYPE_CHECKING:
     from loraplex.platform.settings import Settings

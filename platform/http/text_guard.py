@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from loraplex.platform.http_errors import error_response
+from loraplex.platform.http.error_handlers import error_response
 
 _CANDIDATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]|\\u0000")
 # Top-level fields that are stored or looked up in SQL as they are: PostgreSQL text cannot hold NUL.
