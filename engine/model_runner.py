@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loraplex.kernels import get_kernel_ops, make_lora_segments
+from loraplex.kernels import batch_invariant_ops, get_kernel_ops, make_lora_segments
 
 from .config import EngineConfig
 from .kv_cache import KVCacheManager
@@ -92,6 +92,8 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        if config.batch_invariant:
+            self.ops = batch_invariant_ops(self.ops)  # raises where the backend cannot hold it
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws
         self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
         self.model: LlamaForCausalLM
