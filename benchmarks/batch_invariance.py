@@ -84,7 +84,7 @@ def seed_holds(engine, batch: int, rng: random.Random) -> bool:
     seeded = SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
 
     def serve(others: int) -> list[int]:
-        for i in range(others):
+        for _ in range(others):
             n = rng.randrange(8, 300)
             params = SamplingParams(max_tokens=40, temperature=0.8, ignore_eos=True)
             engine.add_request(EngineRequest([rng.randrange(100, vocab - 1) for _ in range(n)], params))
@@ -145,16 +145,27 @@ def main() -> None:
             for b, m in configs if r % 2 == 0 else configs[::-1]:
                 res = run_steps(engines[m], b, args.prompt, args.steps, random.Random(1000 * r + b))
                 results.setdefault((b, m), []).append(res)
-                print(f"{dtype} round {r} b{b} {m}: " + json.dumps({k: round(v, 1) for k, v in res.items()}), flush=True)
+                print(
+                    f"{dtype} round {r} b{b} {m}: " + json.dumps({k: round(v, 1) for k, v in res.items()}), flush=True
+                )
         for b in batches:
             holds = {m: seed_holds(engines[m], b, random.Random(b)) for m in engines}
-            med = {m: {k: statistics.median(x[k] for x in results[(b, m)]) for k in results[(b, m)][0]} for m in engines}
+            med = {
+                m: {k: statistics.median(x[k] for x in results[(b, m)]) for k in results[(b, m)][0]} for m in engines
+            }
             for m in engines:
                 cost = med["off"]["decode_tok_per_cpu_s"] / med[m]["decode_tok_per_cpu_s"]
                 pcost = med["off"]["prefill_tok_per_cpu_s"] / med[m]["prefill_tok_per_cpu_s"]
                 table.append(
-                    {"dtype": dtype, "batch": b, "batch_invariant": m, **med[m], "decode_cost": cost,
-                     "prefill_cost": pcost, "seed_holds": holds[m]}  # fmt: skip
+                    {
+                        "dtype": dtype,
+                        "batch": b,
+                        "batch_invariant": m,
+                        **med[m],
+                        "decode_cost": cost,
+                        "prefill_cost": pcost,
+                        "seed_holds": holds[m],
+                    }  # fmt: skip
                 )
         del engines
     print(f"\nmedians of {args.rounds} rounds; load now {os.getloadavg()}")

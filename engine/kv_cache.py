@@ -18,9 +18,29 @@ behind one seam:
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
 
 from .prefix_cache import SeqBlockHashes, extra_key
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from .config import EngineConfig
+    from .models import ModelConfig
+
+
+def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
+    """Blocks of ``config.kv_cache_memory_gb``, but never more than every sequence at full length."""
+    from .memory import kv_bytes_per_token
+
+    per_block = config.block_size * kv_bytes_per_token(mcfg, dtype)
+    memory_gb = config.kv_cache_memory_gb
+    assert memory_gb is not None, "EngineConfig sizes the KV memory when num_kv_blocks is unset"
+    by_memory = int(memory_gb * (1 << 30) // per_block)
+    assert config.max_num_seqs is not None, "EngineConfig sizes max_num_seqs at construction"
+    by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+    return max(2, min(by_memory, by_need))
 
 
 class BlockPool:
@@ -101,6 +121,32 @@ class BlockPool:
         return list(self._free) + list(self._free_cached)
 
 
+class BlockBudget:
+    """Free blocks a pass may still promise (``KVCacheManager.headroom``): every block arithmetic
+    of a plan that reserves ahead — the static batch's whole sequences, speculation's lookahead —
+    goes through the manager, never through the caller's own sums."""
+
+    def __init__(self, kv: KVCacheManager, blocks: int):
+        self._kv = kv
+        self.blocks = blocks
+
+    def take_tokens(self, num_tokens: int) -> bool:
+        """Reserve the blocks a sequence of ``num_tokens`` tokens holds; False (nothing taken) when short."""
+        return self._take(self._kv.blocks_for_tokens(num_tokens))
+
+    def take_lookahead(self, seq: Sequence, num_extra_tokens: int) -> bool:
+        """Reserve what ``num_extra_tokens`` beyond ``seq``'s next token would add (speculative
+        drafts): taken only from blocks free anyway, so speculation never causes a preemption."""
+        kv = self._kv
+        return self._take(kv.num_new_blocks(seq, 1 + num_extra_tokens) - kv.num_new_blocks(seq, 1))
+
+    def _take(self, blocks: int) -> bool:
+        if blocks > self.blocks:
+            return False
+        self.blocks -= blocks
+        return True
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01, enable_prefix_caching: bool = False):
         self.block_size = block_size
@@ -130,6 +176,27 @@ class KVCacheManager:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    @property
+    def max_tokens_per_sequence(self) -> int:
+        """The longest sequence the pool can ever hold (all of it but the admission headroom)."""
+        return self.usable_blocks * self.block_size
+
+    def can_ever_hold(self, num_tokens: int) -> bool:
+        return self.blocks_for_tokens(num_tokens) <= self.usable_blocks
+
+    def headroom(self) -> BlockBudget:
+        """The free blocks above the watermark, for a pass that reserves ahead (``BlockBudget``)."""
+        return BlockBudget(self, self.pool.num_free - self.watermark_blocks)
+
+    def admission_shortfall(self, seq: Sequence, num_new_tokens: int, num_cached_tokens: int = 0) -> int:
+        """Blocks missing for ``can_admit`` to say yes (<= 0: it fits now)."""
+        need = self.num_new_blocks(seq, num_new_tokens, num_cached_tokens) + self.watermark_blocks
+        return need - self.pool.num_free
+
+    def blocks_held(self, seq: Sequence) -> int:
+        """Blocks in ``seq``'s table: at most what freeing it gives back (a shared block stays held)."""
+        return len(self.block_tables.get(seq.seq_id, ()))
 
     # ------------------------------------------------------------------ prefix cache lookups
     def _seq_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:

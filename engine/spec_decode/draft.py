@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import EngineConfig
-from ..kv_cache import KVCacheManager
-from ..model_runner import ModelRunner, default_num_kv_blocks
+from ..kv_cache import KVCacheManager, default_num_kv_blocks
+from ..model_runner import ModelRunner
 from ..models import ModelConfig
 from ..sampler import process_logits, truncated_probs
-from ..scheduler import ScheduledChunk, SchedulerOutput
+from ..scheduler_output import ScheduledChunk, SchedulerOutput
 from ..sequence import Request, Sequence
 
 if TYPE_CHECKING:
