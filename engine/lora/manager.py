@@ -83,19 +83,12 @@ class LoRAManager:
         self.slots = DeviceSlots(projections, self.max_loras, self.max_lora_rank, self.dtype, self.counters)
 
     # ------------------------------------------------------------------ registry
-    def has(self, name: str) -> bool:
-        e = self.registry.get(name)
-        return e is not None and not e.removed
-
     def list_adapters(self) -> list[str]:
         return self.registry.names()
 
     def ref(self, name: str) -> AdapterRef:
         """The typed identity of the registered adapter ``name`` (raises AdapterNotFoundError)."""
         return self.registry.active(name).ref
-
-    def info(self, name: str) -> AdapterInfo:
-        return self.registry.active(name).info
 
     def add_adapter(self, name: str, path: str | Path) -> AdapterInfo:
         """Validate ``path`` and register it as ``name`` (loading it into the host cache). Raises
@@ -144,11 +137,6 @@ class LoRAManager:
         if dropped is not None:
             self._drop(dropped)
 
-    def prefetch(self, name: str) -> None:
-        e = self.registry.get(name)
-        if e is not None:
-            self.host.prefetch(e)
-
     def host_ready(self, name: str) -> bool:
         """True when a step using ``name`` would not wait for a disk read (host copy present, or
         its prefetch finished). A scheduler may prefer such requests; unknown names are ready."""
@@ -188,10 +176,6 @@ class LoRAManager:
                 out[e.ref] = slot
         return out
 
-    def mirror_into(self, model: torch.nn.Module) -> bool:
-        return self.slots.mirror_into(model)
-
-    @property
     def slots_allocated(self) -> bool:
         return self.slots.writable
 
