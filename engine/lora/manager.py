@@ -176,6 +176,7 @@ class LoRAManager:
                 out[e.ref] = slot
         return out
 
+    @property
     def slots_allocated(self) -> bool:
         return self.slots.writable
 
