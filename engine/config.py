@@ -220,6 +220,10 @@ class EngineConfig:
     watermark: float = 0.01  # fraction of KV blocks kept free when admitting new sequences
     batching: Batching = "continuous"
     kernel_backend: KernelBackend = "auto"  # auto | torch | cpu | triton (see loraplex.kernels.dispatch)
+    # Every row computed as if it were alone (fixed-shape GEMM tiles, per-row attention): a seeded
+    # request then gives the same tokens whatever shares its batch. Costs throughput
+    # (benchmarks/batch_invariance.py); needs the native CPU kernels; no speculative decoding.
+    batch_invariant: bool = False
     scheduling_policy: Policy = "fair"
     # On by default: with no hits it costs a hash per full block (benchmarks/prefix_cache.py measures it).
     enable_prefix_caching: bool = True
@@ -298,6 +302,12 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {list(QUANTIZATION_METHODS)}, got {self.quantization!r}")
         _choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
+        if self.batch_invariant and self.speculative_method is not None:
+            # How many drafts a row verifies depends on the KV room the rest of the batch leaves,
+            # and a sampled row's draws with it.
+            raise ValueError("batch_invariant cannot be combined with speculative_method")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -17,88 +17,56 @@ behind one seam:
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
 
+from .block_pool import BlockPool
 from .prefix_cache import SeqBlockHashes, extra_key
 from .sequence import Sequence
 
+if TYPE_CHECKING:
+    import torch
 
-class BlockPool:
-    """Block ids 0..num_blocks-1 with reference counts. A block is free iff its refcount is 0.
+    from .config import EngineConfig
+    from .models import ModelConfig
 
-    Free blocks come in two kinds: plain ones (never cached, or whose hash was not registered) and
-    cached ones, still holding reusable KV. Allocation takes plain blocks first, then evicts the
-    least recently freed cached block, so the prefix cache keeps what was used last.
-    """
 
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self.refcounts = [0] * num_blocks
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.cached: dict[bytes, int] = {}  # hash -> block holding that KV
-        self._free: deque[int] = deque(range(num_blocks))
-        self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
-        self.num_evictions = 0
+def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
+    """Blocks of ``config.kv_cache_memory_gb``, but never more than every sequence at full length."""
+    from .memory import kv_bytes_per_token
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free) + len(self._free_cached)
+    per_block = config.block_size * kv_bytes_per_token(mcfg, dtype)
+    memory_gb = config.kv_cache_memory_gb
+    assert memory_gb is not None, "EngineConfig sizes the KV memory when num_kv_blocks is unset"
+    by_memory = int(memory_gb * (1 << 30) // per_block)
+    assert config.max_num_seqs is not None, "EngineConfig sizes max_num_seqs at construction"
+    by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+    return max(2, min(by_memory, by_need))
 
-    @property
-    def num_cached(self) -> int:
-        return len(self.cached)
 
-    @property
-    def num_evictable(self) -> int:
-        """Free blocks that still hold cached KV."""
-        return len(self._free_cached)
+class BlockBudget:
+    """Free blocks a pass may still promise (``KVCacheManager.headroom``): every block arithmetic
+    of a plan that reserves ahead — the static batch's whole sequences, speculation's lookahead —
+    goes through the manager, never through the caller's own sums."""
 
-    def allocate(self) -> int:
-        if self._free:
-            block = self._free.popleft()
-        elif self._free_cached:
-            block, _ = self._free_cached.popitem(last=False)
-            old_hash = self.block_hash[block]
-            assert old_hash is not None  # blocks in _free_cached always carry their hash
-            del self.cached[old_hash]
-            self.block_hash[block] = None
-            self.num_evictions += 1
-        else:
-            raise RuntimeError("KV block pool exhausted (the scheduler should have checked)")
-        assert self.refcounts[block] == 0
-        self.refcounts[block] = 1
-        return block
+    def __init__(self, kv: KVCacheManager, blocks: int):
+        self._kv = kv
+        self.blocks = blocks
 
-    def incref(self, block: int) -> None:
-        if self.refcounts[block] == 0:
-            # Only a cached block may be revived from the free list (a prefix-cache hit).
-            assert self.block_hash[block] is not None, f"incref of free block {block}"
-            del self._free_cached[block]
-        self.refcounts[block] += 1
+    def take_tokens(self, num_tokens: int) -> bool:
+        """Reserve the blocks a sequence of ``num_tokens`` tokens holds; False (nothing taken) when short."""
+        return self._take(self._kv.blocks_for_tokens(num_tokens))
 
-    def decref(self, block: int) -> None:
-        assert self.refcounts[block] > 0, f"double free of block {block}"
-        self.refcounts[block] -= 1
-        if self.refcounts[block] == 0:
-            if self.block_hash[block] is None:
-                self._free.append(block)
-            else:
-                self._free_cached[block] = None  # most recently used end
+    def take_lookahead(self, seq: Sequence, num_extra_tokens: int) -> bool:
+        """Reserve what ``num_extra_tokens`` beyond ``seq``'s next token would add (speculative
+        drafts): taken only from blocks free anyway, so speculation never causes a preemption."""
+        kv = self._kv
+        return self._take(kv.num_new_blocks(seq, 1 + num_extra_tokens) - kv.num_new_blocks(seq, 1))
 
-    def lookup(self, block_hash: bytes) -> int | None:
-        return self.cached.get(block_hash)
-
-    def register(self, block: int, block_hash: bytes) -> bool:
-        """Record that ``block`` (full, KV computed) holds ``block_hash``. A second block with the
-        same content (two requests prefilled the same prefix at once) stays unregistered."""
-        if self.block_hash[block] is not None or block_hash in self.cached:
+    def _take(self, blocks: int) -> bool:
+        if blocks > self.blocks:
             return False
-        self.block_hash[block] = block_hash
-        self.cached[block_hash] = block
+        self.blocks -= blocks
         return True
-
-    def free_blocks(self) -> list[int]:
-        return list(self._free) + list(self._free_cached)
 
 
 class KVCacheManager:
@@ -130,6 +98,27 @@ class KVCacheManager:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    @property
+    def max_tokens_per_sequence(self) -> int:
+        """The longest sequence the pool can ever hold (all of it but the admission headroom)."""
+        return self.usable_blocks * self.block_size
+
+    def can_ever_hold(self, num_tokens: int) -> bool:
+        return self.blocks_for_tokens(num_tokens) <= self.usable_blocks
+
+    def headroom(self) -> BlockBudget:
+        """The free blocks above the watermark, for a pass that reserves ahead (``BlockBudget``)."""
+        return BlockBudget(self, self.pool.num_free - self.watermark_blocks)
+
+    def admission_shortfall(self, seq: Sequence, num_new_tokens: int, num_cached_tokens: int = 0) -> int:
+        """Blocks missing for ``can_admit`` to say yes (<= 0: it fits now)."""
+        need = self.num_new_blocks(seq, num_new_tokens, num_cached_tokens) + self.watermark_blocks
+        return need - self.pool.num_free
+
+    def blocks_held(self, seq: Sequence) -> int:
+        """Blocks in ``seq``'s table: at most what freeing it gives back (a shared block stays held)."""
+        return len(self.block_tables.get(seq.seq_id, ()))
 
     # ------------------------------------------------------------------ prefix cache lookups
     def _seq_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:

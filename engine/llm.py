@@ -20,11 +20,12 @@ from .sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str, **engine_args: Any):
-        # The fast CPU runtime (tcmalloc + Intel OpenMP) must be loaded at process start: a plain
-        # script restarts itself once under it, here, before any model work (runtime_env.py).
-        if runtime_env.restartable_script():
-            runtime_env.reexec("LLM(...)")
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        config = EngineConfig(model=model, **engine_args)
+        # The fast CPU runtime (tcmalloc + Intel OpenMP) must be loaded at process start. The
+        # process is the user's: say how to start it so, never restart it (runtime_env.py).
+        if config.torch_device.type == "cpu":
+            runtime_env.warn_if_missing("LLM(...)")
+        self.engine = LLMEngine(config)
 
     @property
     def tokenizer(self) -> Any:

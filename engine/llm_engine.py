@@ -23,17 +23,19 @@ import torch
 from .compile_billing import CompileBilling
 from .config import EngineConfig
 from .errors import InvalidRequestError
-from .kv_cache import KVCacheManager
+from .input_processor import InputProcessor
+from .kv_cache import KVCacheManager, default_num_kv_blocks
 from .lora import LoRAManager
-from .model_runner import ModelRunner, default_num_kv_blocks
+from .model_runner import ModelRunner
 from .models import ModelConfig
 from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
 from .sampler import advance_seeded_generator
-from .sampling_params import SamplingParams, check_request_limits
-from .scheduler import Scheduler, SchedulerOutput
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .scheduler_output import SchedulerOutput
 from .sequence import AdapterRef, Request, Sequence, TenantInfo
 from .spec_decode import SpeculativeDecoder
 from .structured_output import StructuredOutputManager
@@ -63,17 +65,13 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.watermark, enable_prefix_caching=cache.enable_prefix_caching
         )
-        if config.max_model_len is None and self.kv.usable_blocks * cache.block_size < self.max_model_len:
+        if config.max_model_len is None and self.kv.max_tokens_per_sequence < self.max_model_len:
             # The default context must fit one sequence in the cache: chat's default max_tokens is
             # "what is left of the context", which a small cache would otherwise refuse with a 400.
             # A max_model_len the operator set is kept (requests over the cache are refused).
-            log.info(
-                "max_model_len %d -> %d: the KV cache holds %d tokens",
-                self.max_model_len,
-                self.kv.usable_blocks * cache.block_size,
-                self.kv.usable_blocks * cache.block_size,
-            )
-            self.max_model_len = self.kv.usable_blocks * cache.block_size
+            held = self.kv.max_tokens_per_sequence
+            log.info("max_model_len %d -> %d: the KV cache holds %d tokens", self.max_model_len, held, held)
+            self.max_model_len = held
         eos = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -125,6 +123,17 @@ class LLMEngine:
             self.structured, self.policy, self.limits.structured_compile_tokens_per_s, config.vtc_output_weight
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        assert config.max_num_seqs is not None  # sized at construction
+        self.inputs = InputProcessor(
+            self.tokenizer,
+            vocab_size=mc.vocab_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            limits=self.limits,
+            kv=self.kv,
+            structured=self.structured,
+            adapter_ref=self.lora.ref,
+        )
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
         self.counters = {
@@ -141,52 +150,9 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests in
     def validate(self, request: EngineRequest) -> tuple[list[int], AdapterRef | None]:
-        """Everything that can be refused before the request is queued: sampling values, the prompt,
-        the context length and KV capacity, the adapter. Reads only facts that do not change while
-        the engine runs (the adapter registry is re-checked when the request is queued), so the
+        """Everything that can be refused before the request is queued (``InputProcessor``); the
         server calls it on its own thread."""
-        request.params.validate()
-        check_request_limits(request.params, self.limits)
-        assert self.config.max_num_seqs is not None  # sized at construction
-        if request.params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(
-                f"n = {request.params.n} samples cannot run together: the batch holds at most "
-                f"max_num_seqs = {self.config.max_num_seqs} sequences",
-                param="n",
-            )
-        token_ids = self._tokenize(request.prompt)
-        self._check_fits(token_ids, request.params)
-        self._check_resume(request)
-        self._check_vocab(request.params)
-        if request.params.structured_output is not None and request.grammar is None:
-            # A cache hit when the server compiled it first; attached to the request so that
-            # add_request on the engine thread never compiles (nor waits on a compilation).
-            request.grammar = self.structured.compile(request.params.structured_output, tenant=request.tenant_id)
-        adapter = self.lora.ref(request.adapter) if request.adapter is not None else None
-        return token_ids, adapter
-
-    def _check_resume(self, request: EngineRequest) -> None:
-        resume, params = request.resume_token_ids, request.params
-        if not resume:
-            return
-        if params.n != 1:
-            raise InvalidRequestError("resume_token_ids continues one sample: n must be 1", param="resume_token_ids")
-        if len(resume) >= params.max_tokens:
-            raise InvalidRequestError(
-                f"{len(resume)} resumed tokens leave nothing of max_tokens = {params.max_tokens}",
-                param="resume_token_ids",
-            )
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in resume):
-            raise InvalidRequestError(f"resume_token_ids must be integers in [0, {vocab})", param="resume_token_ids")
-
-    def _check_vocab(self, params: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        bad = [t for t in params.logit_bias if t >= vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})", param="logit_bias"
-            )
+        return self.inputs.process(request)
 
     def add_request(
         self, request: EngineRequest | str | list[int], params: SamplingParams | None = None, **fields: Any
@@ -234,40 +200,6 @@ class LLMEngine:
         self.counters["requests"] += 1
         self.billing.settle(self.tenants, lambda: {r.tenant.tenant_id for r in self.requests.values()})
         return req
-
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            for t in ids:
-                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                    raise InvalidRequestError(
-                        f"prompt token ids must be integers in [0, {vocab}), got {t!r}", param="prompt"
-                    )
-        else:
-            raise InvalidRequestError(
-                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt"
-            )
-        if not ids:
-            raise InvalidRequestError("prompt is empty", param="prompt")
-        return ids
-
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
-        total = len(token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the maximum context length {self.max_model_len}",
-                param="max_tokens",
-            )
-        if self.kv.blocks_for_tokens(total) > self.kv.usable_blocks:
-            raise InvalidRequestError(
-                f"prompt + max_tokens = {total} tokens needs {self.kv.blocks_for_tokens(total)} KV blocks but the "
-                f"KV cache holds only {self.kv.usable_blocks} usable blocks",
-                param="max_tokens",
-            )
 
     def set_tenant(
         self,

@@ -11,58 +11,39 @@ proposer runs its own small model through it).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from loraplex.kernels import get_kernel_ops, make_lora_segments
+from loraplex.kernels import batch_invariant_ops, get_kernel_ops, make_lora_segments
 
 from .config import EngineConfig
 from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
 from .models.quantization import quantize_model_int8
+from .runner_output import RunnerOutput
 from .sampler import TokenLogprobs, prompt_logprobs, sample_batch
-from .scheduler import ScheduledChunk, SchedulerOutput
+from .scheduler_output import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence
 
 if TYPE_CHECKING:
     from .models.llama import LlamaForCausalLM
-    from .spec_decode import SpeculativeDecoder
     from .structured_output import StructuredOutputManager
 
-_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+class DraftVerifier(Protocol):
+    """What the runner needs of speculative decoding (``spec_decode.SpeculativeDecoder``): the
+    accepted drafts + the target's own token from a sequence's 1 + d logits rows, and whether its
+    grammar is complete after them. A Protocol, so the runner does not import the decoder (whose
+    draft proposer runs a ModelRunner of its own)."""
+
+    def verify(
+        self, seq: Sequence, drafts: list[int], logits: torch.Tensor, generator: torch.Generator
+    ) -> tuple[list[int], bool]: ...
+
+
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are materialised at once (prompt_logprobs)
-
-
-def default_num_kv_blocks(config: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
-    per_block = 2 * mcfg.num_layers * config.block_size * mcfg.num_kv_heads * mcfg.head_dim * _BYTES[dtype]
-    memory_gb = config.kv_cache_memory_gb
-    assert memory_gb is not None, "EngineConfig sizes the KV memory when num_kv_blocks is unset"
-    by_memory = int(memory_gb * (1 << 30) // per_block)
-    # More than every sequence at full length is never useful.
-    assert config.max_num_seqs is not None, "EngineConfig sizes max_num_seqs at construction"
-    by_need = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
-    return max(2, min(by_memory, by_need))
-
-
-@dataclass
-class RunnerOutput:
-    """What one step produced, for ``Scheduler.update_from_output`` to book."""
-
-    # (sequence, its new tokens): one token, or for a speculating sequence its accepted drafts
-    # followed by the target's own token. n > 1 followers appear right after their leader.
-    sampled: list[tuple[Sequence, list[int]]] = field(default_factory=list)
-    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # seq_id -> its sampled token's
-    # seq_id -> the prompt logprobs of the positions this step computed (prompt_logprobs requests)
-    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
-    num_accepted: dict[int, int] = field(default_factory=dict)  # seq_id -> accepted drafts (speculating)
-    grammar_finished: set[int] = field(default_factory=set)  # seq_ids whose grammar admits nothing more
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(tokens) for _, tokens in self.sampled)
 
 
 class ModelRunner:
@@ -75,7 +56,7 @@ class ModelRunner:
         *,
         kv: KVCacheManager | None = None,
         structured: StructuredOutputManager | None = None,
-        spec: SpeculativeDecoder | None = None,
+        spec: DraftVerifier | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
         model: LlamaForCausalLM | None = None,
     ):
@@ -92,6 +73,8 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config.checkpoint_dtype)
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        if config.batch_invariant:
+            self.ops = batch_invariant_ops(self.ops)  # raises where the backend cannot hold it
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws
         self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
         self.model: LlamaForCausalLM

@@ -5,9 +5,12 @@ torch's GNU OpenMP (libgomp) threads spin at every barrier for a partner that wa
 times per layer, and glibc malloc is slow for torch's many short-lived activation buffers. Intel
 OpenMP (``libiomp5``, from the ``intel-openmp`` wheel; it implements the GOMP entry points torch
 calls) and tcmalloc (Debian ``libtcmalloc-minimal4``) fixed both. Both must be in the process before
-anything allocates or starts an OpenMP pool, i.e. before the interpreter starts: so ``loraplex
-serve`` and ``LLM(...)`` re-execute the same command line once with ``LD_PRELOAD`` set, when the
-libraries are present and not loaded yet.
+anything allocates or starts an OpenMP pool, i.e. before the interpreter starts. ``loraplex serve``
+owns its process, so it re-executes its own command line once with ``LD_PRELOAD`` set, when the
+libraries are present and not loaded yet. A user's script is not ours to restart (the code before
+``LLM(...)`` would run twice): ``LLM(...)`` only warns, once, and says how to start it under the
+runtime: ``python -m loraplex.engine.runtime_env script.py [args]`` (this module's launcher; ``-m
+module`` works too), or the ``LD_PRELOAD`` and variables the warning prints.
 
 Fallbacks (each piece independently): no tcmalloc -> glibc malloc; no libiomp5 -> libgomp with
 ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers instead of spinning, the documented libgomp
@@ -23,14 +26,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+LAUNCHER = "loraplex.engine.runtime_env"  # python -m LAUNCHER script.py: started under the runtime
 MODE_ENV = "LORAPLEX_FAST_RUNTIME"  # "auto" (default) | "0" / "off": run as started
 MARK_ENV = "LORAPLEX_RUNTIME_REEXEC"  # set in the re-executed process: never re-exec twice
 _checked = False
+_warned = False
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 IOMP_NAME = "libiomp5.so"
 # Intel OpenMP settings: sleep after 1 ms at a barrier instead of the default 200 ms of spinning
@@ -155,37 +162,89 @@ def reexec(reason: str) -> None:
     anything. Returns (doing nothing) when turned off, already re-executed, not needed, or on a
     platform without /proc. ``reason`` names the caller in the one line printed to stderr."""
     global _checked
-    if _checked:  # once per process: a second LLM(...) never restarts a script half-way through
+    if _checked:  # once per process
         return
     _checked = True
-    if MARK_ENV in os.environ:
-        # The restarted process: the preload is in place now. Give child processes (compilers,
-        # Ray's raylet, a user's subprocesses) the environment this process was started with.
-        original = os.environ.pop(MARK_ENV)
-        if original:
-            os.environ["LD_PRELOAD"] = original
-        else:
-            os.environ.pop("LD_PRELOAD", None)
+    if adopt_restart():
         return
+    p = missing()
+    if p is None:
+        return
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    sys.stderr.write(f"[loraplex] {reason}: restarting under {summary(p)} ({MODE_ENV}=0 to skip)\n")
+    _exec(argv, p)
+
+
+def adopt_restart() -> bool:
+    """In a process started under the runtime by ``reexec`` or the launcher: give child processes
+    (compilers, Ray's raylet, a user's subprocesses) the environment the user started with. True
+    when this process is such a one."""
+    if MARK_ENV not in os.environ:
+        return False
+    original = os.environ.pop(MARK_ENV)
+    if original:
+        os.environ["LD_PRELOAD"] = original
+    else:
+        os.environ.pop("LD_PRELOAD", None)
+    return True
+
+
+def missing() -> RuntimePlan | None:
+    """The plan that would make this process faster, or None (turned off, not Linux, or loaded)."""
     if not enabled() or not sys.platform.startswith("linux") or not sys.executable:
-        return
+        return None
     p = plan()
-    if not _needs_reexec(p):
-        return
+    return p if _needs_reexec(p) else None
+
+
+def _runtime_env(p: RuntimePlan) -> dict[str, str]:
     env = dict(os.environ)
     before = env.get("LD_PRELOAD", "")
     preload = [lib for lib in before.replace(" ", ":").split(":") if lib]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys([*p.preload, *preload]))
     env.update(p.env)
-    env[MARK_ENV] = before  # present = restarted; its value = the LD_PRELOAD to give back
-    argv = [sys.executable, *sys.orig_argv[1:]]
-    sys.stderr.write(f"[loraplex] {reason}: restarting under {summary(p)} ({MODE_ENV}=0 to skip)\n")
+    env[MARK_ENV] = before  # present = started under it; its value = the LD_PRELOAD to give back
+    return env
+
+
+def _exec(argv: list[str], p: RuntimePlan) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, argv, env)
+        os.execve(argv[0], argv, _runtime_env(p))
     except OSError as exc:  # e.g. the interpreter moved: keep running as started
         sys.stderr.write(f"[loraplex] restart failed ({exc}); running without the fast runtime\n")
+
+
+class SlowRuntimeWarning(RuntimeWarning):
+    """This process runs without the fast CPU runtime it could have (``warn_if_missing``)."""
+
+
+def how_to_start(p: RuntimePlan) -> str:
+    """The two ways to start a script under ``p``, for the warning."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"LD_PRELOAD": ":".join(p.preload), **p.env}.items() if v)
+    return f"python -m {LAUNCHER} your_script.py [args], or: {env} python your_script.py [args]"
+
+
+def warn_if_missing(caller: str) -> bool:
+    """Once per process: warn (``SlowRuntimeWarning``) when the fast runtime is available but not
+    loaded, saying how to start under it. Never restarts anything. True when it warned."""
+    global _warned
+    adopt_restart()
+    if _warned:
+        return False
+    _warned = True
+    p = missing()
+    if p is None:
+        return False
+    warnings.warn(
+        f"{caller} runs without {summary(p)}, which the CPU path is measured faster with "
+        f"(docs/cpu-performance.md); it must be loaded when the process starts: {how_to_start(p)} "
+        f"(`loraplex serve` does this itself). {MODE_ENV}=0 silences this.",
+        SlowRuntimeWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def summary(p: RuntimePlan | None = None) -> str:
@@ -216,18 +275,20 @@ def describe(pid: int | str = "self") -> str:
     return text + (f"; {'; '.join(notes)}" if notes else "")
 
 
-def restartable_script() -> bool:
-    """True when this process is a plain ``python script.py`` / ``python -m module`` run that can be
-    started again from its command line: not interactive (REPL, ``-i``, ``-c``, Jupyter), not a
-    test run, not a multiprocessing or Ray worker (their parent owns the command line)."""
-    import multiprocessing
+def launch(argv: list[str]) -> None:
+    """``python -m loraplex.engine.runtime_env script.py [args]`` (or ``-m module [args]``): run it
+    under the fast runtime from its first line (its ``LLM(...)`` then has nothing to warn about)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(f"usage: python -m {LAUNCHER} script.py [args] | -m module [args]\n")
+        raise SystemExit(0 if argv else 2)
+    command = [sys.executable, *argv]
+    p = missing()
+    if p is None:  # off, not Linux, or nothing to add: run it as it is
+        os.execv(sys.executable, command)
+    assert p is not None
+    _exec(command, p)
+    os.execv(sys.executable, command)  # the runtime could not be applied: run it anyway
 
-    main = sys.modules.get("__main__")
-    return (
-        not sys.flags.interactive
-        and not hasattr(sys, "ps1")
-        and getattr(main, "__file__", None) is not None
-        and sys.argv[:1] != ["-c"]
-        and not any(m in sys.modules for m in ("pytest", "ipykernel", "IPython", "ray"))
-        and multiprocessing.current_process().name == "MainProcess"
-    )
+
+if __name__ == "__main__":
+    launch(sys.argv[1:])

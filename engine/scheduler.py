@@ -13,68 +13,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .admission_preemption import AdmissionPreemptionGuard
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager
 from .outputs import FinishReason
 from .policies import SchedulingPolicy, TenantCaps, TenantLimits
+from .runner_output import RunnerOutput
+from .scheduler_output import ScheduledChunk, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from .model_runner import RunnerOutput
 
 # A waiting request blocked by the adapter limit for this many steps freezes admission of other
 # adapters until a slot frees for it, so it cannot starve behind a stream of resident adapters.
 LORA_MAX_BLOCKED_STEPS = 16
-
-
-@dataclass
-class ScheduledChunk:
-    seq: Sequence
-    num_tokens: int  # tokens whose KV is computed this step (1 for a decode, 1 + drafts when speculating)
-    # Speculative decoding: the drafts this step verifies (the last len() of num_tokens positions).
-    spec_token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def samples(self) -> bool:
-        """The chunk reaches the sequence's last token, so the step produces its next token."""
-        return self.seq.num_computed_tokens + self.num_tokens - len(self.spec_token_ids) == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    # Copy-on-write (src, dst) KV block copies the runner applies before this step's forward.
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
-    # n > 1: leader seq_id -> followers that draw their first token from the leader's logits row
-    # this step (the leader's prompt is computed by this step's chunk).
-    forks: dict[int, list[Sequence]] = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
-    def adapters(self) -> set[str]:
-        return {c.seq.adapter for c in self.chunks if c.seq.adapter is not None}
-
-    @property
-    def sampling_seqs(self) -> list[Sequence]:
-        """Sequences whose chunk produces a token this step, in chunk order."""
-        return [c.seq for c in self.chunks if c.samples]
-
-    @property
-    def sampling_targets(self) -> list[Sequence]:
-        """Every sequence that receives a token this step: each sampling sequence followed by the
-        followers forking from it (a model-free driver books one token for each of these)."""
-        return [t for s in self.sampling_seqs for t in (s, *self.forks.get(s.seq_id, ()))]
-
-    def __bool__(self) -> bool:
-        return bool(self.chunks)
 
 
 class Scheduler:
@@ -252,7 +203,7 @@ class Scheduler:
         """Form a whole batch at once; its prefills are chunked by the budget over the next steps."""
         exclude: set[int] = set()
         running_adapters: Counter = Counter()
-        reserved = 0
+        room = self.kv.headroom()  # each member is promised its whole prompt's blocks up front
         while self._slots_used() < self.config.max_num_seqs:
             seq = self.policy.next_waiting(exclude, now)
             if seq is None or self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs:
@@ -260,10 +211,8 @@ class Scheduler:
             if not self._adapter_fits(seq, running_adapters, None):
                 exclude.add(seq.seq_id)
                 continue
-            need = self.kv.blocks_for_tokens(seq.num_tokens)
-            if self.kv.num_free_blocks - reserved - need < self.kv.watermark_blocks:
+            if not room.take_tokens(seq.num_tokens):
                 break
-            reserved += need
             cached = self.kv.cached_prefix_len(seq)
             n = min(seq.num_uncomputed_tokens - cached, budget)
             self._start(seq, n, out, cached)
@@ -350,17 +299,16 @@ class Scheduler:
         of them would not make room. Returns the token budget (a victim scheduled this step gives
         its chunk back)."""
         victims = self._admission_victims(seq, now)
-        need = self.kv.num_new_blocks(seq, n, cached) + self.kv.watermark_blocks
-        free, chosen = self.kv.num_free_blocks, []
+        short, chosen = self.kv.admission_shortfall(seq, n, cached), []
         slots = self.config.max_num_seqs - self._slots_used()
         need_slots = self._slots_needed(seq)
         for victim in victims:
-            if free >= need and slots >= need_slots:
+            if short <= 0 and slots >= need_slots:
                 break
             chosen.append(victim)
-            free += len(self.kv.block_table(victim))  # an estimate: shared blocks stay held
+            short -= self.kv.blocks_held(victim)  # an estimate: shared blocks stay held
             slots += self._slots_needed(victim)
-        if free < need or slots < need_slots:
+        if short > 0 or slots < need_slots:
             return budget
         self.admission_preemption.used(self.step_count, len(chosen))
         for victim in chosen:

@@ -8,12 +8,17 @@ Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``trit
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
 
-from .dispatch import BACKENDS, TORCH_OPS, KernelOps, get_kernel_ops, packed_replaces_weight, triton_available
+from .batch_invariant import ROW_TILE, BatchInvariantUnsupported, batch_invariant_ops
+from .dispatch import BACKENDS, TORCH_OPS, get_kernel_ops, triton_available
 from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
+from .ops import KernelOps, packed_replaces_weight
 
 __all__ = [
     "BACKENDS",
+    "ROW_TILE",
+    "BatchInvariantUnsupported",
+    "batch_invariant_ops",
     "KernelOps",
     "TORCH_OPS",
     "LoraSegments",

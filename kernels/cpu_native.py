@@ -245,9 +245,12 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    *,
+    whole_prompt_sdpa: bool = True,
 ) -> torch.Tensor:
     """Same contract as ``reference.paged_prefill_attention``: query row i of sequence s sees
-    positions ``< context_len - query_len + i + 1``."""
+    positions ``< context_len - query_len + i + 1``. ``whole_prompt_sdpa=False`` keeps every row on
+    the native kernel (per-row results then do not depend on chunking: ``batch_invariant.py``)."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
@@ -255,7 +258,7 @@ def paged_prefill_attention(
     starts, ctx = query_start_loc.tolist(), context_lens.tolist()
     fresh: dict[int, list[int]] = {}  # prompt length -> sequences whose chunk is the whole prompt
     for s, c in enumerate(ctx):
-        if starts[s + 1] - starts[s] == c >= SDPA_MIN_ROWS:
+        if whole_prompt_sdpa and starts[s + 1] - starts[s] == c >= SDPA_MIN_ROWS:
             fresh.setdefault(c, []).append(s)
     if not fresh:
         return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
@@ -378,8 +381,5 @@ def linear(
     return y
 
 
-# The SGMV ops live in cpu_sgmv.py (split for size); re-exported here, where dispatch and the tests
-# look for every native op. Imported last: cpu_sgmv reads this module's library handle at call time.
-from .cpu_sgmv import sgmv_expand, sgmv_shrink  # noqa: E402
-
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "sgmv_expand", "sgmv_shrink", "linear"]
+# The grouped SGMV ops live in cpu_sgmv.py (they call this module's library).
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "linear"]

@@ -11,111 +11,12 @@ set before triton is first imported; that is how CI exercises the kernels).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
 from . import int8, reference
-from .lora_meta import LoraSegments
+from .ops import KernelOps
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
-
-
-class WriteKV(Protocol):
-    def __call__(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-    ) -> None: ...
-
-
-class PagedDecodeAttention(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor: ...
-
-
-class PagedPrefillAttention(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor: ...
-
-
-class SgmvShrink(Protocol):
-    def __call__(
-        self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor
-    ) -> torch.Tensor: ...
-
-
-class SgmvExpand(Protocol):
-    def __call__(
-        self,
-        y: torch.Tensor,
-        shrunk: torch.Tensor,
-        lora_b: torch.Tensor,
-        segments: LoraSegments,
-        ranks: torch.Tensor,
-        scales: torch.Tensor,
-        slice_offsets: tuple[int, ...],
-    ) -> torch.Tensor: ...
-
-
-class Int8Linear(Protocol):
-    """INT8 weight-only matmul: x @ (qweight * scales[:, None]).T + bias, in x's dtype."""
-
-    def __call__(
-        self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-
-class PackLinearWeight(Protocol):
-    """A backend's own copy of a float linear weight for ``Linear`` (None: keep none)."""
-
-    def __call__(self, weight: torch.Tensor) -> torch.Tensor | None: ...
-
-
-class Linear(Protocol):
-    """``x @ weight.T + bias``; ``packed`` is ``pack_linear_weight(weight)`` (None: read ``weight``).
-    ``weight`` is None where the packed copy replaced it (``packed_replaces_weight``)."""
-
-    def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
-    ) -> torch.Tensor: ...
-
-
-def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
-    """True for a packed copy that holds every number of its weight and serves every batch size (an
-    opaque oneDNN tensor, ``cpu_packed.pack_bf16``): the model may drop the plain weight. The
-    float32 path's bf16 panels serve decode batches only, beside the float32 weight."""
-    return packed is not None and packed.is_mkldnn
-
-
-@dataclass(frozen=True)
-class KernelOps:
-    """One implementation of every op; each field's Protocol is the op's exact signature, so a
-    backend that drifts from the reference is a type error, not a runtime surprise."""
-
-    name: str
-    write_kv: WriteKV
-    paged_decode_attention: PagedDecodeAttention
-    paged_prefill_attention: PagedPrefillAttention
-    sgmv_shrink: SgmvShrink
-    sgmv_expand: SgmvExpand
-    int8_linear: Int8Linear
-    pack_linear_weight: PackLinearWeight
-    linear: Linear
 
 
 TORCH_OPS = KernelOps(
@@ -132,7 +33,7 @@ TORCH_OPS = KernelOps(
 
 
 def _cpu_ops() -> KernelOps | None:
-    from . import cpu_native, cpu_packed
+    from . import cpu_native, cpu_packed, cpu_sgmv
 
     if not cpu_native.available():
         return None
@@ -143,8 +44,8 @@ def _cpu_ops() -> KernelOps | None:
         write_kv=reference.write_kv,
         paged_decode_attention=cpu_native.paged_decode_attention,
         paged_prefill_attention=cpu_native.paged_prefill_attention,
-        sgmv_shrink=cpu_native.sgmv_shrink,
-        sgmv_expand=cpu_native.sgmv_expand,
+        sgmv_shrink=cpu_sgmv.sgmv_shrink,
+        sgmv_expand=cpu_sgmv.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,

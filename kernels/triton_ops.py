@@ -12,7 +12,7 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
 from __future__ import annotations
 
 from . import reference
-from .dispatch import KernelOps
+from .ops import KernelOps
 from .triton_decode_attention import paged_decode_attention
 from .triton_int8 import int8_linear
 from .triton_kv_write import write_kv

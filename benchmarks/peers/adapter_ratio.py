@@ -77,7 +77,7 @@ def main() -> None:
         SamplingParams(max_tokens=1, ignore_eos=True),
         adapters=[names[i % len(names)] for i in range(args.batch)],
     )
-    llm.engine.lora._cpu.clear()
+    llm.engine.lora.host.clear()
     projs = [p for ps in runner.model.lora_projections().values() for p in ps if p.lora_a is not None]
     copies = {torch.float32: [(p.lora_a, p.lora_b) for p in projs]}
     copies[torch.float16] = [(a.half(), b.half()) for a, b in copies[torch.float32]]

@@ -3,7 +3,8 @@
 from loraplex.engine.lora import validate_adapter_dir, AdapterValidationError, LoRAManager
 """
 
-from .manager import AdapterNotFoundError, LoRAManager
+from .manager import LoRAManager
+from .registry import AdapterNotFoundError
 from .validate import AdapterInfo, AdapterValidationError, ModuleWeights, validate_adapter_dir
 
 __all__ = [

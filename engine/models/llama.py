@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraplex.kernels import KernelOps, packed_replaces_weight
-from loraplex.kernels.dispatch import Linear
+from loraplex.kernels.ops import Linear
 
 from .config import ModelConfig
 from .forward_batch import ForwardBatch

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from loraplex.kernels import quantize_per_channel_int8
-from loraplex.kernels.dispatch import Int8Linear
+from loraplex.kernels.ops import Int8Linear
 
 from .layers import Projection
 from .llama import LlamaForCausalLM

@@ -99,7 +99,7 @@ class SpeculativeDecoder:
         if self.draft is not None:
             self.draft.release_finished(live)
         seqs, ks = [], []
-        free = self.kv.num_free_blocks - self.kv.watermark_blocks
+        room = self.kv.headroom()
         for seq in running:
             p = seq.request.params
             # Logprobs are reported per sampled token from the sampler's pass: those requests
@@ -114,12 +114,8 @@ class SpeculativeDecoder:
             )
             if k <= 0:
                 continue
-            # Proposals may take only blocks that are free anyway: speculation must never be the
-            # reason another sequence gets preempted.
-            extra = self.kv.num_new_blocks(seq, 1 + k) - self.kv.num_new_blocks(seq, 1)
-            if extra > free:
+            if not room.take_lookahead(seq, k):  # only blocks free anyway: never a preemption
                 continue
-            free -= extra
             seqs.append(seq)
             ks.append(k)
         if not seqs:

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import EngineConfig
-from ..kv_cache import KVCacheManager
-from ..model_runner import ModelRunner, default_num_kv_blocks
+from ..kv_cache import KVCacheManager, default_num_kv_blocks
+from ..model_runner import ModelRunner
 from ..models import ModelConfig
 from ..sampler import process_logits, truncated_probs
-from ..scheduler import ScheduledChunk, SchedulerOutput
+from ..scheduler_output import ScheduledChunk, SchedulerOutput
 from ..sequence import Request, Sequence
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class DraftModelProposer:
         num_blocks = dcfg.num_kv_blocks or default_num_kv_blocks(dcfg, self.mc, dtype, max_model_len)
         self.runner = ModelRunner(dcfg, self.mc, max_model_len, num_blocks, model=shared)
         self.shares_target = shared is not None
-        self.applies_adapters = lora is not None and (self.shares_target or lora.mirror_into(self.runner.model))
+        self.applies_adapters = lora is not None and (self.shares_target or lora.slots.mirror_into(self.runner.model))
         self.kv = KVCacheManager(num_blocks, config.block_size, watermark=0.0)
         self.token_budget = config.max_num_batched_tokens
         self.device = self.runner.device

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
-from loraplex.engine.model_runner import RunnerOutput
 from loraplex.engine.policies import make_policy
+from loraplex.engine.runner_output import RunnerOutput
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.sequence import AdapterRef, Request, Sequence, TenantInfo

@@ -166,3 +166,26 @@ def test_watermark_blocks_admission_not_appends():
     assert not kv.can_admit(make_seq(range(8)), 8)  # would leave 1 < 2
     hog.num_computed_tokens = 28
     assert kv.can_append(hog, 8)  # running sequences may dip into the headroom
+
+
+def test_headroom_budget_never_promises_the_watermark_or_a_block_twice():
+    """The manager's budgets (static batch, speculative lookahead) count against the same free
+    blocks above the watermark; an oracle count by hand: 20 blocks, watermark 2 -> 18 to promise."""
+    kv = KVCacheManager(20, BS, watermark=0.1)
+    assert kv.watermark_blocks == 2
+    room = kv.headroom()
+    assert room.take_tokens(10 * BS)  # 10 blocks
+    assert not room.take_tokens(9 * BS)  # 9 > the 8 left: refused, nothing taken
+    assert room.take_tokens(8 * BS) and not room.take_tokens(1)
+    seq = make_seq([1, 2, 3, 4, 5])  # 5 tokens in 2 blocks: positions 5-7 still fit the second
+    kv.allocate(seq, 5)
+    seq.num_computed_tokens = 5
+    room = kv.headroom()  # 18 free - 2 = 16
+    assert room.take_lookahead(seq, 2)  # the next token (5) + 2 drafts (6, 7): no new block
+    assert room.blocks == 16
+    assert room.take_lookahead(seq, 3) and room.blocks == 15  # a draft at 8 opens block 3
+    room = kv.headroom()
+    assert room.take_lookahead(seq, 2 + 4 * 16)  # 16 more blocks: exactly the headroom
+    assert room.blocks == 0 and not room.take_lookahead(seq, 3)
+    assert kv.admission_shortfall(make_seq(list(range(80))), 80) == 20 + 2 - 18  # blocks + watermark - free
+    assert kv.blocks_held(seq) == 2 and kv.can_ever_hold(18 * BS) and not kv.can_ever_hold(18 * BS + 1)

@@ -119,9 +119,8 @@ def test_reupload_under_same_name_never_serves_stale_weights(base, adapters, ora
     # Files swapped on disk behind the registry's back are refused on reload, not served stale.
     shutil.rmtree(path)
     shutil.copytree(adapters["mlp_r4"], path)
-    llm.engine.lora._cpu.clear()
-    llm.engine.lora._slot_of.clear()
-    llm.engine.lora._slots[:] = [None, None]
+    llm.engine.lora.host.clear()  # both copies forgotten: the next step reads the files again
+    llm.engine.lora.slots.clear()
     out = llm.generate([prompt], GREEDY, adapters=["tenant-ft"])[0]
     assert out.error is not None and "changed since they were registered" in out.error
     assert llm.generate([prompt], GREEDY)[0].error is None  # and the engine keeps serving

@@ -1,6 +1,8 @@
-"""The fast CPU runtime (tcmalloc + Intel OpenMP preloaded) that ``LLM(...)`` and ``loraplex serve``
-apply by themselves: a real script process restarts once under it (its /proc maps show both
-libraries), a missing library falls back cleanly, and the switch turns it off. The server side is
+"""The fast CPU runtime (tcmalloc + Intel OpenMP preloaded). ``LLM(...)`` never restarts the user's
+script (the code before it would run twice): it warns once and says how to start under the runtime;
+the launcher it names (``python -m loraplex.engine.runtime_env script.py``) starts a real script
+process under it (its /proc maps show both libraries), a missing library falls back cleanly, and
+the switch turns it off. ``loraplex serve`` owns its process and still restarts itself:
 tests/platform/test_serve_runtime.py."""
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
-    print("before", flush=True)   # code before LLM(...) runs again after the restart
+    print("before", flush=True)   # code before LLM(...): must run exactly once
     from loraplex.engine import LLM, SamplingParams, runtime_env
     llm = LLM(sys.argv[1], dtype="float32", kv_cache_memory_gb=0.01, max_num_seqs=2)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
@@ -32,13 +34,14 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run_script(tmp_path: Path, model: str, **env: str) -> tuple[dict, str]:
+def _run_script(tmp_path: Path, model: str, launcher: bool = True, **env: str) -> tuple[dict, str]:
     script = tmp_path / "use_llm.py"
     script.write_text(SCRIPT)
     # A clean environment for the knobs under test (the test process itself may run preloaded).
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LORAPLEX_", "KMP_", "OMP_WAIT", "LD_PRELOAD"))}
+    start = [sys.executable, "-m", runtime_env.LAUNCHER] if launcher else [sys.executable]
     proc = subprocess.run(
-        [sys.executable, str(script), model],
+        [*start, str(script), model],
         env={**base, "TOKENIZERS_PARALLELISM": "false", **env},
         capture_output=True,
         text=True,
@@ -48,9 +51,8 @@ def _run_script(tmp_path: Path, model: str, **env: str) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 
-# Each of these starts a real script process (importing torch, then restarting once under the
-# preloaded runtime: two interpreters per run): process tests are slow (CONTRIBUTING.md). The whole
-# suite runs them; the inner loop keeps the in-process checks below.
+# Each of these starts a real script process (importing torch): process tests are slow
+# (CONTRIBUTING.md). The whole suite runs them; the inner loop keeps the in-process checks below.
 starts_a_process = pytest.mark.slow
 
 needs_both = pytest.mark.skipif(
@@ -61,25 +63,35 @@ needs_both = pytest.mark.skipif(
 
 @starts_a_process
 @needs_both
-def test_script_restarts_once_under_tcmalloc_and_intel_openmp(tmp_path, tiny_llama):
+def test_plain_script_is_not_restarted_and_is_told_how_to_get_the_runtime(tmp_path, tiny_llama):
+    got, output = _run_script(tmp_path, tiny_llama, launcher=False)
+    assert output.count("before") == 1  # the user's code ran once: no re-execution
+    assert "restarting" not in output and got["tokens"] == 3
+    assert got["active"] == {"tcmalloc": False, "iomp5": False}
+    assert output.count("SlowRuntimeWarning") == 1  # once, naming the way to start under it
+    assert f"python -m {runtime_env.LAUNCHER} your_script.py" in output and "LD_PRELOAD=" in output
+
+
+@starts_a_process
+@needs_both
+def test_launcher_starts_the_script_under_tcmalloc_and_intel_openmp(tmp_path, tiny_llama):
     got, output = _run_script(tmp_path, tiny_llama)
     assert got["active"] == {"tcmalloc": True, "iomp5": True}, output
     assert got["env"]["KMP_BLOCKTIME"] == "1"
     assert got["tokens"] == 3  # the model really ran under the Intel OpenMP runtime
     assert "tcmalloc + Intel OpenMP" in got["describe"]
-    assert output.count("before") == 2  # restarted exactly once (no loop)
-    assert output.count("restarting under") == 1
+    assert output.count("before") == 1 and "SlowRuntimeWarning" not in output
     assert got["env"]["LD_PRELOAD"] is None  # given back: subprocesses start as the user started this one
 
 
 @starts_a_process
 def test_broken_library_file_does_not_loop(tmp_path, tiny_llama):
-    """A "library" that is not one: the loader skips it, the script runs, and restarts only once."""
+    """A "library" that is not one: the loader skips it, the script runs once, and is told."""
     not_a_library = tmp_path / "libtcmalloc_minimal.so.4"
     not_a_library.write_text("not an ELF file")
     got, output = _run_script(tmp_path, tiny_llama, LORAPLEX_TCMALLOC=str(not_a_library), LORAPLEX_IOMP5="")
     assert got["active"]["tcmalloc"] is False and got["tokens"] == 3
-    assert output.count("before") == 2 and output.count("restarting under") == 1
+    assert output.count("before") == 1 and "restarting" not in output
 
 
 @starts_a_process
@@ -98,18 +110,21 @@ def test_missing_everything_and_switch_off_run_as_started(tmp_path, tiny_llama):
     assert got["active"] == {"tcmalloc": False, "iomp5": False}
     assert got["env"]["OMP_WAIT_POLICY"] == "PASSIVE"  # the measured fallback still applies
     assert "apt-get install libtcmalloc-minimal4" in got["describe"]
-    off, output = _run_script(tmp_path, tiny_llama, LORAPLEX_FAST_RUNTIME="0")
+    off, output = _run_script(tmp_path, tiny_llama, launcher=False, LORAPLEX_FAST_RUNTIME="0")
     assert off["active"] == {"tcmalloc": False, "iomp5": False} and off["env"]["OMP_WAIT_POLICY"] is None
-    assert output.count("before") == 1 and "restarting" not in output
+    assert output.count("before") == 1 and "SlowRuntimeWarning" not in output
     assert f"{runtime_env.MODE_ENV}=0" in off["describe"]
 
 
-def test_not_restartable_inside_tests_and_interactive():
-    # pytest is imported here: a library call inside a test run never restarts the process.
-    assert runtime_env.restartable_script() is False
-    code = "from loraplex.engine import runtime_env; print(runtime_env.restartable_script())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip() == "False"  # python -c: no script to start again
+def test_warning_is_given_once_and_never_with_the_switch_off(monkeypatch):
+    monkeypatch.setattr(runtime_env, "_warned", False)
+    monkeypatch.setenv(runtime_env.MODE_ENV, "0")
+    assert runtime_env.warn_if_missing("LLM(...)") is False  # off: nothing to say
+    monkeypatch.setattr(runtime_env, "_warned", False)
+    monkeypatch.delenv(runtime_env.MODE_ENV)
+    first = runtime_env.warn_if_missing("LLM(...)")
+    assert first == (runtime_env.missing() is not None)  # warns exactly when something is missing
+    assert runtime_env.warn_if_missing("LLM(...)") is False  # and only once per process
 
 
 def test_loaded_libraries_reads_proc_maps():

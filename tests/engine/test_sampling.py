@@ -46,6 +46,9 @@ def test_sampling_frequencies_follow_softmax():
 
 
 def test_seed_makes_sampling_reproducible_regardless_of_batch(llm):
+    # The sampler's half of the promise: a seeded row's draws come from its own generator. On this
+    # tiny fp32 model the logits' last bits do not flip a token; the forward's half (logits that
+    # do not move with the batch) is batch_invariant's, tested in test_batch_invariance.py.
     p = SamplingParams(max_tokens=16, temperature=1.0, seed=42, ignore_eos=True)
     alone = llm.generate([[5, 6, 7]], p)[0].token_ids
     crowd = llm.generate(

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
-from loraplex.engine.model_runner import RunnerOutput
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.policies import make_policy
+from loraplex.engine.runner_output import RunnerOutput
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.sequence import AdapterRef, Request, Sequence, SequenceStatus, TenantInfo

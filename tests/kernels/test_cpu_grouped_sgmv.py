@@ -18,7 +18,7 @@ from kernel_oracles import (
     token_slots_from_segments,
 )
 
-from loraplex.kernels import cpu_native, get_kernel_ops, make_lora_segments, reference
+from loraplex.kernels import cpu_native, cpu_sgmv, get_kernel_ops, make_lora_segments, reference
 
 CASES = {
     **SGMV_CASES,
@@ -51,14 +51,14 @@ def _build(case, dtype, seed=0):
 @pytest.mark.parametrize("case", list(CASES))
 def test_native_sgmv_matches_oracle(case, dtype):
     token_slots, seg, x, y, a, b, ranks, scales, offsets = _build(case, dtype, seed=11)
-    shrunk = cpu_native.sgmv_shrink(x, a, seg, ranks)
+    shrunk = cpu_sgmv.sgmv_shrink(x, a, seg, ranks)
     assert shrunk.dtype == torch.float32 and shrunk.shape == (a.shape[0], x.shape[0], a.shape[2])
     # Zeros for slot -1 tokens and beyond every slot's rank (the padding there is 1e3: reading it shows).
     assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "native shrink")
 
     shrunk = garbage_beyond_rank(shrunk, token_slots, ranks)
     y_in = y.clone()
-    y_out = cpu_native.sgmv_expand(y_in, shrunk, b, seg, ranks, scales, offsets)
+    y_out = cpu_sgmv.sgmv_expand(y_in, shrunk, b, seg, ranks, scales, offsets)
     assert y_out is y_in and y_out.dtype == dtype
     expected = oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_out, expected, dtype, "native expand")
@@ -77,10 +77,10 @@ def test_native_sgmv_strided_views():
     y_wide[:, 9:] = y
     y_view = y_wide[:, 9:]
     assert not x_view.is_contiguous() and not y_view.is_contiguous()
-    shrunk = cpu_native.sgmv_shrink(x_view, a, seg, ranks)
+    shrunk = cpu_sgmv.sgmv_shrink(x_view, a, seg, ranks)
     assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "strided shrink")
     left = y_wide[:, :9].clone()
-    cpu_native.sgmv_expand(y_view, shrunk, b, seg, ranks, scales, offsets)
+    cpu_sgmv.sgmv_expand(y_view, shrunk, b, seg, ranks, scales, offsets)
     assert torch.equal(y_wide[:, :9], left)
     expected = oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_view, expected, torch.float32, "strided expand")
@@ -93,8 +93,8 @@ def test_native_sgmv_thread_count_independent():
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            shrunk = cpu_native.sgmv_shrink(x, a, seg, ranks)
-            results.append((shrunk, cpu_native.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)))
+            shrunk = cpu_sgmv.sgmv_shrink(x, a, seg, ranks)
+            results.append((shrunk, cpu_sgmv.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)))
     finally:
         torch.set_num_threads(before)
     for shrunk, y_out in results[1:]:
@@ -107,20 +107,20 @@ def test_native_sgmv_no_adapter_tokens_and_fp16_fallback():
     seg = make_lora_segments([-1, -1, -1])
     a, b, ranks, scales, offsets = make_lora_weights(2, [4, 8], 16, [8, 8], torch.float32)
     x, y = torch.randn(3, 16), torch.randn(3, 16)
-    assert torch.count_nonzero(cpu_native.sgmv_shrink(x, a, seg, ranks)) == 0
-    assert torch.equal(cpu_native.sgmv_expand(y.clone(), torch.randn(2, 3, 8), b, seg, ranks, scales, offsets), y)
+    assert torch.count_nonzero(cpu_sgmv.sgmv_shrink(x, a, seg, ranks)) == 0
+    assert torch.equal(cpu_sgmv.sgmv_expand(y.clone(), torch.randn(2, 3, 8), b, seg, ranks, scales, offsets), y)
     # fp16 keeps the torch path (poor CPU support) and still meets the oracle.
     token_slots, seg, x, y, a, b, ranks, scales, offsets = _build("mixed", torch.float16, seed=2)
-    shrunk = cpu_native.sgmv_shrink(x, a, seg, ranks)
+    shrunk = cpu_sgmv.sgmv_shrink(x, a, seg, ranks)
     assert_close_scaled(shrunk, oracle_shrink(x, a, token_slots, ranks), torch.float32, "fp16 shrink")
-    y_out = cpu_native.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)
+    y_out = cpu_sgmv.sgmv_expand(y.clone(), shrunk, b, seg, ranks, scales, offsets)
     expected = oracle_expand(y, shrunk, b, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_out, expected, torch.float16, "fp16 expand")
 
 
 def test_cpu_backend_serves_the_native_sgmv():
     ops = get_kernel_ops("cpu")
-    assert ops.sgmv_shrink is cpu_native.sgmv_shrink and ops.sgmv_expand is cpu_native.sgmv_expand
+    assert ops.sgmv_shrink is cpu_sgmv.sgmv_shrink and ops.sgmv_expand is cpu_sgmv.sgmv_expand
     assert get_kernel_ops("torch").sgmv_shrink is reference.sgmv_shrink  # the oracle backend stays torch
 
 
@@ -130,9 +130,9 @@ def _check_against_oracle(act_dtype, case, seed, what):
     token_slots, seg, x, y, a, b, ranks, scales, offsets = _build(case, torch.float32, seed=seed)
     x, y = x.to(act_dtype), y.to(act_dtype)
     a16, b16 = a.to(torch.float16), b.to(torch.float16)
-    shrunk = cpu_native.sgmv_shrink(x, a16, seg, ranks)
+    shrunk = cpu_sgmv.sgmv_shrink(x, a16, seg, ranks)
     assert_close_scaled(shrunk, oracle_shrink(x, a16, token_slots, ranks), torch.float32, f"{what} shrink")
-    y_out = cpu_native.sgmv_expand(y.clone(), shrunk, b16, seg, ranks, scales, offsets)
+    y_out = cpu_sgmv.sgmv_expand(y.clone(), shrunk, b16, seg, ranks, scales, offsets)
     assert y_out.dtype == act_dtype
     expected = oracle_expand(y, shrunk, b16, token_slots, ranks, scales, offsets)
     assert_close_scaled(y_out, expected, act_dtype, f"{what} expand")
@@ -151,9 +151,9 @@ def test_native_sgmv_float16_weights_are_not_the_fp32_result_truncated():
     """A kernel that read the float16 bits as bf16 (or as fp32) would be far off: the fp16 result
     is within fp16 rounding of the fp32 one, and not equal to a bf16-rounded computation."""
     token_slots, seg, x, _, a, _, ranks, _, _ = _build("mixed", torch.float32, seed=3)
-    out16 = cpu_native.sgmv_shrink(x, a.to(torch.float16), seg, ranks)
-    out32 = cpu_native.sgmv_shrink(x, a, seg, ranks)
-    outbf = cpu_native.sgmv_shrink(x, a.to(torch.bfloat16).float(), seg, ranks)
+    out16 = cpu_sgmv.sgmv_shrink(x, a.to(torch.float16), seg, ranks)
+    out32 = cpu_sgmv.sgmv_shrink(x, a, seg, ranks)
+    outbf = cpu_sgmv.sgmv_shrink(x, a.to(torch.bfloat16).float(), seg, ranks)
     err16, errbf = (out16 - out32).abs().max(), (outbf - out32).abs().max()
     assert 0 < err16 < errbf / 4  # fp16 has 3 more mantissa bits than bf16
 
@@ -181,5 +181,5 @@ def test_portable_build_without_avx512_or_f16c(monkeypatch):
     for i in range(6):
         x[i, i] = 1.0
     a[0, 0, 0, :6] = special
-    out = cpu_native.sgmv_shrink(x, a, seg, torch.tensor([1], dtype=torch.int32))
+    out = cpu_sgmv.sgmv_shrink(x, a, seg, torch.tensor([1], dtype=torch.int32))
     assert torch.equal(out[0, :, 0], special.float())

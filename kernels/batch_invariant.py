@@ -1,0 +1,115 @@
+"""Batch-invariant ops: a row's result does not depend on which other rows share the call.
+
+Why: the library GEMMs pick their blocking, and so the order in which a dot product is summed, from
+the number of rows M. Measured on this project's CPU (AMD EPYC, AVX512-BF16, torch 2.13): MKL's
+float32 ``F.linear`` gives row 0 different bits at M = 1, 2 and >= 16; the native float32 kernel
+hands over to MKL above 64 rows; and the prefill attention takes torch's SDPA for a chunk that is a
+whole prompt of >= 64 tokens, the native kernel otherwise (whether a prompt arrives whole depends on
+the decodes it shares the step with). A sampled token near a tie then differs between a request
+served alone and the same request in a batch (issue 36: the same ``seed``, other text).
+
+What this wraps, as vLLM's ``VLLM_BATCH_INVARIANT`` and SGLang's deterministic inference do on
+GPUs (fixed-split kernels), here for the native CPU ops:
+
+* ``linear`` / ``int8_linear``: rows in fixed tiles of ``ROW_TILE`` (the last one zero-padded), so
+  every row is computed by a call of the same shape. A GEMM of a fixed shape sums each row the same
+  way whatever the other rows hold and wherever in the tile it sits (``tests/kernels/
+  test_batch_invariant.py`` checks both, against the plain op that does not hold it).
+* ``paged_prefill_attention``: always the native kernel, which computes each query row on its own
+  (its scores, softmax and weighted sum over the row's own context, in position order), so chunk
+  boundaries and neighbours change nothing. Decode rows run the same kernel.
+* SGMV, KV writes, decode attention: already per row (the native SGMV sums a token's dot products
+  in one order whatever its group holds).
+
+Only the native CPU backend (``cpu``) is wrapped: the torch reference gathers padded batches for
+SDPA and Triton's split-KV depends on the grid, so ``batch_invariant_ops`` refuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import cpu_native
+from .ops import Int8Linear, KernelOps, Linear, PagedPrefillAttention
+
+ROW_TILE = 16  # rows per GEMM call: small enough that a decode batch pads little
+
+
+def _tiles(x: torch.Tensor) -> list[torch.Tensor]:
+    """``x`` [M, K] cut into [ROW_TILE, K] tiles; the last one zero-padded (a fresh tensor)."""
+    tiles = list(x.split(ROW_TILE))
+    last = tiles[-1]
+    if last.shape[0] < ROW_TILE:
+        padded = last.new_zeros((ROW_TILE, last.shape[1]))
+        padded[: last.shape[0]] = last
+        tiles[-1] = padded
+    return tiles
+
+
+def tiled_linear(linear: Linear) -> Linear:
+    def run(
+        x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
+    ) -> torch.Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m = x2.shape[0]
+        if m == 0:
+            return linear(x, weight, bias, packed)
+        out = torch.cat([linear(t.contiguous(), weight, bias, packed) for t in _tiles(x2)])[:m]
+        return out.reshape(*lead, out.shape[-1])
+
+    return run
+
+
+def tiled_int8_linear(int8_linear: Int8Linear) -> Int8Linear:
+    def run(
+        x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m = x2.shape[0]
+        if m == 0:
+            return int8_linear(x, qweight, scales, bias)
+        out = torch.cat([int8_linear(t.contiguous(), qweight, scales, bias) for t in _tiles(x2)])[:m]
+        return out.reshape(*lead, out.shape[-1])
+
+    return run
+
+
+def native_prefill_attention() -> PagedPrefillAttention:
+    def run(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        return cpu_native.paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, whole_prompt_sdpa=False
+        )
+
+    return run
+
+
+class BatchInvariantUnsupported(ValueError):
+    """The chosen kernels cannot compute a row independently of its batch."""
+
+
+def batch_invariant_ops(ops: KernelOps) -> KernelOps:
+    """``ops`` with every op whose per-row result depends on the batch replaced (see above)."""
+    if ops.name != "cpu":
+        raise BatchInvariantUnsupported(
+            f"batch_invariant needs the native CPU kernels (kernel_backend 'auto' or 'cpu' on a CPU with a "
+            f"C++ compiler); this engine runs {ops.name!r}"
+        )
+    return dataclasses.replace(
+        ops,
+        name="cpu+batch_invariant",
+        linear=tiled_linear(ops.linear),
+        int8_linear=tiled_int8_linear(ops.int8_linear),
+        paged_prefill_attention=native_prefill_attention(),
+    )

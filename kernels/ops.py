@@ -1,0 +1,109 @@
+"""The kernel ops' contracts: one Protocol per op signature, and ``KernelOps``, one implementation
+of every op. Every backend (``reference``, ``cpu_native``/``cpu_packed``, ``triton_ops``) is typed
+against these; ``dispatch`` only chooses among them (so a backend module imports this one, never
+``dispatch``: no import cycle between the chooser and what it chooses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .lora_meta import LoraSegments
+
+
+class WriteKV(Protocol):
+    def __call__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None: ...
+
+
+class PagedDecodeAttention(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+class PagedPrefillAttention(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+class SgmvShrink(Protocol):
+    def __call__(
+        self, x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+class SgmvExpand(Protocol):
+    def __call__(
+        self,
+        y: torch.Tensor,
+        shrunk: torch.Tensor,
+        lora_b: torch.Tensor,
+        segments: LoraSegments,
+        ranks: torch.Tensor,
+        scales: torch.Tensor,
+        slice_offsets: tuple[int, ...],
+    ) -> torch.Tensor: ...
+
+
+class Int8Linear(Protocol):
+    """INT8 weight-only matmul: x @ (qweight * scales[:, None]).T + bias, in x's dtype."""
+
+    def __call__(
+        self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
+class PackLinearWeight(Protocol):
+    """A backend's own copy of a float linear weight for ``Linear`` (None: keep none)."""
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class Linear(Protocol):
+    """``x @ weight.T + bias``; ``packed`` is ``pack_linear_weight(weight)`` (None: read ``weight``).
+    ``weight`` is None where the packed copy replaced it (``packed_replaces_weight``)."""
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
+    ) -> torch.Tensor: ...
+
+
+def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
+    """True for a packed copy that holds every number of its weight and serves every batch size (an
+    opaque oneDNN tensor, ``cpu_packed.pack_bf16``): the model may drop the plain weight. The
+    float32 path's bf16 panels serve decode batches only, beside the float32 weight."""
+    return packed is not None and packed.is_mkldnn
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """One implementation of every op; each field's Protocol is the op's exact signature, so a
+    backend that drifts from the reference is a type error, not a runtime surprise."""
+
+    name: str
+    write_kv: WriteKV
+    paged_decode_attention: PagedDecodeAttention
+    paged_prefill_attention: PagedPrefillAttention
+    sgmv_shrink: SgmvShrink
+    sgmv_expand: SgmvExpand
+    int8_linear: Int8Linear
+    pack_linear_weight: PackLinearWeight
+    linear: Linear
