@@ -52,3 +52,18 @@ def wait_for(
             extra = f"\n{details()}" if details is not None else ""
             raise WaitTimeout(f"timed out after {timeout:.0f} s waiting for {what or 'the condition'}{extra}")
         time.sleep(interval)
+
+
+async def wait_for_async(
+    check: Callable[[], T], *, timeout: float = 120, interval: float = 0.02, what: str | None = None
+) -> T:
+    """``wait_for`` inside an event loop: sleeps with ``asyncio.sleep``, so the loop (an engine's
+    step task, a server) keeps running while the test waits."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f} s waiting for {what or 'the condition'}")
+        await asyncio.sleep(interval)
+    return result
