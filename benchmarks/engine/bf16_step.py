@@ -1,6 +1,6 @@
 """A bf16 model's engine steps on CPU: linear weights packed for oneDNN at load vs plain ``F.linear``.
 
-    .venv/bin/python benchmarks/bf16_step.py [--batches 16,64] [--threads 1] [--steps 6] [--rounds 3]
+    .venv/bin/python -m benchmarks.engine.bf16_step [--batches 16,64] [--threads 1] [--steps 6] [--rounds 3]
 
 One process, two ``LLM``s on the demo model (SmolLM2-135M-Instruct) in bf16 on the native CPU
 backend, identical but for the linear layers (``kernels/cpu_packed.py``): ``plain`` is built with

@@ -1,6 +1,6 @@
 """Base-model decode step on CPU: float32 GEMMs (MKL) vs the packed bf16 copy of the weights.
 
-    .venv/bin/python benchmarks/decode_step.py [--batches 16,64] [--threads 1,2] [--steps 6] [--rounds 3]
+    .venv/bin/python -m benchmarks.engine.decode_step [--batches 16,64] [--threads 1,2] [--steps 6] [--rounds 3]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct: a bf16 checkpoint, served in
 float32 where the CPU has no native bf16, so its weights are bf16-exact and the native kernels pack

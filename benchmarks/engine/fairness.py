@@ -1,7 +1,7 @@
 """Fairness benchmark: the VTC paper's synthetic workloads (Sheng et al., OSDI'24), scaled to this CPU,
 replayed in real time through the real engine under fcfs, priority and fair.
 
-    python benchmarks/fairness.py [--seconds 15] [--preset demo|bench] [--workloads overload,weighted]
+    python -m benchmarks.engine.fairness [--seconds 15] [--preset demo|bench] [--workloads overload,weighted]
 
 Workloads (rates are multiples of the engine's measured capacity C, in requests/s):
   overload    2 tenants, A at 2C and B at 1C: both alone above capacity

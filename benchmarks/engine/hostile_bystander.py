@@ -1,7 +1,7 @@
 """A bystander's latency while another tenant sends the worst body each request bound allows
 (issue 32 item 3), through the real AsyncEngine on the SmolLM2-135M demo checkpoint.
 
-    python benchmarks/hostile_bystander.py [--rounds 3] [--streams 6]
+    python -m benchmarks.engine.hostile_bystander [--rounds 3] [--streams 6]
 
 Tenant "b" (the bystander) streams 16-token greedy answers one after another and records TTFT and
 whole-stream time. Meanwhile tenant "a" keeps ``--attackers`` requests in flight of one shape:

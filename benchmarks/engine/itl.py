@@ -13,8 +13,8 @@ p99 in wall ms and in process-CPU ms (the CPU time the process spent between the
 steadier than wall time when other work shares the machine), TTFT p50, output tok/s (wall and
 per CPU-second).
 
-    .venv/bin/python benchmarks/itl.py                         # bench preset, c16, ~4 rounds
-    .venv/bin/python benchmarks/itl.py --quick
+    .venv/bin/python -m benchmarks.engine.itl                         # bench preset, c16, ~4 rounds
+    .venv/bin/python -m benchmarks.engine.itl --quick
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
         args.preset, args.requests, args.rounds, args.concurrency = "demo", 16, 2, 8
     pairs = args.configs.split(",") if args.configs else [f"512:{c}" for c in args.caps.split(",")]
     caps = [(int(b), None if c == "none" else int(c)) for b, c in (p.split(":") for p in pairs)]
-    runtime_env.reexec("benchmarks/itl.py")  # the fast runtime, as a served engine runs
+    runtime_env.reexec("benchmarks/engine/itl.py")  # the fast runtime, as a served engine runs
     if args.model == "demo":
         from benchmarks.lib.real_text import demo_model_dir
 

@@ -1,7 +1,7 @@
 """Multi-LoRA serving, S-LoRA style: base model only vs loraplex with N adapters vs HF PEFT.
 
-    .venv/bin/python benchmarks/multi_lora.py            # full run (several minutes on 2 cores)
-    .venv/bin/python benchmarks/multi_lora.py --quick    # smoke run
+    .venv/bin/python -m benchmarks.engine.multi_lora            # full run (several minutes on 2 cores)
+    .venv/bin/python -m benchmarks.engine.multi_lora --quick    # smoke run
 
 Workload: a burst of requests (all arrive at t=0, so throughput is measured at saturation), prompt
 lengths 16-96, a fixed number of output tokens; each request's adapter is drawn from a power law

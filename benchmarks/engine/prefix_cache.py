@@ -1,7 +1,7 @@
 """Automatic prefix caching: throughput and TTFT with caching on vs off, in one process.
 
-    .venv/bin/python benchmarks/prefix_cache.py            # full run (minutes on 2 busy cores)
-    .venv/bin/python benchmarks/prefix_cache.py --quick    # smoke run
+    .venv/bin/python -m benchmarks.engine.prefix_cache            # full run (minutes on 2 busy cores)
+    .venv/bin/python -m benchmarks.engine.prefix_cache --quick    # smoke run
 
 Workload: several "applications", each a long system prompt served under its own LoRA adapter
 (app 0 under the base model) and its own cache salt (its tenant); every request is one app's

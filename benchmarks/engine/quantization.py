@@ -1,7 +1,7 @@
 """fp32 / bf16 weights vs INT8 weight-only, on one random Llama (the ~24M-parameter bench preset).
 
-    .venv/bin/python benchmarks/quantization.py            # ~2-3 minutes on 2 cores
-    .venv/bin/python benchmarks/quantization.py --quick    # smoke run
+    .venv/bin/python -m benchmarks.engine.quantization            # ~2-3 minutes on 2 cores
+    .venv/bin/python -m benchmarks.engine.quantization --quick    # smoke run
 
 Per configuration: weight bytes (parameters + persistent buffers), how many more KV blocks of that
 dtype the weight saving would pay for (saved bytes / bytes per KV block), decode output tok/s at

@@ -1,7 +1,7 @@
 """The real demo model (SmolLM2-135M-Instruct) on this machine: the numbers a new user sees.
 
-    .venv/bin/python benchmarks/real_model.py              # batches 1 16 64, adapters, start-up
-    .venv/bin/python benchmarks/real_model.py --quick      # batches 1 8, fewer tokens
+    .venv/bin/python -m benchmarks.engine.real_model              # batches 1 16 64, adapters, start-up
+    .venv/bin/python -m benchmarks.engine.real_model --quick      # batches 1 8, fewer tokens
 
 Rows, all in this one process on the same converted checkpoint, engine defaults otherwise
 (dtype/device auto, prefix caching on):

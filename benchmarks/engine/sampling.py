@@ -1,7 +1,7 @@
 """Sampler cost per step for a batch of 64, against the cost of the decode step it follows.
 
-    .venv/bin/python benchmarks/sampling.py             # vocab 704 (the bench model's) and 32000
-    .venv/bin/python benchmarks/sampling.py --quick
+    .venv/bin/python -m benchmarks.engine.sampling             # vocab 704 (the bench model's) and 32000
+    .venv/bin/python -m benchmarks.engine.sampling --quick
 
 Configurations (each row of the batch has its own SamplingParams and token history: a 32-token
 prompt and 64 generated tokens):

@@ -1,8 +1,8 @@
 """Plain decoding vs speculative decoding (n-gram prompt lookup, draft model), batch 1 / 8 / 32.
 
-    .venv/bin/python benchmarks/speculative.py             # ~3-4 minutes on 2 cores
-    .venv/bin/python benchmarks/speculative.py --quick     # smoke run
-    .venv/bin/python benchmarks/speculative.py --model DIR # a real checkpoint as the target
+    .venv/bin/python -m benchmarks.engine.speculative             # ~3-4 minutes on 2 cores
+    .venv/bin/python -m benchmarks.engine.speculative --quick     # smoke run
+    .venv/bin/python -m benchmarks.engine.speculative --model DIR # a real checkpoint as the target
 
 Two workloads: "repetitive" (prompts made of spans that recur, the shape of editing / summarising
 text that copies its input) and "free-form" (random prompts). Systems: plain; ngram; draft = a

@@ -1,7 +1,7 @@
 """Continuous batching vs static batching vs Hugging Face generate, on one synthetic workload.
 
-    .venv/bin/python benchmarks/throughput.py            # full run (~3 minutes on 2 cores)
-    .venv/bin/python benchmarks/throughput.py --quick    # smoke run
+    .venv/bin/python -m benchmarks.engine.throughput            # full run (~3 minutes on 2 cores)
+    .venv/bin/python -m benchmarks.engine.throughput --quick    # smoke run
 
 Poisson arrivals at a rate above every system's capacity, heavy-tailed output lengths (default:
 bounded Pareto, most answers under 10 tokens, a few hundreds; ``--lengths bimodal``: 90% 4-16 tokens,

@@ -1,6 +1,6 @@
 """bf16 linear layers: oneDNN on a weight packed once at load vs ``F.linear`` on the plain weight.
 
-    .venv/bin/python benchmarks/cpu_linear_bf16.py [--threads 1] [--rows 1,16,64,128,512] [--rounds 5]
+    .venv/bin/python -m benchmarks.kernels.cpu_linear_bf16 [--threads 1] [--rows 1,16,64,128,512] [--rounds 5]
 
 SmolLM2-135M's linear shapes (hidden 576, intermediate 1536, vocab 49152) at decode batches and
 prefill chunks. Per shape, enough distinct weights are cycled that they do not stay in the cache

@@ -1,6 +1,6 @@
 """Grouped native CPU SGMV vs the torch gather path, at SmolLM2's LoRA shapes (rank 16, 64 tokens).
 
-    .venv/bin/python benchmarks/cpu_sgmv.py [--threads 1] [--iters 50] [--cpu-time] [--dtype float32]
+    .venv/bin/python -m benchmarks.kernels.cpu_sgmv [--threads 1] [--iters 50] [--cpu-time] [--dtype float32]
 
 For 1 / 8 / 64 distinct adapters over a 64-token decode batch and each fused projection (q|k|v,
 gate|up, down), the time of shrink + expand per call (median of --iters after warm-up; wall, or

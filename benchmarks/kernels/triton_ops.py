@@ -1,8 +1,8 @@
 """Kernel micro-benchmarks: Triton SGMV and paged attention vs the torch reference, on CUDA.
 
-    python benchmarks/kernels.py                 # CUDA: full table + benchmarks/results/kernels.json
-    python benchmarks/kernels.py --quick         # CUDA: a few cases of each kind
-    python benchmarks/kernels.py --cpu-smoke     # no GPU: tiny shapes through the Triton interpreter
+    python -m benchmarks.kernels.triton_ops                 # CUDA: full table + benchmarks/results/kernels.json
+    python -m benchmarks.kernels.triton_ops --quick         # CUDA: a few cases of each kind
+    python -m benchmarks.kernels.triton_ops --cpu-smoke     # no GPU: tiny shapes through the Triton interpreter
 
 Each row: median time (``triton.testing.do_bench``), achieved GB/s (bytes that must move at least
 once: weights/KV actually used, activations in and out) and TFLOP/s, the same op through the torch
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.cpu_smoke and not torch.cuda.is_available():
         print(
-            "benchmarks/kernels.py: no CUDA device; nothing measured (use --cpu-smoke to exercise "
+            "benchmarks/kernels/triton_ops.py: no CUDA device; nothing measured (use --cpu-smoke to exercise "
             "the code path through the Triton interpreter)."
         )
         return 0

@@ -1,9 +1,9 @@
 """Inside loraplex: decode throughput with many adapters mixed in a batch, divided by the base model's.
 
-    .venv/bin/python benchmarks/peers/adapter_ratio.py [--batch 64] [--adapters 8,64] [--rounds 3] [--threads 1]
+    .venv/bin/python -m benchmarks.peers.adapter_ratio [--batch 64] [--adapters 8,64] [--rounds 3] [--threads 1]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct) with every adapter registered
-(``peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
+(``benchmarks/lib/peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
 step can hold them all). Each round runs the same burst (``--batch`` random 16-token prompts,
 ``--tokens`` output tokens, ignore_eos) as: base only, then N adapters round-robin over the rows,
 with the grouped native SGMV (``sgmv=native``) and with the torch gather path (``sgmv=torch``, the

@@ -1,6 +1,6 @@
 """Which process runtime makes loraplex fastest on CPU: allocator x OpenMP runtime x wait policy.
 
-    .venv/bin/python benchmarks/peers/runtime_variants.py [--rounds 2] [--batch 64] [--tokens 32]
+    .venv/bin/python -m benchmarks.peers.runtime_variants [--rounds 2] [--batch 64] [--tokens 32]
 
 Each variant is a fresh process (the allocator and the OpenMP runtime are fixed at process start)
 running the same burst with ``LLM(...)`` on the demo model: ``--batch`` random 128-token prompts,

@@ -1,8 +1,8 @@
 """loraplex vs vLLM's CPU build over HTTP, driven by vLLM's own load generator (``vllm bench serve``).
 
     benchmarks/peers/install_vllm.sh                          # once: vLLM CPU into its own venv
-    .venv/bin/python benchmarks/peers/serve_bench.py          # base c1/c16/c64, 8 and 64 adapters c16/c64
-    .venv/bin/python benchmarks/peers/serve_bench.py --rows base-c16,a8-c64 --rounds 1   # a subset
+    .venv/bin/python -m benchmarks.peers.serve_bench          # base c1/c16/c64, 8 and 64 adapters c16/c64
+    .venv/bin/python -m benchmarks.peers.serve_bench --rows base-c16,a8-c64 --rounds 1   # a subset
 
 Systems (``--systems``, each one server process held up for the whole run):
   * ``vllm``: ``vllm serve`` with the preload its docs recommend (tcmalloc + its Intel OpenMP), 2
@@ -22,7 +22,7 @@ ITL p99 once they pass 1% of the gaps).
 per thread, idle excluded); the summary prints each thread's share and its top frames, and the raw
 folded stacks land next to the JSON.
 Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
-adapters on every linear layer (``peer_adapters.py``), registered on each server (loraplex: uploaded
+adapters on every linear layer (``benchmarks/lib/peer_adapters.py``), registered on each server (loraplex: uploaded
 through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
 ``vllm bench serve`` call per system (random 128-token prompts, ``--output-len`` tokens,
 ignore_eos; ``--lora-modules`` spreads requests over the adapters), systems alternating (A B C,

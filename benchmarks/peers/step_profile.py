@@ -1,9 +1,9 @@
 """Where one decode step goes: a per-op breakdown at batch 16 / 64, base model vs many adapters.
 
-    .venv/bin/python benchmarks/peers/step_profile.py [--batches 16,64] [--adapters 0,64] [--steps 8]
+    .venv/bin/python -m benchmarks.peers.step_profile [--batches 16,64] [--adapters 0,64] [--steps 8]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct, bf16, the fast runtime) with
-``--adapters`` rank-16 PEFT adapters registered (``peer_adapters.py``: all seven linear layers).
+``--adapters`` rank-16 PEFT adapters registered (``benchmarks/lib/peer_adapters.py``: all seven linear layers).
 For each (batch, adapters) configuration: ``batch`` requests with 16-token prompts are prefilled,
 then ``--steps`` pure decode steps run under ``torch.profiler`` (alternating configurations, the
 order reversed every round). The kernel ops that are not torch operators (the native attention and

@@ -1,13 +1,13 @@
 """loraplex vs vLLM's CPU build on this machine: same checkpoint, same PEFT adapters, same workload.
 
     benchmarks/peers/install_vllm.sh                                   # once: vLLM into its own venv
-    .venv/bin/python benchmarks/peers/vllm_vs_loraplex.py              # full table (~20-30 min on 2 cores)
-    .venv/bin/python benchmarks/peers/vllm_vs_loraplex.py --quick      # smoke run
+    .venv/bin/python -m benchmarks.peers.vllm_vs_loraplex              # full table (~20-30 min on 2 cores)
+    .venv/bin/python -m benchmarks.peers.vllm_vs_loraplex --quick      # smoke run
 
 One random Llama (the ``bench`` preset: hidden 512, 8 layers) and 64 PEFT LoRA adapters (ranks 8-64
 on q/k/v/o) are written once to a temp dir; both systems load those same files. Workload: a burst of
 ``--requests`` prompts (16-96 random tokens), ``--output-tokens`` greedy tokens each (EOS ignored),
-adapters drawn from a power law (as ``benchmarks/multi_lora.py``). For every (dtype, adapters)
+adapters drawn from a power law (as ``benchmarks/engine/multi_lora.py``). For every (dtype, adapters)
 configuration both systems are started and held loaded, then run the workload ALTERNATELY
 (A B C, C B A, ...) ``--repeats`` times; the table shows medians of output tok/s
 and the ratio loraplex / vLLM. Both run with ``--threads`` threads; vLLM with the tcmalloc + Intel

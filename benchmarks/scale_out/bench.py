@@ -1,7 +1,7 @@
 """Scale-out on Ray Serve: adapter-affinity routing vs no affinity, and 1 vs 2 engine replicas;
 with ``--scenario``: multi-turn sessions per routing mode, a two-tenant flood (global fairness on
-and off), autoscaling (``scale_out_scenarios.py``), control-plane kill and SIGTERM drain
-(``scale_out_faults.py``).
+and off), autoscaling (``scenarios.py``), control-plane kill and SIGTERM drain
+(``faults.py``).
 
 Each configuration is a real ``loraplex serve`` (``--replicas 1`` = the plain process; 2 = Ray
 Serve) on the demo model with 32 PEFT adapters and a small ``max_loras``, driven over HTTP by a
@@ -11,11 +11,11 @@ Reported per configuration: requests/s and output tokens/s, client-side TTFT p50
 engine's own adapter counters summed over replicas, per 1,000 requests: disk loads (adapter read
 from the store), device slot loads and slot evictions. Warm-up requests are not counted.
 
-    .venv/bin/python benchmarks/scale_out.py                # all configurations
-    .venv/bin/python benchmarks/scale_out.py --requests 200 --configs affinity-2
-    .venv/bin/python benchmarks/scale_out.py --scenario sessions,flood,faults,autoscale
-    .venv/bin/python benchmarks/scale_out.py --scenario faults   # control kill, rolling restart, drain
-    .venv/bin/python benchmarks/scale_out.py --scenario kill --kill-rounds 3   # the control kill alone
+    .venv/bin/python -m benchmarks.scale_out.bench                # all configurations
+    .venv/bin/python -m benchmarks.scale_out.bench --requests 200 --configs affinity-2
+    .venv/bin/python -m benchmarks.scale_out.bench --scenario sessions,flood,faults,autoscale
+    .venv/bin/python -m benchmarks.scale_out.bench --scenario faults   # control kill, rolling restart, drain
+    .venv/bin/python -m benchmarks.scale_out.bench --scenario kill --kill-rounds 3   # the control kill alone
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``benchmarks/scale_out.py --scenario replica-kill``: kill -9 of an engine replica under N
+"""``benchmarks/scale_out/bench.py --scenario replica-kill``: kill -9 of an engine replica under N
 concurrent streams (half greedy, half seeded sampling), per round:
 
 - client-visible errors (a non-200 or an SSE error event) — the goal is 0: a stream the dead

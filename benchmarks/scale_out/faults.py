@@ -1,4 +1,4 @@
-"""The fault scenarios of ``benchmarks/scale_out.py --scenario faults`` and ``kill``: the control
+"""The fault scenarios of ``benchmarks/scale_out/bench.py --scenario faults`` and ``kill``: the control
 plane killed under load (a probe per tenant and the new instance's own timeline), a rolling
 restart (SIGHUP) and a SIGTERM drain, each against a real ``loraplex serve --replicas N`` with
 closed-loop clients whose tokens are counted from the logprobs and checked against the ledger."""

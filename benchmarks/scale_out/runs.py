@@ -1,4 +1,4 @@
-"""``benchmarks/scale_out.py --scenario ...``: each scenario on fresh servers, alternating the
+"""``benchmarks/scale_out/bench.py --scenario ...``: each scenario on fresh servers, alternating the
 configurations it compares, one printed table per scenario and one JSON file for all."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Scenarios of ``benchmarks/scale_out.py`` beyond adapter routing: multi-turn sessions (prefix
+"""Scenarios of ``benchmarks/scale_out/bench.py`` beyond adapter routing: multi-turn sessions (prefix
 hit rate and TTFT per routing mode), a two-tenant flood across replicas (fairness), the control
-plane killed under load and SIGTERM drain (``scale_out_faults.py``), and autoscaling min 1 / max 2.
+plane killed under load and SIGTERM drain (``faults.py``), and autoscaling min 1 / max 2.
 Each runs against a real ``loraplex serve`` (``Server`` from scale_out.py) over HTTP."""
 
 from __future__ import annotations

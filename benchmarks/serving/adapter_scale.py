@@ -14,7 +14,7 @@ Reported: TTFT p50/p90 cold vs warm, hits per tier (engine device slots, host LR
 store downloads), downloads per 1,000 requests, host-tier and disk-cache bytes (peak) next to their
 budgets, requests/s of N adapters vs 8.
 
-    .venv/bin/python benchmarks/adapter_scale.py --adapters 1000 --requests 1000
+    .venv/bin/python -m benchmarks.serving.adapter_scale --adapters 1000 --requests 1000
 """
 
 from __future__ import annotations

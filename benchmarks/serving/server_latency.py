@@ -12,7 +12,7 @@ detokenizing) / step.
 Both parts run for this checkout and, with ``--before PYTHON``, for another checkout's interpreter
 (a venv with an older loraplex installed), one after the other, so the table is before/after:
 
-    .venv/bin/python benchmarks/server_latency.py --before /path/to/old/.venv/bin/python
+    .venv/bin/python -m benchmarks.serving.server_latency --before /path/to/old/.venv/bin/python
 """
 
 from __future__ import annotations

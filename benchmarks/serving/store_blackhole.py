@@ -8,7 +8,7 @@ uncached adapters wait on it). In each, 40 base-model completions and 40 admin A
 (``GET /admin/v1/adapters``) are timed one after the other. Reported: p50 / p95 of each, and the
 pooled connections checked out while the fetches were stuck.
 
-    .venv/bin/python benchmarks/store_blackhole.py
+    .venv/bin/python -m benchmarks.serving.store_blackhole
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 ``loraplex serve`` for T seconds, with optional faults, then a reconciliation of what the clients
 received against what the usage ledger billed.
 
-    .venv/bin/python benchmarks/soak.py                          # ledger vs old writer, no faults
-    .venv/bin/python benchmarks/soak.py --kill-every 6           # + kill -9 / restart every 6 s
-    .venv/bin/python benchmarks/soak.py --db-outage 3            # + PostgreSQL stopped 3 s (root)
-    .venv/bin/python benchmarks/soak.py --quick
+    .venv/bin/python -m benchmarks.soak.billing                          # ledger vs old writer, no faults
+    .venv/bin/python -m benchmarks.soak.billing --kill-every 6           # + kill -9 / restart every 6 s
+    .venv/bin/python -m benchmarks.soak.billing --db-outage 3            # + PostgreSQL stopped 3 s (root)
+    .venv/bin/python -m benchmarks.soak.billing --quick
 
-``benchmarks/soak_chaos.py`` is the chaos companion: mixed request kinds (n > 1, prompt lists,
+``benchmarks/soak/chaos.py`` is the chaos companion: mixed request kinds (n > 1, prompt lists,
 tools, json_schema, disconnecting clients, hostile strings) with kill -9, a second server on the
 same PostgreSQL, a database outage and SIGTERM, reconciled per request.
 

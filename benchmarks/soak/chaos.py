@@ -1,9 +1,9 @@
-"""Chaos soak (the companion of soak.py): mixed request kinds against real ``loraplex serve``
+"""Chaos soak (the companion of billing.py): mixed request kinds against real ``loraplex serve``
 processes on one private PostgreSQL database while faults happen, then a per-request reconciliation.
 
-    .venv/bin/python benchmarks/soak_chaos.py --seconds 480 --clients 8 --complete-between 60  # root (private PG)
+    .venv/bin/python -m benchmarks.soak.chaos --seconds 480 --clients 8 --complete-between 60  # root (private PG)
 
-Request kinds (soak_kinds.py, round robin per client): streaming (n=1 and n=2), non-streaming,
+Request kinds (kinds.py, round robin per client): streaming (n=1 and n=2), non-streaming,
 n=3, a prompt list, chat with tools, chat with a json_schema, a client that gives up mid-answer,
 hostile bodies (lone surrogates in ``user`` and in tool-call arguments, int overflows, n=10^9, a NUL
 in the model name, a malformed tool: each must be a 4xx). Three tenants: one with a tpm limit, one

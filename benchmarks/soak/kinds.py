@@ -1,4 +1,4 @@
-"""The request kinds of the chaos soak (soak_chaos.py) and what each client saw of its answer.
+"""The request kinds of the chaos soak (chaos.py) and what each client saw of its answer.
 
 Completions ask for ``logprobs`` so the client counts the tokens it received one by one (an oracle
 independent of the ``usage`` field the server reports); chat kinds (tools, json_schema) rely on

@@ -6,9 +6,9 @@ The crash shape: streaming chat clients, adapters loaded/unloaded through vLLM's
 ``--duration`` seconds (or until the process dies); reported per configuration: runs that crashed,
 the time of each death, exit codes (-11 = SIGSEGV), streams completed, 5xx answers.
 
-    .venv/bin/python benchmarks/soak_runtime.py                           # this tree, default launch
-    .venv/bin/python benchmarks/soak_runtime.py --before /old/.venv/bin/python --runs 3
-    .venv/bin/python benchmarks/soak_runtime.py --model demo --duration 240  # the SmolLM2 demo model
+    .venv/bin/python -m benchmarks.soak.runtime                           # this tree, default launch
+    .venv/bin/python -m benchmarks.soak.runtime --before /old/.venv/bin/python --runs 3
+    .venv/bin/python -m benchmarks.soak.runtime --model demo --duration 240  # the SmolLM2 demo model
 
 Configurations: ``default`` (as ``loraplex serve`` starts: fast runtime on), ``off``
 (``LORAPLEX_FAST_RUNTIME=0``), ``dist`` (the fast runtime with Intel OpenMP's ``dist`` barrier

@@ -10,14 +10,14 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
-import time
 
 import httpx
 import openai
 import pytest
 import sqlalchemy
+from harness.s3 import CREDENTIALS, MotoServer, RawStore
+from harness.wait import wait_for
 from platform_helpers import admin_headers
-from s3_helpers import CREDENTIALS, MotoServer, RawStore
 
 from loraplex.platform.adapters.sources.cache import DiskCache
 from loraplex.platform.adapters.sources.fetchers import FetchDeadline
@@ -46,16 +46,6 @@ def _small_pool(monkeypatch) -> None:
         return real(url, **{**kw, "pool_size": 2, "max_overflow": 0, "pool_timeout": 30})
 
     monkeypatch.setattr(db_session, "create_engine", create_engine)
-
-
-def _poll(what: str, check, deadline_s: float = 90.0):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _setup(url: str) -> tuple[httpx.Client, str, str]:
@@ -129,7 +119,7 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         # at once (503) instead of queueing behind a dead store
         pool = concurrent.futures.ThreadPoolExecutor(13)
         futures = {m: pool.submit(ask, m) for m in cold}
-        _poll("8 busy refusals", lambda: sum(f.done() for f in futures.values()) >= 8)
+        wait_for(lambda: sum(f.done() for f in futures.values()) >= 8, what="8 busy refusals", timeout=90)
         refused_models = [m for m, f in futures.items() if f.done()]
         refused = [futures[m].result() for m in refused_models]
         assert len(refused) == 8
@@ -141,11 +131,13 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         # a second request for one that waits joins its fetch (not refused, not a second download)
         waiting_model = next(m for m, f in futures.items() if not f.done())
         dup = pool.submit(ask, waiting_model)
-        _poll("the duplicate to join", lambda: node.ctx.sources.resolver.lanes.counters["joined"] >= 1)
+        wait_for(
+            lambda: node.ctx.sources.resolver.lanes.counters["joined"] >= 1, what="the duplicate to join", timeout=90
+        )
         lanes = node.ctx.sources.resolver.lanes.stats()["stores"]
         assert [(v["running"], v["waiting"]) for v in lanes.values()] == [(2, 2)], lanes
         # nobody waiting on the store holds a database connection
-        _poll("every pooled connection back", lambda: _no_connection_held(node))
+        wait_for(lambda: _no_connection_held(node), what="every pooled connection back", timeout=90)
         fetch_threads = [t for t in threading.enumerate() if t.name.startswith("adapter-fetch")]
         assert len(fetch_threads) <= 2 + 1, fetch_threads  # the 2 stuck ones (+ the warm fetch's)
         assert _bystanders_work(node, nc, key) == 20
@@ -195,10 +187,10 @@ def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, 
             errors = list(pool.map(lambda m: _expect_error(client, m), ["cold0", "cold1", "cold2"]))
         assert [e.status_code for e in errors] == [503] * 3
         assert all(e.response.json()["error"]["code"] == "model_unavailable" for e in errors)
-        _poll("the hole to see the fetches", lambda: hole.accepted >= 2)
+        wait_for(lambda: hole.accepted >= 2, what="the hole to see the fetches", timeout=90)
         running = node.ctx.sources.resolver.lanes.stats()["stores"]
         assert sum(v["running"] for v in running.values()) == 2, running  # still stuck in the hole
-        _poll("every pooled connection back", lambda: _no_connection_held(node))
+        wait_for(lambda: _no_connection_held(node), what="every pooled connection back", timeout=90)
         nc = httpx.Client(base_url=node.url, headers=H, timeout=60)
         assert _bystanders_work(node, nc, key) == 20
         assert sum(v["running"] for v in node.ctx.sources.resolver.lanes.stats()["stores"].values()) == 2
