@@ -118,7 +118,7 @@ def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_
         "LORAPLEX_ENGINE__DEVICE": "cpu",
     }
     server = ServeProcess(
-        data / "d", model_dir(root), admin_key=ADMIN_KEY, env=env, config=None, python=python, start_timeout=120
+        data / "d", model_dir(root), admin_key=ADMIN_KEY, env=env, config=None, python=python
     )
     try:
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
