@@ -164,6 +164,17 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         store.close()
 
 
+def _served(client: openai.OpenAI, model: str) -> bool:
+    """One completion of ``model``: True when served, False on a 503 (not there yet)."""
+    try:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=4)
+    except openai.APIStatusError as err:
+        if err.status_code != 503:
+            raise
+        return False
+    return True
+
+
 @pytest.mark.slow
 def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, good_files, monkeypatch):
     """A TCP socket that accepts and never answers: the tenant gets 503 after fetch_timeout_s (not
@@ -180,7 +191,9 @@ def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, 
             secret_key=SECRET,
         )
         client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=300)
-        client.completions.create(model="warm", prompt=PROMPT, max_tokens=4)  # cached from the real store
+        # cached from the real store: on a loaded machine the first fetch may outlast the 2 s wait and
+        # answer 503 while the download goes on ("try again shortly"): ask again until it is served
+        wait_for(lambda: _served(client, "warm"), timeout=300, interval=0.5, what="'warm' fetched from the real store")
         # the store's address now leads into the hole (as after a network change)
         node.ctx.sources.resolver.fetchers["s3"] = S3Fetcher(hole.url, "", 300.0, 300.0, 1)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
