@@ -117,9 +117,7 @@ def part_health(python: str, root: Path, n_streams: int, prompt_words: int, max_
         "LORAPLEX_ENGINE__KERNEL_BACKEND": "torch",
         "LORAPLEX_ENGINE__DEVICE": "cpu",
     }
-    server = ServeProcess(
-        data / "d", model_dir(root), admin_key=ADMIN_KEY, env=env, config=None, python=python
-    )
+    server = ServeProcess(data / "d", model_dir(root), admin_key=ADMIN_KEY, env=env, config=None, python=python)
     try:
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": "bench"}, headers=admin).json()["id"]
