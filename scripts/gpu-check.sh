@@ -13,4 +13,4 @@ if [ "${1:-}" = "--aot" ]; then
     shift
     exec "$PY" scripts/gpu_check/aot.py "$@"
 fi
-exec "$PY" scripts/gpu_check/cuda_check.py "$@"
+exec "$PY" -m scripts.gpu_check.cuda_check "$@"  # a module: it imports benchmarks.lib from the root

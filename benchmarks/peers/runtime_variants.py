@@ -1,6 +1,6 @@
 """Which process runtime makes loraplex fastest on CPU: allocator x OpenMP runtime x wait policy.
 
-    .venv/bin/python benchmarks/peers/runtime_variants.py [--rounds 2] [--batch 64] [--tokens 32]
+    .venv/bin/python -m benchmarks.peers.runtime_variants [--rounds 2] [--batch 64] [--tokens 32]
 
 Each variant is a fresh process (the allocator and the OpenMP runtime are fixed at process start)
 running the same burst with ``LLM(...)`` on the demo model: ``--batch`` random 128-token prompts,
@@ -19,10 +19,8 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.paths import RESULTS
 
 CHILD = r"""
 import json, random, resource, sys, time
@@ -81,12 +79,12 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=0, help="PEFT adapters mixed into the burst (0 = base)")
     ap.add_argument("--only", default="", help="comma-separated substrings: run only matching variants")
     args = ap.parse_args()
-    from real_text import demo_model_dir
+    from benchmarks.lib.real_text import demo_model_dir
 
     model = demo_model_dir()
     adapters: dict[str, str] = {}
     if args.adapters:
-        from peer_adapters import make_adapters
+        from benchmarks.lib.peer_adapters import make_adapters
 
         adapters = make_adapters(model, args.adapters)
     cfg = json.dumps({"model": str(model), "batch": args.batch, "tokens": args.tokens, "adapters": adapters})
@@ -114,7 +112,7 @@ def main() -> None:
         if rs:
             med = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "tok_per_cpu_s", "cores")}
             print(f"{name:80s} {med['tok_s']:7.1f} {med['tok_per_cpu_s']:9.1f} {med['cores']:5.2f}")
-    out = ROOT / "benchmarks" / "results" / "runtime_variants.json"
+    out = RESULTS / "runtime_variants.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 

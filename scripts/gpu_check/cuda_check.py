@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _bench(fn, device: str, reps: int) -> float:
@@ -190,8 +189,7 @@ def kernel_rows(device: str, smoke: bool) -> list[dict]:
 
 
 def engine_rows(device: str, smoke: bool) -> list[dict]:
-    from multi_lora import RANKS, write_peft_adapter
-
+    from benchmarks.lib.adapters import RANKS, write_peft_adapter
     from loraplex.engine import LLM, SamplingParams
     from loraplex.engine.demo_model import create_random_checkpoint
 
@@ -277,7 +275,7 @@ def main() -> int:
     if device == "cpu" and not args.smoke:
         print("no CUDA device: use --smoke (with TRITON_INTERPRET=1) to exercise this script on CPU")
         return 2
-    from workload import print_table, write_json
+    from benchmarks.lib.workload import print_table, write_json
 
     t0 = time.perf_counter()
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter smoke run)"

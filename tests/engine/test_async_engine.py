@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from harness.wait import wait_for_async
 
 from loraplex.engine import LLM, AsyncEngine, EngineConfig, InvalidRequestError, SamplingParams
 
@@ -68,8 +69,7 @@ async def test_closing_stream_early_aborts(engine):
     )
     await stream.__anext__()
     await stream.aclose()  # what a server does when the client disconnects
-    await asyncio.sleep(0.05)
-    assert engine.stats()["kv_cache"]["used_blocks"] == 0
+    await wait_for_async(lambda: engine.stats()["kv_cache"]["used_blocks"] == 0, what="the blocks to be freed")
 
 
 async def test_bad_request_raises_at_submit_and_engine_keeps_serving(engine):

@@ -1,33 +1,21 @@
-"""benchmarks/itl.py's per-step log, the evidence its ITL table rests on: every step's prompt
+"""benchmarks/engine/itl.py's per-step log, the evidence its ITL table rests on: every step's prompt
 tokens and decode rows are recorded as the scheduler planned them, so a prefill cap shows as the
 largest prompt-token count beside decodes, and every generated token after the first is one
 inter-token gap."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
+from benchmarks.engine import itl
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.llm_engine import LLMEngine
-
-ITL = Path(__file__).resolve().parents[2] / "benchmarks" / "itl.py"
-
-
-def _itl_module():
-    spec = importlib.util.spec_from_file_location("bench_itl", ITL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("cap", [None, 8])
 def test_step_log_counts_gaps_and_sees_the_cap(tiny_llama, cap):
-    itl = _itl_module()
     engine = LLMEngine(
         EngineConfig(
             model=tiny_llama,

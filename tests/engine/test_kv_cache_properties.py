@@ -12,6 +12,7 @@ referenced shows up as a wrong identity.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -216,7 +217,7 @@ class KVMachine(RuleBasedStateMachine):
         assert all(rc == 0 for rc in self.kv.pool.refcounts)
 
 
-TestKVCacheProperties = KVMachine.TestCase
+TestKVCacheProperties = pytest.mark.slow(KVMachine.TestCase)  # 300 examples x 40 steps: the whole suite
 TestKVCacheProperties.settings = settings(
     max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

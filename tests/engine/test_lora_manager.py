@@ -34,6 +34,7 @@ def oracle(base, adapters) -> PeftOracle:
     return PeftOracle(base, adapters)
 
 
+@pytest.mark.slow
 def test_more_adapters_than_slots_and_cache_cycle_correctly(base, adapters, oracle):
     llm = LLM(
         model=base,

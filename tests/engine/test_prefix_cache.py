@@ -61,7 +61,7 @@ def shared_prefix_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-@pytest.mark.parametrize("variant", ["llama_gqa", "mistral", "qwen2_bias"])
+@pytest.mark.parametrize("variant", ["llama_gqa", "mistral", pytest.param("qwen2_bias", marks=pytest.mark.slow)])
 def test_outputs_with_caching_equal_without_mid_block_prefixes(model_factory, variant):
     results = {}
     for caching in (False, True):

@@ -8,6 +8,8 @@ import json
 import random
 import statistics
 
+import pytest
+
 from loraplex.engine import SamplingParams
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.llm_engine import LLMEngine
@@ -50,6 +52,7 @@ def run(model: str, policy: str, flood: bool, seed: int = 0) -> tuple[LLMEngine,
     return engine, ttft_s, ttft_steps
 
 
+@pytest.mark.slow
 def test_light_tenant_ttft_survives_a_flood_under_fair(tiny_llama):
     _, alone_s, alone_steps = run(tiny_llama, "fair", flood=False)
     engine, fair_s, fair_steps = run(tiny_llama, "fair", flood=True)

@@ -98,6 +98,7 @@ def test_returning_idle_tenant_gets_no_banked_credit():
     assert worst <= bound(sim, arrivals), "b would monopolise the engine if its idle time banked credit"
 
 
+@pytest.mark.slow
 def test_locality_slack_keeps_the_bound_within_the_slack():
     slack = 1000.0
     rng = random.Random(3)
@@ -132,6 +133,7 @@ def test_high_class_is_served_before_a_low_class_flood(policy):
     assert any(s.num_preemptions for s in sim.seqs if s.tenant.tenant_id == "low")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["priority", "fair"])
 def test_low_class_is_not_starved_past_the_aging_bound(policy):
     rng = random.Random(5)

@@ -80,7 +80,12 @@ def plain(setup):
     return prompts, params, outs
 
 
-@pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 3), ("ngram", 6), ("draft", 2), ("draft", 4)])
+# The inner loop keeps n-gram k = 1 and 3 and draft k = 2; the longer proposals run in the whole suite.
+@pytest.mark.parametrize(
+    "method,k",
+    [("ngram", 1), ("ngram", 3), pytest.param("ngram", 6, marks=pytest.mark.slow), ("draft", 2)]
+    + [pytest.param("draft", 4, marks=pytest.mark.slow)],
+)
 def test_greedy_speculation_equals_plain_decoding(setup, plain, method, k):
     model, adapters, draft = setup
     prompts, params, expected = plain
@@ -100,6 +105,7 @@ def test_greedy_speculation_equals_plain_decoding(setup, plain, method, k):
     _assert_conserved(llm)
 
 
+@pytest.mark.slow
 def test_draft_equal_to_target_accepts_everything(setup):
     model, adapters, _ = setup
     prompts = _prompts(6, seed=3)
@@ -140,6 +146,7 @@ def test_draft_equal_to_target_accepts_everything(setup):
     assert spec_stop == plain_stop and len(plain_stop[0]) <= 7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_seeded_sampling_with_speculation_is_reproducible(setup, method):
     model, adapters, draft = setup
@@ -168,6 +175,7 @@ def test_per_request_opt_out(setup, plain):
     assert llm.engine.stats()["speculative"]["proposed_tokens"] == 0
 
 
+@pytest.mark.slow
 def test_fair_policy_charges_emitted_tokens_only(setup):
     model, _, _ = setup
     prompts = _prompts(8, seed=5)
@@ -185,6 +193,7 @@ def test_fair_policy_charges_emitted_tokens_only(setup):
     assert counters[0] == pytest.approx(counters[1])
 
 
+@pytest.mark.slow
 def test_prefix_cache_never_registers_an_unverified_token(setup):
     model, _, _ = setup
     prompts = _prompts(10, seed=6)

@@ -63,7 +63,7 @@ def _run(model: str, adapters: dict, **extra) -> tuple[LLM, list]:
     return llm, llm.generate(prompts, params, adapters=names)
 
 
-@pytest.mark.parametrize("k", [2, 5])
+@pytest.mark.parametrize("k", [2, pytest.param(5, marks=pytest.mark.slow)])  # the inner loop keeps k = 2
 def test_speculation_changes_nothing_in_a_batch_of_every_feature(tiny_llama, adapters, k):
     _, plain = _run(tiny_llama, adapters)
     llm, spec = _run(tiny_llama, adapters, speculative_method="ngram", num_speculative_tokens=k)

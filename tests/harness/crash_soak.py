@@ -1,7 +1,7 @@
 """The traffic that killed ``loraplex serve`` (issue 32): streaming chat clients, adapters loaded and
 unloaded through both adapter APIs, and idle gaps longer than the server's worker threads live.
 
-Written once, for ``tests/platform/test_crash_soak.py`` (CI size) and ``benchmarks/soak_runtime.py``
+Written once, for ``tests/platform/test_crash_soak.py`` (CI size) and ``benchmarks/soak/runtime.py``
 (minutes, several runtime configurations). A round is an active phase (``clients`` threads stream
 chat completions back to back while one admin thread loads an adapter through vLLM's
 ``/v1/load_lora_adapter``, streams with it, unloads it, then uploads one through

@@ -1,6 +1,6 @@
 """PostgreSQL for tests, benchmarks and ``scripts/test.sh``: written once.
 
-``PgServer``: a private server (initdb in a temp dir, loopback, a free port, trust auth) that a test
+``PostgresServer``: a private server (initdb in a temp dir, loopback, a free port, trust auth) that a test
 may stop and start under load without disturbing anyone else. ``create_database`` /
 ``drop_database``: a throw-away database on a shared server, one per test.
 
@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from harness.net import free_port
+from .net import free_port
 
 
 def server_binaries() -> Path | None:
@@ -36,7 +36,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-class PgServer:
+class PostgresServer:
     """A PostgreSQL server of our own, with one database (``database``) ready at ``url``."""
 
     def __init__(self, port: int | None = None, database: str = "loraplex", directory: Path | None = None) -> None:
@@ -46,6 +46,7 @@ class PgServer:
         self.bin = server_binaries()
         assert self.bin is not None
         self.dir = directory or Path(tempfile.mkdtemp(prefix="lpx-pg-"))
+        self.database = database
         shutil.chown(self.dir, "postgres")
         self.port = port or free_port()
         self._pg("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres")
@@ -65,7 +66,7 @@ class PgServer:
             ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
             check=True,
             capture_output=True,
-            timeout=60,
+            timeout=600,  # initdb on a loaded 2-core machine can take minutes
         )
 
     def start(self) -> None:
@@ -77,6 +78,9 @@ class PgServer:
 
     def destroy(self) -> None:
         destroy(self.dir)
+
+
+PgServer = PostgresServer  # the name before the harness was one (kept for older tests)
 
 
 def destroy(directory: Path) -> None:
@@ -130,7 +134,7 @@ def main() -> int:
     down.add_argument("dir", type=Path)
     args = ap.parse_args()
     if args.cmd == "start":
-        server = PgServer(port=args.port, database=args.database)
+        server = PostgresServer(port=args.port, database=args.database)
         print(f"DIR={server.dir}\nURL={server.url}")
     else:
         destroy(args.dir)

@@ -4,21 +4,22 @@ config, a short scrape and rule-evaluation interval, stopped with everything it 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from harness.net import free_port
+from .net import free_port
+from .process import ServerProcess
+from .wait import WaitTimeout, wait_for
 
 
 def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
-class PrometheusProcess:
+class PrometheusProcess(ServerProcess):
     def __init__(
         self,
         folder: Path,
@@ -35,8 +36,7 @@ class PrometheusProcess:
             raise RuntimeError("prometheus is not installed (apt-get install prometheus)")
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = free_port()
         config = [
             "global:",
             f"  scrape_interval: {interval}",
@@ -49,34 +49,23 @@ class PrometheusProcess:
         for job, target in targets.items():
             config += [f"  - job_name: {job}", "    static_configs:", f"      - targets: ['{target}']"]
         (self.folder / "prometheus.yml").write_text("\n".join(config) + "\n")
-        self.log = self.folder / "prometheus.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={self.folder / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={self.folder / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--web.enable-lifecycle",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited ({self.proc.returncode}):\n{self.output()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus not ready in {start_timeout:.0f} s:\n{self.output()[-3000:]}")
+        super().__init__(
+            [
+                binary,
+                f"--config.file={self.folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+            ],
+            port=port,
+            log=self.folder / "prometheus.log",
+            ready_path="/-/ready",
+            start_timeout=start_timeout,
+        )
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+    @property
+    def name(self) -> str:
+        return "prometheus"
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query now: the result vector (raises on a query error, e.g. bad PromQL)."""
@@ -87,19 +76,12 @@ class PrometheusProcess:
         return body["data"]["result"]
 
     def wait_for(self, expr: str, timeout: float = 120) -> list[dict[str, Any]]:
-        """Poll ``expr`` until it returns series (scrapes and rule evaluations are periodic)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if result or time.monotonic() > deadline:
-                return result
-            time.sleep(0.5)
+        """Poll ``expr`` until it returns series (scrapes and rule evaluations are periodic); [] if
+        none came within ``timeout`` (the caller's assertion says what was missing)."""
+        try:
+            return wait_for(lambda: self.query(expr), timeout=timeout, interval=0.5, what=expr)
+        except WaitTimeout:
+            return []
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self, timeout: float = 30, sig: int = signal.SIGTERM) -> None:
+        super().stop(timeout, sig)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from harness.net import free_port_below_ephemeral
-from harness.serve import ServeProcess
+from .net import free_port_below_ephemeral
+from .serve import ServeProcess
 
 START_TIMEOUT_S = 600.0  # Ray + four replicas on a loaded 2-core machine (measured: > 300 s with burners)
 RAY_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}

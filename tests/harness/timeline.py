@@ -52,7 +52,7 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        from harness.xdist_groups import test_group
+        from .xdist_groups import test_group
 
         start, cpu, children = time.time(), time.process_time(), _children_cpu()
         yield

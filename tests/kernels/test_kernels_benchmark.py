@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py runs its whole code path on CPU (interpreter smoke) and exits 0 without CUDA."""
+"""benchmarks/kernels/triton_ops.py runs its whole code path on CPU (interpreter smoke) and exits 0 without CUDA."""
 
 from __future__ import annotations
 
@@ -12,13 +12,20 @@ import pytest
 
 pytestmark = pytest.mark.slow  # subprocesses
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args):
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ""  # the no-CUDA branch even on a GPU machine
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.kernels.triton_ops", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 def test_benchmark_without_cuda_says_so_and_exits_0():

@@ -92,6 +92,9 @@ def test_dispatch_auto_picks_native_on_cpu():
     assert get_kernel_ops("cpu", "cpu").paged_prefill_attention is cpu_native.paged_prefill_attention
 
 
+# A full compile of the native CPU kernel library into an empty cache (the C++ compiler for 10-35 s):
+# the inner loop loads the library from the per-machine cache like every other test.
+@pytest.mark.slow
 def test_build_is_cached_and_keyed_by_source(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cxx = cpu_native._compiler()

@@ -14,6 +14,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 from harness import postgres
+from harness.live import LiveServer
 from harness.serve import ServeProcess
 from platform_helpers import (
     ADMIN_KEY,
@@ -151,41 +152,16 @@ def good_files(adapter_dirs) -> dict[str, bytes]:
     return adapter_files(adapter_dirs["good"])
 
 
-class LiveServer:
-    """The app on a real uvicorn (in a thread) over its own database, with the session's engine."""
-
-    def __init__(self, ctx, app) -> None:
-        import threading
-        import time
-
-        import uvicorn
-
-        self.ctx = ctx
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.time() + 30
-        while not self._server.started:
-            if time.time() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self._server.servers[0].sockets[0].getsockname()[1]}"
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(15)
-
-
 @pytest.fixture
 def live_factory(tmp_path, db_url, gateway):
-    """``live_factory(**settings_overrides)`` → a LiveServer; stopped at the end of the test."""
+    """``live_factory(**settings_overrides)`` → a ``harness.live.LiveServer`` (``.ctx``, ``.url``) on
+    this test's database; stopped at the end of the test."""
     servers: list[LiveServer] = []
 
     def make(gw=None, **overrides) -> LiveServer:
         settings = make_settings(tmp_path / f"s{len(servers)}", db_url, **overrides)
         ctx, _ = build_context(settings, gw or gateway, upgrade_db=False)
-        srv = LiveServer(ctx, create_app(ctx, owns_engine=False))
+        srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
         servers.append(srv)
         return srv
 
@@ -220,7 +196,7 @@ def private_postgres():
         if os.environ.get("LORAPLEX_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"LORAPLEX_REQUIRE_POSTGRES=1: {reason}")
         pytest.skip(reason)
-    server = postgres.PgServer()
+    server = postgres.PostgresServer()
     yield server
     server.destroy()
 
@@ -246,7 +222,7 @@ def module_tenant_setup(module_db_url, gateway, good_files, tmp_path_factory):
     earlier test's requests went through, as on a real server."""
     settings = make_settings(tmp_path_factory.mktemp("module-server"), module_db_url)
     ctx, _ = build_context(settings, gateway, upgrade_db=False)
-    srv = LiveServer(ctx, create_app(ctx, owns_engine=False))
+    srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
     try:
         yield _tenant_setup((srv.ctx, srv.url), good_files)
     finally:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import stat
 import tarfile
 import tempfile
-import zipfile
 from pathlib import Path
 
 import pytest
 from harness import postgres
+from harness.adapters import adapter_files, make_peft_adapter, zip_bytes  # noqa: F401  (tests import them from here)
 
 ADMIN_KEY = "test-admin-key-0123456789abcdef"
 PG_URL = os.environ.get("LORAPLEX_TEST_POSTGRES_URL", "")  # the shared server: each test its own database
@@ -24,42 +23,6 @@ BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="po
 
 def admin_headers(key: str = ADMIN_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def make_peft_adapter(
-    base_dir: Path, out_dir: Path, *, r: int = 4, alpha: int = 8, targets=("q_proj", "v_proj"), seed: int = 0
-) -> Path:
-    """A real PEFT adapter with non-zero weights, saved as safetensors."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    cfg = LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False, task_type="CAUSAL_LM"
-    )
-    peft_model = get_peft_model(model, cfg)
-    peft_model.save_pretrained(str(out_dir), safe_serialization=True)
-    return out_dir
-
-
-def adapter_files(adapter_dir: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(adapter_dir.iterdir()) if p.is_file()}
-
-
-def zip_bytes(
-    files: dict[str, bytes], *, symlinks: dict[str, str] | None = None, compression=zipfile.ZIP_DEFLATED
-) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=compression) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-        for name, target in (symlinks or {}).items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            zf.writestr(info, target)
-    return buf.getvalue()
 
 
 def targz_bytes(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import time
 
 import httpx
 import openai
 import pytest
+from harness.s3 import CREDENTIALS, MotoServer, RawStore
+from harness.wait import wait_for
 from platform_helpers import adapter_files, admin_headers, nan_adapter_files, zip_bytes
-from s3_helpers import CREDENTIALS, MotoServer
 
 from loraplex.platform.adapters.sources.cache import DiskCache
 
@@ -337,32 +337,19 @@ def test_hf_reference_through_the_hub_cache(live_factory, good_files, tmp_path):
 def test_a_store_that_never_answers_gives_503_within_the_fetch_timeout(live_factory, moto, good_files, request):
     """A black hole (accepts connections, never answers): the request is answered 503 after
     fetch_timeout_s, not held until the client gives up."""
-    import socket
-    import threading
-
     source = moto.put_folder(_bucket(request), "slow/", good_files)
     registrar = live_factory(adapters=_adapters_settings(moto), secret_key=SECRET)
     c, tid, key = _setup(registrar.url)
     assert _register(c, "slow", source, tid).status_code == 201
-    hole = socket.socket()
-    hole.bind(("127.0.0.1", 0))
-    hole.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        hole.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(hole.accept()[0])
-            except OSError:
-                continue
-
-    threading.Thread(target=accept, daemon=True).start()
+    hole = RawStore("hole")
     try:
-        url = f"http://127.0.0.1:{hole.getsockname()[1]}"
         node = live_factory(
-            adapters={"s3_endpoint_url": url, "fetch_timeout_s": 2.0, "read_timeout_s": 60.0, "s3_max_attempts": 1},
+            adapters={
+                "s3_endpoint_url": hole.url,
+                "fetch_timeout_s": 2.0,
+                "read_timeout_s": 60.0,
+                "s3_max_attempts": 1,
+            },
             secret_key=SECRET,
         )
         client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=300)
@@ -373,14 +360,8 @@ def test_a_store_that_never_answers_gives_503_within_the_fetch_timeout(live_fact
         assert body["code"] == "model_unavailable" and "longer than 2s" in body["message"], body
         # It really was the store it waited on: the download goes on after the 503, so the black hole
         # sees its connection even when a loaded machine took the whole timeout to build the client.
-        deadline = time.monotonic() + 120
-        while not accepted and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert accepted
+        wait_for(lambda: hole.accepted, what="the download's connection to the black hole")
     finally:
-        stop.set()
-        for s in accepted:
-            s.close()
         hole.close()
 
 

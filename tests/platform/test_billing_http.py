@@ -16,6 +16,7 @@ import openai
 import pytest
 from billing_helpers import H, auth, new_adapter, new_tenant, stream, usage_rows
 from harness.net import status_before_body
+from harness.wait import wait_for
 
 CHUNKS_AFTER_COMMIT = 100
 
@@ -226,13 +227,19 @@ def test_deleting_adapter_and_tenant_mid_traffic_loses_no_other_record(live, goo
     ]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+
+    def answered() -> int:
+        with lock:
+            return len(sent["ok"]) + len(sent["refused"])
+
+    wait_for(lambda: len(sent["ok"]) > 10, what="traffic from every client")
     with httpx.Client(base_url=live.url, headers=H, timeout=30) as c:
         ada = c.get("/admin/v1/adapters").json()["data"][0]["id"]
         assert c.delete(f"/admin/v1/adapters/{ada}").status_code == 200
-        time.sleep(0.5)
+        wait_for(lambda: sent["refused"], what="a request refused after the adapter was deleted")
         assert c.delete(f"/admin/v1/tenants/{victim}").status_code == 200
-    time.sleep(1.0)
+    after = answered()
+    wait_for(lambda: answered() >= after + 8, what="traffic after the tenant was deleted")
     stop.set()
     for t in threads:
         t.join(60)

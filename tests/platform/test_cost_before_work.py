@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from harness.net import send_body
+from harness.wait import wait_for
 from platform_helpers import ADMIN_KEY
 
 BIG = 512 * 1024 * 1024  # limits this large: only the key check can stop the probes below
@@ -70,14 +71,6 @@ def _open_files_under(*folders: Path) -> list[str]:
     return out
 
 
-def _wait_until(check, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def wide_open(live_factory):
     """Limits far above the probes: a refusal can come only from the key check."""
@@ -122,7 +115,7 @@ def test_the_probe_sees_an_authenticated_body_read_whole(wide_open):
     answer = send_body(url, _multipart_head(url, ADMIN_KEY), body, chunked=True)
     assert answer.status == 400, answer  # junk, not an archive: refused after reading it
     assert answer.sent >= 16 * 1024 * 1024
-    _wait_until(lambda: not _staged(wide_open), "the staged upload is removed")
+    wait_for(lambda: not _staged(wide_open), what="the staged upload is removed", timeout=60)
 
 
 @pytest.mark.slow
@@ -209,7 +202,7 @@ def test_a_body_that_stops_arriving_gets_408_and_the_connection_closed(tight, ro
     answer = send_body(url, head, first, stall=True)
     assert answer.status == 408 and answer.closed, answer
     assert b"request_timeout" in answer.raw
-    _wait_until(lambda: not _staged(tight), "the stalled upload's staged file is removed")
+    wait_for(lambda: not _staged(tight), what="the stalled upload's staged file is removed", timeout=60)
 
 
 @pytest.mark.slow
@@ -225,7 +218,7 @@ def test_an_upload_trickled_without_pauses_meets_its_deadline(tight):
 
     answer = send_body(url, _multipart_head(url, ADMIN_KEY, length=200 * 1024), trickle())
     assert answer.status == 408 and answer.closed, answer
-    _wait_until(lambda: not _staged(tight), "the trickled upload's staged file is removed")
+    wait_for(lambda: not _staged(tight), what="the trickled upload's staged file is removed", timeout=60)
 
 
 @pytest.mark.slow
@@ -243,7 +236,7 @@ def test_many_slow_uploads_at_once_all_end_and_leave_nothing(tight):
     for t in threads:
         t.join(180)
     assert sorted(a.status for a in answers) == [408] * 12, answers
-    _wait_until(lambda: not _staged(tight), "every staged upload is removed")
+    wait_for(lambda: not _staged(tight), what="every staged upload is removed", timeout=60)
 
 
 @pytest.fixture
@@ -279,7 +272,7 @@ def test_an_oversize_authenticated_upload_is_413_and_leaves_no_file(capped, fram
     else:
         assert answer.status == 413 and answer.closed, answer
         assert b"payload_too_large" in answer.raw
-    _wait_until(lambda: not _staged(tight), "the oversize upload's staged file is removed")
+    wait_for(lambda: not _staged(tight), what="the oversize upload's staged file is removed", timeout=60)
     assert not _open_files_under(tight.ctx.store.staging_root)
     assert tight.ctx.store.stored_paths() == []
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from billing_helpers import H, auth, new_adapter, new_tenant, usage_rows
 from harness.net import status_before_body, statuses_on_one_connection
+from harness.wait import wait_for
 from platform_helpers import ADMIN_KEY
 from traffic import Traffic
 
@@ -51,7 +52,18 @@ def test_kill9_under_streaming_load_then_restart(
             if len(traffic.completed()) >= 3 and len(longs) == 3 and all(len(s.chunk_times) >= 10 for s in longs):
                 break
             time.sleep(0.1)
-        time.sleep(4 * CHECKPOINT_S)
+
+        # ... and each has chunks older than the checkpoint window the oracle below counts, and a
+        # checkpoint on record
+        def checkpointed() -> bool:
+            old = time.monotonic() - 2 * CHECKPOINT_S - 0.3
+            rows = usage_rows(server.url, tid)
+            return all(
+                any(t < old for t in s.chunk_times) and rows.get(s.request_id, {}).get("completion_tokens", 0) > 0
+                for s in longs
+            )
+
+        wait_for(checkpointed, interval=0.1, what="a checkpoint of every long stream")
         killed_at = time.monotonic()
         server.kill()
         traffic.stop()
@@ -142,15 +154,15 @@ def test_postgres_outage_under_load(tmp_path, demo_model_dir, private_postgres, 
         _tid, key = new_tenant(server.url, "acme")
         base = httpx.get(server.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
         traffic = Traffic(server.url, key, base, short=2, streams=2, stream_tokens=120).start()
-        time.sleep(1.5)
+        wait_for(lambda: len(traffic.completed()) >= 2, what="requests completed before the outage")
         pg.stop("immediate")
-        time.sleep(1.0)
+        wait_for(lambda: httpx.get(server.url + "/ready", timeout=30).status_code == 503, what="/ready to see it")
         during = httpx.get(server.url + "/ready")
         assert during.status_code == 503 and during.json()["database"].startswith("unreachable")
         # 503 (not 500), and the keep-alive connection survives it
         assert statuses_on_one_connection(server.url, "/v1/models", key) == [503, 503]
         assert statuses_on_one_connection(server.url, "/admin/v1/tenants", ADMIN_KEY) == [503, 503]
-        time.sleep(2.0)
+        wait_for(lambda: any(s.status == 503 for s in list(traffic.seen)), what="a request refused in the outage")
         pg.start()
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -160,7 +172,8 @@ def test_postgres_outage_under_load(tmp_path, demo_model_dir, private_postgres, 
             time.sleep(0.3)
         else:
             pytest.fail(f"not ready again after the outage: {ready}")
-        time.sleep(1.0)
+        recovered = len(traffic.completed())
+        wait_for(lambda: len(traffic.completed()) >= recovered + 2, what="requests completed after the outage")
         traffic.stop()
         assert server.proc.poll() is None and server.proc.pid == pid  # recovered without a restart
         statuses = [s.status for s in traffic.seen if s.status]

@@ -18,6 +18,7 @@ import time
 import httpx
 import pytest
 from billing_helpers import H, auth, new_tenant, usage_rows
+from harness.wait import wait_for
 
 from loraplex.platform.usage.spool import REJECTED
 
@@ -216,11 +217,9 @@ def _post_and_leave(url: str, key: str, body: dict, live) -> int:
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     )
     sock.sendall(head.encode() + payload)
-    deadline = time.monotonic() + 120
-    while live.ctx.inflight.count() == 0:
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.01)
-    time.sleep(0.3)
+    wait_for(lambda: live.ctx.inflight.count(), interval=0.01, what="the request to start")
+    started = _steps(live)
+    wait_for(lambda: _steps(live) >= started + 3, interval=0.01, what="a few steps of the request")
     sock.close()
     return _steps(live)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 from billing_helpers import H
+from harness.serve import serve_argv
+from harness.wait import wait_for
 
 
 @pytest.mark.slow
@@ -25,10 +25,13 @@ def test_postgres_down_at_start_then_back(tmp_path, demo_model_dir, private_post
     r = httpx.get(server.url + "/admin/v1/tenants", headers=H, timeout=30)
     assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "database_unavailable"
     pg.start()
-    deadline = time.monotonic() + 90
-    while httpx.get(server.url + "/ready", timeout=30).status_code != 200:
-        assert time.monotonic() < deadline, server.output()[-3000:]
-        time.sleep(0.5)
+    wait_for(
+        lambda: httpx.get(server.url + "/ready", timeout=30).status_code == 200,
+        timeout=300,
+        interval=0.5,
+        what="/ready after PostgreSQL came back",
+        details=lambda: server.output()[-3000:],
+    )
     r = httpx.post(server.url + "/admin/v1/tenants", json={"name": "after"}, headers=H, timeout=30)
     assert r.status_code == 201, r.text  # migrated: the schema is there
     assert "Traceback" not in server.output()
@@ -46,7 +49,7 @@ def test_a_file_that_is_not_a_database_is_one_line_and_exit_2(tmp_path, demo_mod
         "LORAPLEX_DATABASE_URL": f"sqlite:///{bad}",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "loraplex.platform.cli", "serve", "--data-dir", str(data), "--port", "0"],
+        serve_argv(data, 0),
         env=env,
         capture_output=True,
         text=True,

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
-import threading
 import time
 
 import pytest
-import uvicorn
+from harness.live import LiveServer
 
 from loraplex.platform.http.head_deadline import RequestHeadDeadline
 
@@ -40,19 +39,8 @@ async def _app(scope, receive, send):
 
 @pytest.fixture
 def server():
-    config = uvicorn.Config(
-        _app, host="127.0.0.1", port=0, log_level="warning", http=RequestHeadDeadline.with_timeout(60, MAX_HEAD)
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield srv.servers[0].sockets[0].getsockname()[1]
-    srv.should_exit = True
-    thread.join(15)
+    with LiveServer(_app, lifespan="off", http=RequestHeadDeadline.with_timeout(60, MAX_HEAD)) as srv:
+        yield srv.port
 
 
 def _stream(port: int, prefix: bytes, filler: bytes = b"a" * 65536) -> tuple[bytes, int]:

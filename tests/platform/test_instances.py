@@ -21,6 +21,9 @@ def _running(ctx) -> int:
         return sum(1 for r in rows if r.instance_id == ctx.ledger.instance_id)
 
 
+# Three 1200-token streams kept alive across a second server's start-up (long on purpose, so the
+# recovery really meets running records): ~1200 decode steps.
+@pytest.mark.slow
 def test_a_second_server_leaves_a_live_servers_streams_alone(live_factory):
     a = live_factory()
     tid, key = new_tenant(a.url, "rolling")

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
 from billing_helpers import H, auth, new_tenant, usage_rows
+from harness.wait import wait_for
 from sqlalchemy import create_engine, select
 
 from loraplex.platform.usage.models import ServerInstance
@@ -94,14 +94,6 @@ def _start_streams(url: str, key: str, model: str, count: int, max_tokens: int, 
     return seen, threads
 
 
-def _wait(cond, what: str, state=lambda: "", timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{state()}")
-        time.sleep(0.1)
-
-
 def _renewals(db_url: str, rounds: int, instances: int) -> None:
     """Wait until every lease row has been renewed ``rounds`` times (each renewal of a server is
     followed by its close_dead_runs pass over the others' records)."""
@@ -115,7 +107,7 @@ def _renewals(db_url: str, rounds: int, instances: int) -> None:
                     seen.setdefault(iid, set()).add(beat)
             return len(seen) >= instances and all(len(b) > rounds for b in seen.values())
 
-        _wait(enough, f"{rounds} lease renewals of {instances} servers")
+        wait_for(enough, what=f"{rounds} lease renewals of {instances} servers", timeout=240, interval=0.1)
     finally:
         eng.dispose()
 
@@ -151,7 +143,7 @@ def test_rolling_restart_bills_every_stream_what_its_client_received(
     # renewals, the same pass as at its start): B started first because a quiet machine finishes
     # A's streams before B's start completes
     first, first_threads = _start_streams(a.url, key, model, 3, 1900, "first")
-    _wait(lambda: all(s.tokens >= 5 for s in first), "A's streams to be under way")
+    wait_for(lambda: all(s.tokens >= 5 for s in first), what="A's streams to be under way", timeout=240, interval=0.1)
     _renewals(db, rounds=3, instances=2)
     assert not any(s.done or s.error for s in first), "A's streams ended before B's recovery ran: proves nothing"
     # B serves the same tenant meanwhile (one secret, one database)
@@ -168,7 +160,9 @@ def test_rolling_restart_bills_every_stream_what_its_client_received(
 
     # a rolling restart: new streams on A, SIGTERM while they run; A drains them, then stops
     last, last_threads = _start_streams(a.url, key, model, 2, 200, "last")
-    _wait(lambda: all(s.tokens >= 3 for s in last), "A's last streams to be under way")
+    wait_for(
+        lambda: all(s.tokens >= 3 for s in last), what="A's last streams to be under way", timeout=240, interval=0.1
+    )
     a.proc.send_signal(signal.SIGTERM)
     for t in last_threads:
         t.join(600)
@@ -222,8 +216,10 @@ def test_kill9_with_a_neighbour_alive_bills_cut_streams_up_to_what_was_received(
             raise AssertionError(f"a stream ended before a checkpoint of it was seen\n{state()}")
         return len(seen_running) == len(cut)
 
-    _wait(lambda: all(s.request_id for s in cut), "A's streams to start", state)
-    _wait(checkpointed, "a checkpoint of every stream", state)
+    wait_for(
+        lambda: all(s.request_id for s in cut), what="A's streams to start", timeout=240, interval=0.1, details=state
+    )
+    wait_for(checkpointed, what="a checkpoint of every stream", timeout=240, interval=0.1, details=state)
     _renewals(db, rounds=2, instances=2)  # B renewed (and looked for dead servers) while A lived
     ended = {s.request_id for s in cut if s.done}  # read before the records: a stream may end meanwhile
     rows = usage_rows(b.url, tid)
@@ -240,7 +236,9 @@ def test_kill9_with_a_neighbour_alive_bills_cut_streams_up_to_what_was_received(
         rows = usage_rows(b.url, tid)
         return all(rows[s.request_id]["status"] != "running" for s in cut)
 
-    _wait(closed, "B to close the dead server's rows", state)  # B's lease renewal, no restart of anyone
+    wait_for(
+        closed, what="B to close the dead server's rows", timeout=240, interval=0.1, details=state
+    )  # B's lease renewal, no restart of anyone
     rows = usage_rows(b.url, tid)
     for s in cut:
         row = rows[s.request_id]

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import Future
 
 import pytest
+from harness.wait import wait_for
 from sqlalchemy import select
 
 from loraplex.platform.db.session import make_db_engine, make_session_factory
@@ -133,8 +134,9 @@ def test_recover_leaves_its_own_running_records_alone(sessions, tmp_path):
     # another server on the same database while this one's lease is fresh: hands off
     assert UsageLedger(sessions, tmp_path / "spool2").recover() == 0
     assert _records(sessions)["mine"].status == "running"
-    time.sleep(0.05)  # this one's lease expires (the other server's ttl is tiny): it is dead
-    assert UsageLedger(sessions, tmp_path / "spool3", lease_ttl_s=0.01).recover() == 1
+    # once this one's lease is older than the other server's tiny ttl, it is dead to that server
+    recovered = wait_for(lambda: UsageLedger(sessions, tmp_path / "spool3", lease_ttl_s=0.01).recover(), timeout=60)
+    assert recovered == 1
     assert _records(sessions)["mine"].status == "interrupted"
 
 
@@ -142,7 +144,6 @@ def test_store_sweep_removes_only_old_leftovers(platform, tmp_path):
     """Start-up/periodic housekeeping: staging leftovers and unreferenced store folders go, but only
     once older than the sweep's age (an upload in progress is never touched)."""
     import os
-    import time
 
     from loraplex.platform.adapters.housekeeping import cleanup_store
     from loraplex.platform.db.session import unit_of_work

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
+from harness.live import LiveServer
 from platform_helpers import admin_headers, make_settings, zip_bytes
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,12 +24,8 @@ def obs_server(tmp_path, db_url, gateway, good_files):
     settings = make_settings(tmp_path, db_url, observability={"tenant_labels": True, "max_label_values": 1})
     ctx, _ = build_context(settings, gateway, upgrade_db=False)
     app = create_app(ctx, owns_engine=False)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+    srv = LiveServer(app, ctx)
+    url = srv.url
     clients = []
     with httpx.Client(base_url=url, headers=H, timeout=30) as c:
         for name in ("acme", "globex"):
@@ -44,8 +38,7 @@ def obs_server(tmp_path, db_url, gateway, good_files):
             files={"file": ("bot.zip", zip_bytes(good_files))},
         )
         yield ctx, url, c, clients
-    srv.should_exit = True
-    thread.join(10)
+    srv.stop()
 
 
 def _scrape(url: str) -> dict[str, list]:

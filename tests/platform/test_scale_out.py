@@ -20,6 +20,7 @@ import httpx
 import pytest
 from billing_helpers import H, auth, new_adapter, stream
 from harness.ray import ServeCluster
+from harness.wait import wait_for
 from platform_helpers import ADMIN_KEY, adapter_files, make_peft_adapter
 
 pytest.importorskip("ray.serve", reason="the scale-out tests need loraplex[ray]")
@@ -167,7 +168,13 @@ def test_adapter_affinity_and_state_reach_every_replica(cluster, demo_model_dir,
     body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
     for name in names:  # warm-up: each adapter is loaded somewhere, and Serve learns where
         assert _post(cluster.url, key, {**body, "model": name}).status_code == 200
-    time.sleep(2.0)
+
+    def settled(name: str) -> bool:  # (what Serve's router knows is not observable but through answers)
+        first, second = (_replica_of(_post(cluster.url, key, {**body, "model": name})) for _ in range(2))
+        return first == second
+
+    for name in names:
+        wait_for(lambda name=name: settled(name), timeout=WAIT_S, interval=0.2, what=f"{name} to stay on a replica")
     seen: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
 
     async def rounds() -> list[tuple[str, httpx.Response]]:
@@ -247,8 +254,11 @@ def test_quotas_are_exact_across_replicas_under_40_concurrent_requests(cluster):
     # do not overlap — a burst spread out by a loaded machine — all go to one replica; the limits
     # are counted at the ingresses through the control plane, and the ledger below is the oracle)
     assert [c for c, _, _ in res].count(200) == 10, res
-    time.sleep(1.5)
-    rows = usage_rows(cluster.url, tid)
+    rows = wait_for(
+        lambda: found if len(found := _final_rows(cluster.url, tid)) >= 10 else None,
+        timeout=WAIT_S,
+        what="the admitted requests' closed usage records",
+    )
     assert len(rows) == 10 and sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values()) <= 4040
 
 
@@ -537,8 +547,7 @@ def test_control_plane_killed_mid_load_heals_and_loses_no_usage(cluster):
     for t in threads:
         t.join(2 * WAIT_S)
     assert not any(t.is_alive() for t in threads)
-    time.sleep(1.0)
-    rows = usage_rows(cluster.url, tid)
+    rows = _final_rows(cluster.url, tid)
     for r in results:
         assert r.finish_reason == "length" and not r.error, r
         assert rows[r.request_id]["status"] == "ok"

@@ -10,14 +10,14 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
-import time
 
 import httpx
 import openai
 import pytest
 import sqlalchemy
+from harness.s3 import CREDENTIALS, MotoServer, RawStore
+from harness.wait import wait_for
 from platform_helpers import admin_headers
-from s3_helpers import CREDENTIALS, MotoServer, RawStore
 
 from loraplex.platform.adapters.sources.cache import DiskCache
 from loraplex.platform.adapters.sources.fetchers import FetchDeadline
@@ -46,16 +46,6 @@ def _small_pool(monkeypatch) -> None:
         return real(url, **{**kw, "pool_size": 2, "max_overflow": 0, "pool_timeout": 30})
 
     monkeypatch.setattr(db_session, "create_engine", create_engine)
-
-
-def _poll(what: str, check, deadline_s: float = 90.0):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _setup(url: str) -> tuple[httpx.Client, str, str]:
@@ -129,7 +119,7 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         # at once (503) instead of queueing behind a dead store
         pool = concurrent.futures.ThreadPoolExecutor(13)
         futures = {m: pool.submit(ask, m) for m in cold}
-        _poll("8 busy refusals", lambda: sum(f.done() for f in futures.values()) >= 8)
+        wait_for(lambda: sum(f.done() for f in futures.values()) >= 8, what="8 busy refusals", timeout=90)
         refused_models = [m for m, f in futures.items() if f.done()]
         refused = [futures[m].result() for m in refused_models]
         assert len(refused) == 8
@@ -141,11 +131,13 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         # a second request for one that waits joins its fetch (not refused, not a second download)
         waiting_model = next(m for m, f in futures.items() if not f.done())
         dup = pool.submit(ask, waiting_model)
-        _poll("the duplicate to join", lambda: node.ctx.sources.resolver.lanes.counters["joined"] >= 1)
+        wait_for(
+            lambda: node.ctx.sources.resolver.lanes.counters["joined"] >= 1, what="the duplicate to join", timeout=90
+        )
         lanes = node.ctx.sources.resolver.lanes.stats()["stores"]
         assert [(v["running"], v["waiting"]) for v in lanes.values()] == [(2, 2)], lanes
         # nobody waiting on the store holds a database connection
-        _poll("every pooled connection back", lambda: _no_connection_held(node))
+        wait_for(lambda: _no_connection_held(node), what="every pooled connection back", timeout=90)
         fetch_threads = [t for t in threading.enumerate() if t.name.startswith("adapter-fetch")]
         assert len(fetch_threads) <= 2 + 1, fetch_threads  # the 2 stuck ones (+ the warm fetch's)
         assert _bystanders_work(node, nc, key) == 20
@@ -172,6 +164,17 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         store.close()
 
 
+def _served(client: openai.OpenAI, model: str) -> bool:
+    """One completion of ``model``: True when served, False on a 503 (not there yet)."""
+    try:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=4)
+    except openai.APIStatusError as err:
+        if err.status_code != 503:
+            raise
+        return False
+    return True
+
+
 @pytest.mark.slow
 def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, good_files, monkeypatch):
     """A TCP socket that accepts and never answers: the tenant gets 503 after fetch_timeout_s (not
@@ -195,34 +198,25 @@ def test_a_raw_black_hole_answers_503_and_stalls_no_one(live_factory, tmp_path, 
             secret_key=SECRET,
         )
         client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=300)
-        # cached from the real store; on a loaded machine the first try may answer 503 after the 2 s
-        # fetch timeout while the download goes on: retry as the 503 says
-        _poll("the warm adapter to be served", lambda: _served(client, "warm"))
+        # cached from the real store: on a loaded machine the first fetch may outlast the 2 s wait and
+        # answer 503 while the download goes on ("try again shortly"): ask again until it is served
+        wait_for(lambda: _served(client, "warm"), timeout=300, interval=0.5, what="'warm' fetched from the real store")
         # the store's address now leads into the hole (as after a network change)
         node.ctx.sources.resolver.fetchers["s3"] = S3Fetcher(hole.url, "", 300.0, 300.0, 1)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             errors = list(pool.map(lambda m: _expect_error(client, m), ["cold0", "cold1", "cold2"]))
         assert [e.status_code for e in errors] == [503] * 3
         assert all(e.response.json()["error"]["code"] == "model_unavailable" for e in errors)
-        _poll("the hole to see the fetches", lambda: hole.accepted >= 2)
+        wait_for(lambda: hole.accepted >= 2, what="the hole to see the fetches", timeout=90)
         running = node.ctx.sources.resolver.lanes.stats()["stores"]
         assert sum(v["running"] for v in running.values()) == 2, running  # still stuck in the hole
-        _poll("every pooled connection back", lambda: _no_connection_held(node))
+        wait_for(lambda: _no_connection_held(node), what="every pooled connection back", timeout=90)
         nc = httpx.Client(base_url=node.url, headers=H, timeout=60)
         assert _bystanders_work(node, nc, key) == 20
         assert sum(v["running"] for v in node.ctx.sources.resolver.lanes.stats()["stores"].values()) == 2
     finally:
         hole.close()
         store.close()
-
-
-def _served(client: openai.OpenAI, model: str) -> bool:
-    try:
-        client.completions.create(model=model, prompt=PROMPT, max_tokens=4)
-    except openai.APIStatusError as exc:
-        assert exc.status_code == 503, exc
-        return False
-    return True
 
 
 def _expect_error(client: openai.OpenAI, model: str) -> openai.APIStatusError:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from harness.live import LiveServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))  # platform_helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ui_helpers
@@ -80,8 +79,6 @@ class Server:
 @pytest.fixture(scope="session")
 def server(ui_demo_model_dir, tmp_path_factory):
     """`loraplex serve` in-process: the real app with the demo model engine on a fresh SQLite DB."""
-    import uvicorn
-
     from loraplex.platform.app import build_context, create_app
     from loraplex.platform.settings import load_settings
 
@@ -101,18 +98,8 @@ def server(ui_demo_model_dir, tmp_path_factory):
     )
     ctx, _ = build_context(settings)
     app = create_app(ctx, owns_engine=True)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, name="ui-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield Server(f"http://127.0.0.1:{port}", ctx)
-    srv.should_exit = True
-    thread.join(30)
+    with LiveServer(app, ctx) as srv:
+        yield Server(srv.url, ctx)
 
 
 @pytest.fixture(scope="module")  # not session: see tests/harness/xdist_groups.py
