@@ -48,17 +48,22 @@ def _tiles(x: torch.Tensor) -> list[torch.Tensor]:
     return tiles
 
 
+def _by_tiles(x: torch.Tensor, apply) -> torch.Tensor:
+    """``apply`` on fixed-size row tiles of ``x`` (flattened to 2-D), the rows put back in order."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0:
+        return apply(x)
+    out = torch.cat([apply(t.contiguous()) for t in _tiles(x2)])[:m]
+    return out.reshape(*lead, out.shape[-1])
+
+
 def tiled_linear(linear: Linear) -> Linear:
     def run(
         x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
     ) -> torch.Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m = x2.shape[0]
-        if m == 0:
-            return linear(x, weight, bias, packed)
-        out = torch.cat([linear(t.contiguous(), weight, bias, packed) for t in _tiles(x2)])[:m]
-        return out.reshape(*lead, out.shape[-1])
+        return _by_tiles(x, lambda t: linear(t, weight, bias, packed))
 
     return run
 
@@ -67,13 +72,7 @@ def tiled_int8_linear(int8_linear: Int8Linear) -> Int8Linear:
     def run(
         x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m = x2.shape[0]
-        if m == 0:
-            return int8_linear(x, qweight, scales, bias)
-        out = torch.cat([int8_linear(t.contiguous(), qweight, scales, bias) for t in _tiles(x2)])[:m]
-        return out.reshape(*lead, out.shape[-1])
+        return _by_tiles(x, lambda t: int8_linear(t, qweight, scales, bias))
 
     return run
 
