@@ -28,6 +28,7 @@ SDPA and Triton's split-KV depends on the grid, so ``batch_invariant_ops`` refus
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -48,7 +49,7 @@ def _tiles(x: torch.Tensor) -> list[torch.Tensor]:
     return tiles
 
 
-def _by_tiles(x: torch.Tensor, apply) -> torch.Tensor:
+def _by_tiles(x: torch.Tensor, apply: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``apply`` on fixed-size row tiles of ``x`` (flattened to 2-D), the rows put back in order."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
