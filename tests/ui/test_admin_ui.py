@@ -322,7 +322,10 @@ def test_engine_view_usage_and_audit(signed_in, server, tmp_path):
         usage.get_by_role("button", name="Export CSV").click()
     exported = open(download.value.path()).read()
     assert download.value.suggested_filename == "usage.csv"
-    assert exported.splitlines()[0].startswith("request_id,created_at")
+    header = exported.splitlines()[0].split(",")
+    # The API export's columns, in its order (http_request_id is the client's x-request-id).
+    assert header[:3] == ["request_id", "http_request_id", "created_at"]
+    assert {"tenant_id", "adapter_name", "prompt_tokens", "completion_tokens", "status"} <= set(header)
     assert r.json()["id"].removeprefix("cmpl-") in exported and t["id"] in exported
 
     page.get_by_role("link", name="Audit log").click()
