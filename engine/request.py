@@ -1,5 +1,5 @@
 """EngineRequest: the one description of a request, built by the caller (``LLM``, the server's
-gateway, a benchmark) and handed to ``LLMEngine.add_request`` / ``AsyncEngine.submit``.
+engine client, a benchmark) and handed to ``LLMEngine.add_request`` / ``AsyncEngine.submit``.
 
 ``resume_token_ids`` continues a request another engine already began (a replica that died mid-stream,
 ``platform/cluster/remote_stream.py``): the output tokens generated so far. They follow the prompt

@@ -42,7 +42,7 @@ log = logging.getLogger("loraplex.platform")
 
 
 def build_context(
-    settings: Settings, gateway: EngineClient | None = None, *, upgrade_db: bool = True
+    settings: Settings, engine: EngineClient | None = None, *, upgrade_db: bool = True
 ) -> tuple[PlatformContext, str | None]:
     """Migrate, connect, start (or adopt) the engine, create the first admin key, sync the engine.
     Returns the context and the generated admin key (None if one exists or is configured).
@@ -51,8 +51,8 @@ def build_context(
     it starts degraded (``/ready`` 503, other routes 503 + Retry-After) and a background thread
     finishes the database steps (migrations included) once it answers. A database that answers
     but is unusable (a file that is not a database) raises: the CLI reports it and exits 2."""
-    owned = gateway is None  # started here: stopped here if the start fails
-    engine = gateway or LocalEngineClient.start(settings)
+    owned = engine is None  # started here: stopped here if the start fails
+    engine = engine or LocalEngineClient.start(settings)
     ctx = PlatformContext.build(settings, engine)
     new_admin_key: str | None = None
     try:
@@ -68,7 +68,7 @@ def build_context(
     ctx.ledger.start()
     if ctx.db_ready:
         with unit_of_work(ctx.sessions) as session:
-            sync_all(session, ctx.gateway, ctx.store.root)
+            sync_all(session, ctx.engine, ctx.store.root)
     else:
         threading.Thread(target=_await_database, args=(ctx, upgrade_db), name="loraplex-db-wait", daemon=True).start()
     return ctx, new_admin_key
@@ -94,7 +94,7 @@ def _await_database(ctx: PlatformContext, upgrade_db: bool, interval_s: float = 
         try:
             admin_key = _prepare_database(ctx, upgrade_db)
             with unit_of_work(ctx.sessions) as session:
-                sync_all(session, ctx.gateway, ctx.store.root)
+                sync_all(session, ctx.engine, ctx.store.root)
         except Exception as exc:  # noqa: BLE001 - still down (or not yet migratable): keep trying
             log.warning("database still unavailable: %s", _first_line(exc))
             continue
@@ -121,7 +121,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
         if watching is not None:
             watching.cancel()
         if owns_engine:
-            ctx.gateway.shutdown()
+            ctx.engine.shutdown()
         ctx.close()
 
     app = FastAPI(
@@ -148,9 +148,9 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     def health() -> JSONResponse:
         """Liveness: the process answers and its engine loop (if enabled) has not died (503 then:
         the process is about to exit). Use /ready to know whether it can serve."""
-        if ctx.gateway.enabled and not ctx.gateway.alive:
+        if ctx.engine.enabled and not ctx.engine.alive:
             return JSONResponse({"status": "engine_dead", "engine": True}, status_code=503)
-        return JSONResponse({"status": "ok", "engine": ctx.gateway.enabled})
+        return JSONResponse({"status": "ok", "engine": ctx.engine.enabled})
 
     @app.get("/ready", tags=["health"])
     def ready() -> JSONResponse:

@@ -81,11 +81,11 @@ def serve(
         _serve_on_ray(settings)
         return
     ctx, admin_key = _build_or_exit(settings)
-    if ctx.gateway.enabled:
+    if ctx.engine.enabled:
         from loraplex.engine import format_config
 
         typer.echo("Engine configuration (resolved):")
-        typer.echo(format_config(ctx.gateway.resolved_config()))
+        typer.echo(format_config(ctx.engine.resolved_config()))
     _show_admin_key(admin_key)
     if settings.environment == "demo" and ctx.db_ready:  # a degraded start has no tenants to show yet
         _print_demo_key(ctx, settings)
@@ -184,7 +184,7 @@ def _print_demo_key(ctx: PlatformContext, settings: Settings) -> None:
     typer.echo(f"Demo tenant {DEMO_TENANT!r} created; its API key (shown once):")
     typer.echo(f"  {demo_key}")
     typer.echo("Try it:")
-    typer.echo(demo_snippets(base_url, demo_key, ctx.gateway.model_name or "MODEL"))
+    typer.echo(demo_snippets(base_url, demo_key, ctx.engine.model_name or "MODEL"))
     typer.echo("=" * 72)
 
 
@@ -219,7 +219,7 @@ def demo_adapters(
     if new_key:
         typer.echo(f"demo tenant created; its API key (shown once): {new_key}")
     folders = train_demo_adapters(
-        ctx.gateway.model_dir, ctx.settings.data_dir / "demo-adapters", typer.echo, steps=steps
+        ctx.engine.model_dir, ctx.settings.data_dir / "demo-adapters", typer.echo, steps=steps
     )
     with _cli_errors():
         _print(register_for_demo_tenant(ctx, folders))
@@ -246,10 +246,10 @@ def _admin_ctx(config: Path | None, data_dir: Path | None, with_engine: bool = F
 
     settings = _settings(config, data_dir)
     migrate.upgrade(settings.db_url)
-    gateway = LocalEngineClient.disabled()
+    engine = LocalEngineClient.disabled()
     if with_engine:
-        gateway = LocalEngineClient.validator_only(settings)
-    return PlatformContext.build(settings, gateway)
+        engine = LocalEngineClient.validator_only(settings)
+    return PlatformContext.build(settings, engine)
 
 
 def _print(obj) -> None:

@@ -35,7 +35,7 @@ class PlatformContext:
     hasher: KeyHasher
     key_cache: KeyCache
     store: AdapterStore
-    gateway: EngineClient = field(default_factory=LocalEngineClient.disabled)
+    engine: EngineClient = field(default_factory=LocalEngineClient.disabled)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     # False during a degraded start (database unreachable): routes answer 503 until it is ready.
     db_ready: bool = True
@@ -49,11 +49,9 @@ class PlatformContext:
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
-        metrics = (
-            Metrics(lambda: self.gateway.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
-        )
+        metrics = Metrics(lambda: self.engine.stats(), obs.tenant_labels, obs.max_label_values) if obs.metrics else None
         self.observer = RequestObserver(metrics, make_tracer(obs.otlp_endpoint))
-        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), self.gateway)
+        self.sources = ServedReferences(AdapterResolver.from_settings(self.settings), self.engine)
         self.ledger = UsageLedger(
             self.sessions,
             self.settings.usage_spool_dir,
@@ -73,7 +71,7 @@ class PlatformContext:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
         files = self.ledger.spool.pending_files()
         return {
-            "engine_alive": self.gateway.alive if self.gateway.enabled else None,
+            "engine_alive": self.engine.alive if self.engine.enabled else None,
             "usage_spool": {"files": len(files), "bytes": sum(f.stat().st_size for f in files if f.exists())},
             "adapter_sources": self.sources.resolver.counters,
         }
@@ -89,7 +87,7 @@ class PlatformContext:
     def build(
         cls,
         settings: Settings,
-        gateway: EngineClient | None = None,
+        engine: EngineClient | None = None,
         *,
         quotas: QuotaStore | None = None,
         inflight: InflightRegistry | None = None,
@@ -102,7 +100,7 @@ class PlatformContext:
             hasher=KeyHasher(settings.resolved_secret()),
             key_cache=KeyCache(settings.auth.key_cache_ttl_s),
             store=AdapterStore(settings.adapter_store_dir),
-            gateway=gateway or LocalEngineClient.disabled(),
+            engine=engine or LocalEngineClient.disabled(),
             inflight=inflight or InflightRegistry(),
             quota_store=quotas,
         )

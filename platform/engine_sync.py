@@ -18,13 +18,13 @@ from loraplex.platform.tenants.models import Tenant
 log = logging.getLogger("loraplex.platform.engine")
 
 
-def push_tenant_after_commit(session: Session, gateway: EngineClient, tenant: Tenant) -> None:
+def push_tenant_after_commit(session: Session, engine: EngineClient, tenant: Tenant) -> None:
     quota = quotas_repo.get(session, tenant.id)
     args = (tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
-    on_commit(session, lambda: gateway.set_tenant(*args))
+    on_commit(session, lambda: engine.set_tenant(*args))
 
 
-def sync_all(session: Session, gateway: EngineClient, store_root: Path) -> None:
+def sync_all(session: Session, engine: EngineClient, store_root: Path) -> None:
     """Everything into the engine. An adapter that cannot be loaded (files missing or unreadable)
     is marked ``unavailable`` with the reason instead of stopping the server; one that loads again
     becomes ``active`` again."""
@@ -33,7 +33,7 @@ def sync_all(session: Session, gateway: EngineClient, store_root: Path) -> None:
         if tenant.status == "deleted":
             continue
         quota = quotas.get(tenant.id)
-        gateway.set_tenant(tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
+        engine.set_tenant(tenant.id, tenant.priority, tenant.weight, quota.max_concurrent if quota else None)
     for adapter in adapters_repo.served_adapters(session):
         if adapter.source_uri:
             continue  # by reference: fetched and registered on first use (platform/adapters/sources)
@@ -41,7 +41,7 @@ def sync_all(session: Session, gateway: EngineClient, store_root: Path) -> None:
         try:
             if not (path / "adapter_config.json").is_file():
                 raise FileNotFoundError(f"adapter files missing at {path}")
-            gateway.add_adapter(adapter.id, path)
+            engine.add_adapter(adapter.id, path)
         except Exception as exc:  # noqa: BLE001 - any reason to not serve it is reported, not fatal
             reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             if adapter.status != "unavailable" or adapter.status_reason != reason[:512]:

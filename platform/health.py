@@ -53,12 +53,12 @@ class EngineWatchdog:
         self.failure: str | None = None  # why the engine died, once it did
 
     def engine_dead(self) -> bool:
-        return bool(self.ctx.gateway.enabled and not self.ctx.gateway.alive)
+        return bool(self.ctx.engine.enabled and not self.ctx.engine.alive)
 
     async def run(self) -> None:
         while not self.engine_dead():
             await asyncio.sleep(self.interval_s)
-        self.failure = getattr(self.ctx.gateway, "failure", None) or "the engine thread is gone"
+        self.failure = getattr(self.ctx.engine, "failure", None) or "the engine thread is gone"
         log.critical(
             "engine died (%s): /ready answers 503; the process exits with status %d in %.0f s so that its "
             "supervisor restarts it",
@@ -78,7 +78,7 @@ class EngineWatchdog:
 
 
 def readiness(ctx: PlatformContext) -> dict:
-    engine = "disabled" if not ctx.gateway.enabled else ("alive" if ctx.gateway.alive else "dead")
+    engine = "disabled" if not ctx.engine.enabled else ("alive" if ctx.engine.alive else "dead")
     try:
         with ctx.db_engine.connect() as conn:
             conn.execute(text("SELECT 1"))

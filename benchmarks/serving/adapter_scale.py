@@ -287,7 +287,7 @@ def main() -> None:
 
 
 def _host_bytes_per_adapter(ctx) -> int:
-    lora = ctx.gateway.stats().get("lora", {})
+    lora = ctx.engine.stats().get("lora", {})
     cached = lora.get("cpu_cached") or []
     return int(lora.get("cpu_cached_bytes", 0)) // max(1, len(cached))
 

@@ -58,7 +58,7 @@ def main() -> None:
 
     sys.setprofile(profile)
     threading.setprofile(profile)
-    body = {"model": ctx.gateway.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    body = {"model": ctx.engine.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with TestClient(app) as client:
         admin_h = {"authorization": f"Bearer {admin}"}
         tid = client.post("/admin/v1/tenants", json={"name": "bench"}, headers=admin_h).json()["id"]

@@ -82,7 +82,7 @@ def main() -> None:
     c = httpx.Client(base_url=url, headers=H, timeout=600)
     tid = c.post("/admin/v1/tenants", json={"name": "bench"}).json()["id"]
     key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
-    files = adapter_files(make_peft_adapter(Path(ctx.gateway.model_dir), root / "adapter"))
+    files = adapter_files(make_peft_adapter(Path(ctx.engine.model_dir), root / "adapter"))
     for i in range(8):
         source = store.put_folder("adapters", f"a{i}/", {**files, "README.md": f"adapter {i}".encode()})
         r = c.post("/admin/v1/adapters", json={"name": f"a{i}", "source": source, "tenant_id": tid})
@@ -97,9 +97,9 @@ def main() -> None:
         per_store=8,
         queued_per_store=8,
     )
-    ctx.sources = ServedReferences(resolver, lambda: ctx.gateway)
+    ctx.sources = ServedReferences(resolver, lambda: ctx.engine)
     client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
-    model = ctx.gateway.model_name
+    model = ctx.engine.model_name
 
     def base() -> None:
         client.completions.create(model=model, prompt="hello", max_tokens=4)

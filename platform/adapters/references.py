@@ -46,7 +46,7 @@ def register_reference(
     _previous_version(session, req)
     release_connection(session)
     fetched = ctx.sources.resolver.fetch(uri)
-    facts = ctx.gateway.validate_adapter(fetched.path)
+    facts = ctx.engine.validate_adapter(fetched.path)
     _check_request(session, ctx, req)  # again: the world may have moved while the store answered
     previous, version = _previous_version(session, req)
     return _add_version(session, ctx, actor, req, uri, fetched, facts, previous, version)
@@ -75,7 +75,7 @@ def _add_version(
     adapter = adapter_row(
         req,
         facts,
-        ctx.gateway.model_name,
+        ctx.engine.model_name,
         version,
         fetched.sha256,
         fetched.size_bytes,
@@ -99,7 +99,7 @@ def refresh(session: Session, ctx: PlatformContext, actor: Actor, adapter: Adapt
     fetched = ctx.sources.resolver.fetch(source)
     if fetched.sha256 == sha:
         return repository.get(session, adapter_id) or adapter
-    facts = ctx.gateway.validate_adapter(fetched.path)
+    facts = ctx.engine.validate_adapter(fetched.path)
     current = repository.get(session, adapter_id)
     if current is None or current.status not in repository.SERVED:
         return current or adapter  # deleted or superseded while the store answered
@@ -113,7 +113,7 @@ def record_changed_content(ctx: PlatformContext, adapter: Adapter, fetched: Fetc
         latest = repository.active_by_name(session, adapter.name)
         if latest is None or latest.id != adapter.id:
             return  # deleted, or another request recorded it already
-        _new_version(session, ctx, STORE_ACTOR, latest, fetched, ctx.gateway.validate_adapter(fetched.path))
+        _new_version(session, ctx, STORE_ACTOR, latest, fetched, ctx.engine.validate_adapter(fetched.path))
 
 
 def _new_version(

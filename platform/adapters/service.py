@@ -63,19 +63,19 @@ def upload_adapter(
         files = scratch / "files"
         files.mkdir()
         extract_adapter_archive(archive, files, ArchiveLimits(limits.max_members, limits.max_unpacked_bytes))
-        facts = ctx.gateway.validate_adapter(files)
+        facts = ctx.engine.validate_adapter(files)
         size = sum(p.stat().st_size for p in files.iterdir())
         sha = ctx.store.content_hash(files)
         relative, is_new = ctx.store.put(files, sha)
     if is_new:
         on_rollback(session, lambda: ctx.store.remove(relative))
-    adapter = adapter_row(req, facts, ctx.gateway.model_name, version, sha, size, storage_path=relative)
+    adapter = adapter_row(req, facts, ctx.engine.model_name, version, sha, size, storage_path=relative)
     repository.add(session, adapter)
     if previous is not None:
         _supersede(session, ctx, previous, adapter)
     adapter_id = adapter.id
-    ctx.gateway.add_adapter(adapter_id, ctx.store.path_of(relative))
-    on_rollback(session, lambda: ctx.gateway.remove_adapter(adapter_id))
+    ctx.engine.add_adapter(adapter_id, ctx.store.path_of(relative))
+    on_rollback(session, lambda: ctx.engine.remove_adapter(adapter_id))
     audit.record(session, actor.name, "adapter.create", "adapter", adapter.id, None, snapshot(adapter))
     return adapter
 
@@ -93,8 +93,8 @@ def delete_adapter(session: Session, ctx: PlatformContext, actor: Actor, adapter
     session.flush()
 
     def stop_and_unload() -> None:
-        ctx.inflight.abort(ctx.gateway, f"adapter {adapter_id} was deleted", adapter_id=adapter_id)
-        ctx.gateway.remove_adapter(adapter_id)
+        ctx.inflight.abort(ctx.engine, f"adapter {adapter_id} was deleted", adapter_id=adapter_id)
+        ctx.engine.remove_adapter(adapter_id)
         ctx.sources.forget(adapter_id)
 
     on_commit(session, stop_and_unload)
@@ -142,7 +142,7 @@ def _check_request(session: Session, ctx: PlatformContext, req: UploadRequest) -
             "name must be 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit",
             param="name",
         )
-    if req.name == ctx.gateway.model_name:
+    if req.name == ctx.engine.model_name:
         raise Conflict(f"{req.name!r} is the base model's name", param="name")
     if req.visibility not in ("private", "shared"):
         raise BadRequest("visibility must be 'private' or 'shared'", param="visibility")
@@ -197,7 +197,7 @@ def _unload_later(ctx: PlatformContext, adapter_id: str) -> Callable[[], None]:
     """A callback that takes ``adapter_id`` out of the engine (bound now, run after commit)."""
 
     def unload() -> None:
-        ctx.gateway.remove_adapter(adapter_id)
+        ctx.engine.remove_adapter(adapter_id)
         ctx.sources.forget(adapter_id)
 
     return unload

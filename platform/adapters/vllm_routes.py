@@ -78,7 +78,7 @@ def load_lora_adapter(body: LoadLoRAAdapter, session: SessionDep, ctx: ContextDe
     # versions) simply serves the new files; here that is a new version of the name.
     req = service.UploadRequest(name=body.lora_name, visibility="shared", tenant_id=None, new_version=bool(live))
     adapter = references.register_reference(session, ctx, actor, req, body.lora_path)
-    if ctx.gateway.enabled:  # vLLM loads at once: the first request finds it ready
+    if ctx.engine.enabled:  # vLLM loads at once: the first request finds it ready
         ctx.sources.ensure_served(adapter, lambda a, fetched: None)
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 

@@ -58,7 +58,7 @@ class EngineReplica:
         # cache, on its own node (replica_data_dir), never through the ingress's.
         self.cache_dir = ReplicaCacheDir.claim(replica_cache_parent(self.settings), self.name)
         self.resolver = AdapterResolver.from_settings(self.settings, cache_dir=self.cache_dir.path)
-        self.gateway = LocalEngineClient.start(self.settings, references=self.resolver)
+        self.engine = LocalEngineClient.start(self.settings, references=self.resolver)
         self._applied = -1
         self._adapters: dict[str, AdapterSource] = {}
         self._sync_lock = threading.Lock()
@@ -101,10 +101,10 @@ class EngineReplica:
             if state.version == self._applied:
                 return
             for tenant_id, t in state.tenants.items():
-                self.gateway.set_tenant(tenant_id, t.priority, t.weight, t.max_running_seqs)
+                self.engine.set_tenant(tenant_id, t.priority, t.weight, t.max_running_seqs)
             wanted = state.adapters
             for key in [k for k in self._adapters if k not in wanted or wanted[k] != self._adapters[k]]:
-                self.gateway.remove_adapter(key)
+                self.engine.remove_adapter(key)
                 del self._adapters[key]
             for key, source in wanted.items():
                 if key not in self._adapters:
@@ -116,9 +116,9 @@ class EngineReplica:
         shared adapter store, or a reference this engine fetches itself (its own disk cache)."""
         try:
             if isinstance(source, AdapterReference):
-                self.gateway.add_adapter_reference(key, source)
+                self.engine.add_adapter_reference(key, source)
             else:
-                self.gateway.add_adapter(key, Path(source.path))
+                self.engine.add_adapter(key, Path(source.path))
             self._adapters[key] = source
         except PlatformError as exc:  # reported to the request that asks for it
             log.error("replica %s cannot register adapter %s: %s", self.name, key, exc.message)
@@ -143,10 +143,10 @@ class EngineReplica:
             return
         delta = {tid: total - self._others_seen.get(tid, 0.0) for tid, total in others.items()}
         self._others_seen = dict(others)
-        self._served = self.gateway.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
+        self._served = self.engine.exchange_fair_service({t: d for t, d in delta.items() if d > 0})
 
     def report(self) -> ReplicaReport:
-        stats = self.gateway.stats()
+        stats = self.engine.stats()
         stats.pop("enabled", None)
         return ReplicaReport(self.name, os.getpid(), self._applied, stats, adapter_sources=dict(self.resolver.counters))
 
@@ -179,8 +179,8 @@ class EngineReplica:
         try:
             params = req.params
             if params.structured_output is not None:  # compiled off this replica's event loop (cached)
-                await asyncio.to_thread(self.gateway.compile_structured, params.structured_output)
-            stream = self.gateway.submit(
+                await asyncio.to_thread(self.engine.compile_structured, params.structured_output)
+            stream = self.engine.submit(
                 req.prompt_ids,
                 params,
                 request_id=rid,
@@ -199,14 +199,14 @@ class EngineReplica:
         finally:
             self._ongoing -= 1
             if not finished:  # the ingress cancelled (client gone, abort, retry elsewhere)
-                self.gateway.abort(rid)
+                self.engine.abort(rid)
 
     def record_routing_stats(self) -> dict[str, object]:
         """Polled by Serve for the prefix-aware routers (``cluster/routing.py``)."""
         return {"prefix_keys": self._prefixes.snapshot(), "ongoing": self._ongoing}
 
     def check_health(self) -> None:
-        if not self.gateway.alive:
+        if not self.engine.alive:
             raise RuntimeError(f"engine loop of {self.name} is not running")
 
     def __del__(self) -> None:
@@ -215,7 +215,7 @@ class EngineReplica:
             self.control.forget.remote(self.name)
         except Exception:  # noqa: BLE001 - shutting down anyway
             pass
-        self.gateway.shutdown()
+        self.engine.shutdown()
         self.resolver.close()
         self.cache_dir.release()  # its downloads go with it: the next replica has its own
 

@@ -31,6 +31,7 @@ from loraplex.platform.quotas.store import QuotaView, Reservation
 if TYPE_CHECKING:
     from loraplex.engine import SamplingParams
     from loraplex.platform.adapters.models import Adapter
+    from loraplex.platform.engine_client import EngineClient
     from loraplex.platform.inference.openai_schemas import _Common
 
 
@@ -101,12 +102,12 @@ def chat_texts(messages: list[Any], tools: list[Any] | None = None) -> list[str]
     return texts
 
 
-def context_len(gateway: Any) -> int | None:
+def context_len(engine: EngineClient) -> int | None:
     """The engine's context length; None where no engine can say yet (a scale-out ingress before
     any replica reported)."""
     try:
-        return int(gateway.max_model_len)
-    except Exception:  # noqa: BLE001 - a remote gateway has no one engine to ask
+        return int(engine.max_model_len)
+    except Exception:  # noqa: BLE001 - a remote engine client has no one engine to ask
         return None
 
 
@@ -164,14 +165,14 @@ def tokenize_prompt(
     engine's ``SamplingParams`` with the ``max_tokens`` that fits (decided here, once)."""
     t0 = time.monotonic()
     param = "messages" if endpoint.startswith("chat") else "prompt"
-    context = context_len(ctx.gateway)
-    check_text(texts, param, ctx.gateway.max_prompt_chars(), context)
-    prompt_ids = tokenize(ctx.gateway.tokenizer)
+    context = context_len(ctx.engine)
+    check_text(texts, param, ctx.engine.max_prompt_chars(), context)
+    prompt_ids = tokenize(ctx.engine.tokenizer)
     if not prompt_ids:
         raise BadRequest("the prompt is empty", param="prompt")
     max_tokens = context_window.max_tokens_for(body.requested_max_tokens(), len(prompt_ids), context, param=param)
-    params = body.to_sampling_params(ctx.gateway.tokenizer, max_tokens=max_tokens, structured_output=structured_output)
-    ctx.gateway.check_sampling(params, tenant_id=auth.tenant_id)  # grammar compiles are charged to the tenant
+    params = body.to_sampling_params(ctx.engine.tokenizer, max_tokens=max_tokens, structured_output=structured_output)
+    ctx.engine.check_sampling(params, tenant_id=auth.tenant_id)  # grammar compiles are charged to the tenant
     return Tokenized(prompt_ids, params, t0)
 
 

@@ -61,7 +61,7 @@ async def start_all(ctx: PlatformContext, preps: list[Prepared], *, streaming: b
             gens.append(await start(ctx, p, streaming=streaming))
     except BaseException:
         for g in gens:
-            ctx.gateway.abort(g.prep.request_id)
+            ctx.engine.abort(g.prep.request_id)
             g.finish("error")
         for p in preps[len(gens) + 1 :]:  # the refused one gave its own back (start)
             ctx.quotas.cancel(p.reservation)
@@ -71,7 +71,7 @@ async def start_all(ctx: PlatformContext, preps: list[Prepared], *, streaming: b
 
 async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Generation:
     try:
-        stream = ctx.gateway.submit(
+        stream = ctx.engine.submit(
             prep.prompt_ids,
             prep.params,
             request_id=prep.request_id,
@@ -83,7 +83,7 @@ async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Gen
     except BaseException as exc:
         ctx.quotas.cancel(prep.reservation)
         if isinstance(exc, PlatformError) or not isinstance(exc, Exception):
-            raise  # the gateway already maps engine errors (4xx for bad requests, 503 for a dead engine)
+            raise  # the engine already maps engine errors (4xx for bad requests, 503 for a dead engine)
         raise ServiceUnavailable(f"the engine cannot take requests: {exc}", headers={"retry-after": "5"}) from None
     gen = Generation(ctx, prep, stream, streaming)
     ctx.inflight.add(prep.request_id, prep.auth.tenant_id, prep.auth.key_id, prep.adapter_id)
@@ -113,7 +113,7 @@ class Generation:
     @property
     def replica(self) -> str:
         """x-loraplex-replica: the engine replica serving it (a remote stream knows it once opened)."""
-        return self._stream.replica or self.ctx.gateway.replica_name
+        return self._stream.replica or self.ctx.engine.replica_name
 
     async def durable(self, written: Any) -> None:
         if self.ctx.settings.ledger.durable:
@@ -176,7 +176,7 @@ class Generation:
             return
         self.client_gone = True
         self.ctx.inflight.mark(self.prep.request_id, CLIENT_GONE)
-        self.ctx.gateway.abort(self.prep.request_id)
+        self.ctx.engine.abort(self.prep.request_id)
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Per-choice deltas; those with a finish_reason come after the final record is durable."""
@@ -210,7 +210,7 @@ class Generation:
                     self.record("running")  # not awaited: a checkpoint must not slow the stream
         finally:
             if not self._ended:  # client gone, engine error, cancellation: stop and bill what was sent
-                self.ctx.gateway.abort(prep.request_id)
+                self.ctx.engine.abort(prep.request_id)
                 self.finish("aborted" if not isinstance(sys.exc_info()[1], PlatformError) else "error")
 
     async def _next_output(self, deadline: float) -> Any:
@@ -221,7 +221,7 @@ class Generation:
         except StopAsyncIteration:
             raise ServiceUnavailable("the engine ended the request without a result") from None
         except asyncio.TimeoutError:
-            self.ctx.gateway.abort(self.prep.request_id)
+            self.ctx.engine.abort(self.prep.request_id)
             self._ended = True
             await self.durable(self.finish("timeout"))
             return None

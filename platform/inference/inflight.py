@@ -50,7 +50,7 @@ class InflightRegistry:
 
     def abort(
         self,
-        gateway,
+        engine,
         reason: str,
         *,
         tenant_id: str | None = None,
@@ -73,5 +73,5 @@ class InflightRegistry:
             for r in hits:
                 self._reasons[r.request_id] = reason
         for r in hits:
-            gateway.abort(r.request_id)
+            engine.abort(r.request_id)
         return len(hits)

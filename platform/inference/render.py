@@ -63,7 +63,7 @@ async def render(gens: list[Generation], shape: Shape, fmt: LogprobsFormatter) -
         first.created,
         first.model,
         [g.prep.prompt_ids for g in gens],
-        system_fingerprint(gens[0].ctx.gateway, first.adapter_id),
+        system_fingerprint(gens[0].ctx.engine, first.adapter_id),
     )
     # The first prompt's rate-limit headers, and the replica(s) that served the response.
     headers = {**first.headers, "x-loraplex-replica": ",".join(dict.fromkeys(g.replica for g in gens))}

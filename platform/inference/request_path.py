@@ -86,7 +86,7 @@ async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: Ten
 
         return tokenize
 
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     body.check_sampling(tok)
     vocab = len(tok)
     for p in prompts:
@@ -124,12 +124,12 @@ async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth, requ
     if plan.spec is not None and response_spec(body) is not None:
         raise BadRequest("a required or named tool_choice cannot be combined with another output constraint")
     logprobs = body.sample_logprobs()
-    template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
+    template = chat_prompt.server_template(settings.chat_template, ctx.engine.model_dir)
 
     def tokenize(tok) -> list[int]:
         return chat_prompt.render(body, tok, plan, template)
 
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     body.check_sampling(tok)
     texts = admission.chat_texts(body.messages, body.tools)  # tool calls and definitions count too
     preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], body, spec, request_id)

@@ -28,8 +28,8 @@ def list_models(session: Session, ctx, tenant: TenantAuth | str) -> list[ModelCa
     """What this key may use: the base model and the tenant's adapters, within the key's scope."""
     tenant_id, auth = _tenant_of(tenant)
     cards = []
-    if ctx.gateway.model_name and model_allowed(auth, ctx.gateway.model_name):
-        cards.append(ModelCard(id=ctx.gateway.model_name, created=0, owned_by="loraplex"))
+    if ctx.engine.model_name and model_allowed(auth, ctx.engine.model_name):
+        cards.append(ModelCard(id=ctx.engine.model_name, created=0, owned_by="loraplex"))
     for a in adapters_repo.list_adapters(session, tenant_id=tenant_id, include_superseded=False):
         if not model_allowed(auth, a.name):
             continue
@@ -42,7 +42,7 @@ def resolve_model(session: Session, ctx, tenant: TenantAuth | str, model: str) -
     """None for the base model; the served adapter version otherwise; NotFound if not usable,
     403 if the key's scope excludes it, 503 if it cannot be served now."""
     tenant_id, auth = _tenant_of(tenant)
-    if model == ctx.gateway.model_name:
+    if model == ctx.engine.model_name:
         check_model_allowed(auth, model)
         return None
     adapter = adapters_repo.active_by_name(session, model)
@@ -66,7 +66,7 @@ async def serve_model(ctx, tenant: TenantAuth | str, model: str, adapter: Adapte
     with no database session open: the wait for the store holds neither a connection nor a
     thread. New content at the source is recorded as the next version (a short transaction of its
     own) and that version is served; 503 ``model_unavailable`` if the store cannot deliver."""
-    if adapter is None or not adapter.source_uri or not ctx.gateway.enabled:
+    if adapter is None or not adapter.source_uri or not ctx.engine.enabled:
         return adapter
     changed = await ctx.sources.ensure_served_async(adapter)
     if changed is None:

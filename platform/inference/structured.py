@@ -1,8 +1,8 @@
 """OpenAI ``response_format`` (and vLLM's ``guided_*`` / ``structured_outputs``) -> the engine's
 structured-output spec.
 
-The spec travels to the gateway as a plain ``(kind, value)`` pair (the platform never imports the
-engine); the gateway compiles it in the request's worker thread before the request is queued.
+The spec travels to the engine as a plain ``(kind, value)`` pair (the platform never imports the
+engine); the engine compiles it in the request's worker thread before the request is queued.
 
 A JSON schema keeps the key order it was given in: xgrammar generates properties in schema order,
 so ``{"reasoning", "answer"}`` reasons before it answers, as OpenAI does.

@@ -59,11 +59,11 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
     if (body.prompt is None) == (body.messages is None):
         raise BadRequest("give exactly one of prompt or messages", param="prompt")
     _admit(session, ctx, tenant, body.model)
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     # The generation routes' character bound (and text validity), before any templating.
     texts = chat_texts(body.messages) if body.messages is not None else [body.prompt or ""]
     param = "messages" if body.messages is not None else "prompt"
-    check_text(texts, param, ctx.gateway.max_prompt_chars(), context_len(ctx.gateway))
+    check_text(texts, param, ctx.engine.max_prompt_chars(), context_len(ctx.engine))
     if body.messages is not None:
         from loraplex.platform.inference import chat_prompt
         from loraplex.platform.inference.openai_schemas import ChatRequest
@@ -82,20 +82,20 @@ def tokenize(body: TokenizeRequest, session: SessionDep, ctx: ContextDep, tenant
         )
         settings = ctx.settings.openai
         chat_prompt.check_request(chat, settings.trust_request_chat_template)
-        template = chat_prompt.server_template(settings.chat_template, ctx.gateway.model_dir)
+        template = chat_prompt.server_template(settings.chat_template, ctx.engine.model_dir)
         ids = chat_prompt.render(chat, tok, plan_tools(chat, settings.tool_call_parser), template)
     else:
         ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.gateway.max_model_len}
+    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.engine.max_model_len}
 
 
 @router.post("/detokenize")
 def detokenize(body: DetokenizeRequest, session: SessionDep, ctx: ContextDep, tenant: MeteredTenantDep) -> dict:
     _admit(session, ctx, tenant, body.model)
-    tok = ctx.gateway.tokenizer
-    if len(body.tokens) > ctx.gateway.max_model_len:
+    tok = ctx.engine.tokenizer
+    if len(body.tokens) > ctx.engine.max_model_len:
         raise BadRequest(
-            f"{len(body.tokens)} tokens are more than the model's context ({ctx.gateway.max_model_len})",
+            f"{len(body.tokens)} tokens are more than the model's context ({ctx.engine.max_model_len})",
             param="tokens",
             code="context_length_exceeded",
         )

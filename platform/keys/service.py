@@ -76,7 +76,7 @@ def revoke_key(session: Session, ctx: PlatformContext, actor: Actor, key_id: str
     on_commit(session, lambda: ctx.key_cache.evict_hash(key_hash))
     audit.record(session, actor.name, "key.revoke", "api_key", key.id, before, _audit_view(key))
     key_id = key.id
-    on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, f"API key {key_id} was revoked", key_id=key_id))
+    on_commit(session, lambda: ctx.inflight.abort(ctx.engine, f"API key {key_id} was revoked", key_id=key_id))
     return key
 
 

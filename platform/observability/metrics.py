@@ -157,7 +157,7 @@ def rate_limit_reason(message: str, code: str | None) -> str:
 
 
 class _EngineCollector(Collector):
-    """Engine gauges and counters, read from ``stats()`` (the gateway's) at scrape time."""
+    """Engine gauges and counters, read from ``stats()`` (the engine's) at scrape time."""
 
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self._stats = stats

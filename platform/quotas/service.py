@@ -33,5 +33,5 @@ def put_quota(session: Session, ctx: PlatformContext, actor: Actor, tenant_id: s
         setattr(quota, field, value)
     session.flush()
     audit.record(session, actor.name, "quota.put", "tenant", tenant_id, before, snapshot(quota))
-    push_tenant_after_commit(session, ctx.gateway, tenant)
+    push_tenant_after_commit(session, ctx.engine, tenant)
     return quota

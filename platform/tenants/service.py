@@ -82,7 +82,7 @@ def mark_deleted(session: Session, ctx: PlatformContext, actor: Actor, tenant: T
 
 
 def _abort_after_commit(session: Session, ctx: PlatformContext, tenant_id: str, reason: str) -> None:
-    on_commit(session, lambda: ctx.inflight.abort(ctx.gateway, reason, tenant_id=tenant_id))
+    on_commit(session, lambda: ctx.inflight.abort(ctx.engine, reason, tenant_id=tenant_id))
 
 
 def _after_change(session: Session, ctx: PlatformContext, tenant: Tenant) -> None:
@@ -91,4 +91,4 @@ def _after_change(session: Session, ctx: PlatformContext, tenant: Tenant) -> Non
     tenant_id = tenant.id
     ctx.key_cache.evict_tenant(tenant_id)
     on_commit(session, lambda: ctx.key_cache.evict_tenant(tenant_id))
-    push_tenant_after_commit(session, ctx.gateway, tenant)
+    push_tenant_after_commit(session, ctx.engine, tenant)

@@ -87,13 +87,13 @@ def test_s3_reference_serves_like_an_upload(live_factory, moto, adapter_dirs, go
     assert ref["sha256"] == up["sha256"] and ref["source_uri"] == source
     assert (ref["rank"], ref["alpha"], ref["target_modules"]) == (4, 8, ["q_proj", "v_proj"])
     # lazy: not in the engine until first use
-    assert ref["id"] not in srv.ctx.gateway.registered_adapters()
+    assert ref["id"] not in srv.ctx.engine.registered_adapters()
     models = [m["id"] for m in c.get("/v1/models", headers=admin_headers(key)).json()["data"]]
     assert {"ref-bot", "up-bot"} <= set(models)
-    base = _complete(srv.url, key, srv.ctx.gateway.model_name)
+    base = _complete(srv.url, key, srv.ctx.engine.model_name)
     by_ref, by_upload = _complete(srv.url, key, "ref-bot"), _complete(srv.url, key, "up-bot")
     assert by_ref == by_upload and by_ref != base  # the adapter changes the output, identically
-    assert ref["id"] in srv.ctx.gateway.registered_adapters()
+    assert ref["id"] in srv.ctx.engine.registered_adapters()
 
 
 def test_file_reference(live_factory, adapter_dirs, good_files, tmp_path):

@@ -37,7 +37,7 @@ def test_upload_private_then_serve(platform, client, good_files):
     # stored by content, registered with the running engine under the version's id
     stored = platform.store_root / a["sha256"][:2] / a["sha256"]
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in stored.iterdir()}
-    assert a["id"] in platform.ctx.gateway.engine.list_adapters()
+    assert a["id"] in platform.ctx.engine.engine.list_adapters()
     assert client.get(f"/admin/v1/adapters/{a['id']}", headers=H).json() == a
     assert [x["id"] for x in client.get("/admin/v1/adapters", headers=H).json()["data"]] == [a["id"]]
     assert "support-bot" in models_of(client, tenant_key(client, acme))
@@ -64,7 +64,7 @@ def test_new_version_is_explicit_and_never_reuses_the_old_key(platform, client, 
     assert v2.status_code == 201, v2.text
     v2 = v2.json()
     assert v2["version"] == 2 and v2["id"] != v1["id"] and v2["sha256"] != v1["sha256"] and v2["rank"] == 8
-    engine_adapters = platform.ctx.gateway.engine.list_adapters()
+    engine_adapters = platform.ctx.engine.engine.list_adapters()
     assert v2["id"] in engine_adapters and v1["id"] not in engine_adapters
     assert client.get(f"/admin/v1/adapters/{v1['id']}", headers=H).json()["status"] == "superseded"
     names = [x["id"] for x in client.get("/admin/v1/adapters?include_superseded=true", headers=H).json()["data"]]
@@ -85,7 +85,7 @@ def test_same_content_is_stored_once_and_kept_while_referenced(platform, client,
     assert len(platform.ctx.store.stored_paths()) == 1  # still used by "two"
     client.delete(f"/admin/v1/adapters/{b['id']}", headers=H)
     assert platform.ctx.store.stored_paths() == []
-    assert b["id"] not in platform.ctx.gateway.engine.list_adapters()
+    assert b["id"] not in platform.ctx.engine.engine.list_adapters()
     assert_error(client.get(f"/admin/v1/adapters/{a['id']}", headers=H), 404)
     assert_error(client.delete(f"/admin/v1/adapters/{a['id']}", headers=H), 404)
 
@@ -125,7 +125,7 @@ def test_deleting_a_tenant_removes_its_adapters(platform, client, good_files):
     client.delete(f"/admin/v1/tenants/{acme}", headers=H)
     assert_error(client.get(f"/admin/v1/adapters/{a['id']}", headers=H), 404)
     assert platform.ctx.store.stored_paths() == []
-    assert a["id"] not in platform.ctx.gateway.engine.list_adapters()
+    assert a["id"] not in platform.ctx.engine.engine.list_adapters()
 
 
 def test_upload_form_errors(platform, client, good_files):
@@ -139,7 +139,7 @@ def test_upload_form_errors(platform, client, good_files):
     assert_error(upload(client, "x", data, visibility="shared", tenant_id=acme), 400, param="tenant_id")
     assert_error(upload(client, "x", data, visibility="public", tenant_id=acme), 400, param="visibility")
     assert_error(upload(client, "x", data, tenant_id="ten_missing"), 404)
-    assert_error(upload(client, platform.ctx.gateway.model_name, data, tenant_id=acme), 409)
+    assert_error(upload(client, platform.ctx.engine.model_name, data, tenant_id=acme), 409)
     r = client.post("/admin/v1/adapters", data={"tenant_id": acme}, files={"file": ("a.zip", data)}, headers=H)
     assert_error(r, 422, param="name")
     assert_error(client.post("/admin/v1/adapters", data={"name": "x", "tenant_id": acme}, headers=H), 422)

@@ -73,7 +73,7 @@ def test_changes_reach_the_engine(platform, client):
     t = client.post("/admin/v1/tenants", json={"name": "acme", "priority": 2, "weight": 3}, headers=H).json()
     client.put(f"/admin/v1/tenants/{t['id']}/quota", json={"max_concurrent": 5}, headers=H)
     client.patch(f"/admin/v1/tenants/{t['id']}", json={"weight": 7}, headers=H)
-    engine = platform.ctx.gateway.engine.engine
+    engine = platform.ctx.engine.engine.engine
     tenant_state = engine_tenant(engine, t["id"])
     assert tenant_state == {"priority": 2, "weight": 7.0, "max_running_seqs": 5}
 

@@ -113,7 +113,7 @@ def test_engine_view(platform, client, good_files):
     r = client.get("/admin/v1/engine", headers=H)
     assert r.status_code == 200
     state = r.json()
-    assert state["enabled"] is True and state["model"] == platform.ctx.gateway.model_name
+    assert state["enabled"] is True and state["model"] == platform.ctx.engine.model_name
     assert "scheduler" in state and "kv_cache" in state
     assert ada["id"] in state["registered_adapters"]
     key = tenant_key(client, acme)

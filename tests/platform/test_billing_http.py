@@ -27,7 +27,7 @@ def live(live_factory):
 
 
 def _model(live) -> str:
-    return live.ctx.gateway.model_name
+    return live.ctx.engine.model_name
 
 
 def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
@@ -55,7 +55,7 @@ def test_streaming_prechecks_are_http_errors_and_use_no_rpm_slot(live):
 def _count_tokenized_chars(monkeypatch, live) -> list[int]:
     """The length of every text the server's tokenizer encodes from now on (the oracle for "refused
     without tokenizing": a count, not a stopwatch)."""
-    tokenizer = live.ctx.gateway.tokenizer
+    tokenizer = live.ctx.engine.tokenizer
     seen: list[int] = []
     encode = tokenizer.encode
 

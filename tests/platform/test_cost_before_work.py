@@ -308,7 +308,7 @@ def test_a_gzip_body_is_not_inflated(live_factory):
     live = live_factory()
     _tid, key = new_tenant(live.url, "gz")
     bomb = gzip.compress(b"[" + b" " * (64 * 1024 * 1024) + b"]")
-    valid = json.dumps({"model": live.ctx.gateway.model_name, "prompt": "hi", "max_tokens": 1}).encode()
+    valid = json.dumps({"model": live.ctx.engine.model_name, "prompt": "hi", "max_tokens": 1}).encode()
     for body in (bomb, gzip.compress(valid)):
         url = live.url
         head = _head(

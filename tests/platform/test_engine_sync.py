@@ -13,7 +13,7 @@ def test_restart_restores_engine_state_from_the_database(platform, client, good_
     acme = tenant(client, "acme")
     client.patch(f"/admin/v1/tenants/{acme}", json={"priority": 4, "weight": 9}, headers=H)
     ada = upload(client, "bot", zip_bytes(good_files), tenant_id=acme).json()
-    gw = platform.ctx.gateway
+    gw = platform.ctx.engine
     # Simulate a fresh engine: forget the adapter and the tenant's fields.
     gw.remove_adapter(ada["id"])
     gw.set_tenant(acme, 0, 1.0, None)

@@ -73,7 +73,7 @@ def live(live_factory):
         tid = c.post("/admin/v1/tenants", json={"name": "fw"}).json()["id"]
         key = c.post(f"/admin/v1/tenants/{tid}/keys", json={}).json()["key"]
     CALLS.clear()
-    return srv.url + "/v1", key, srv.ctx.gateway.model_name
+    return srv.url + "/v1", key, srv.ctx.engine.model_name
 
 
 # ---------------------------------------------------------------------------------------- openai SDK

@@ -58,7 +58,7 @@ def _bodies(model: str) -> list[tuple[str, dict, str]]:
 
 def test_a_lone_surrogate_anywhere_is_a_400_before_anything_is_reserved(live):
     tid, key = new_tenant(live.url, "hostile", quota={"rpm": 100})
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     with httpx.Client(base_url=live.url, timeout=60) as c:
         for path, body, where in _bodies(model):
             r = c.post(path, content=_raw(body), headers={**auth(key), "content-type": "application/json"})
@@ -106,7 +106,7 @@ def _spellings(body: dict) -> list[tuple[str, list[tuple[str, str]], bytes]]:
 @pytest.mark.parametrize("spelling", range(7))
 def test_bad_text_is_refused_whatever_the_body_spelling(live, spelling):
     tid, key = new_tenant(live.url, "spelling")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     bad = (
         ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "user": "x" + SURROGATE}, "surrogate"),
         ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "user": "x\u0000"}, "NUL"),
@@ -159,7 +159,7 @@ def test_writer_answers_every_waiter_whatever_a_batch_raises(live):
     ledger = live.ctx.ledger
     flaky = _Flaky(ledger._commit, rate=0.3, seed=7)
     ledger._commit = flaky  # type: ignore[method-assign]
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     tenants = [new_tenant(live.url, f"t{i}", quota={"max_concurrent": 4}) for i in range(2)]
 
     async def one(c: httpx.AsyncClient, key: str, i: int) -> tuple[int, str | None]:
@@ -203,7 +203,7 @@ def test_writer_answers_every_waiter_whatever_a_batch_raises(live):
 
 def _steps(live) -> int:
     """Engine steps run so far (each step gives every running sequence one token)."""
-    return int(live.ctx.gateway.stats()["counters"]["steps"])
+    return int(live.ctx.engine.stats()["counters"]["steps"])
 
 
 def _post_and_leave(url: str, key: str, body: dict, live) -> int:
@@ -226,7 +226,7 @@ def _post_and_leave(url: str, key: str, body: dict, live) -> int:
 
 def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
     tid, key = new_tenant(live.url, "leaver")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     max_tokens, n = 1900, 4
     body = {"model": model, "prompt": "Once", "max_tokens": max_tokens, "n": n, "ignore_eos": True}
     before = _steps(live)  # nothing else runs on this server: every step from here is this request's
@@ -252,7 +252,7 @@ def test_a_non_streaming_client_that_disconnects_stops_its_sequences(live):
 def test_a_nul_in_stored_or_searched_fields_is_a_400_never_a_500(live):
     """Found by the API fuzzer on PostgreSQL (text cannot hold NUL): a 500 before."""
     _tid, key = new_tenant(live.url, "nul")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     with httpx.Client(base_url=live.url, timeout=60) as c:
         for path, body in (
             ("/detokenize", {"model": "a\u0000b", "tokens": [1]}),
@@ -281,7 +281,7 @@ def test_a_nul_in_stored_or_searched_fields_is_a_400_never_a_500(live):
 def test_a_lone_surrogate_user_under_another_tenants_load_hurts_no_one(live):
     """The original report: `"user": "\\ud800"` beside another tenant's load hung 6 of that tenant's
     385 requests and left its slots taken. Now the attacker gets 400s and the victim is untouched."""
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     victim_tid, victim = new_tenant(live.url, "victim", quota={"max_concurrent": 6})
     attacker_tid, attacker = new_tenant(live.url, "attacker")
 

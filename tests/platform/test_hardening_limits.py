@@ -19,15 +19,15 @@ def live(live_factory):
 
 def test_tokenize_and_detokenize_are_bounded(live):
     tid, key = new_tenant(live.url, "tok", quota={"rpm": 3})
-    model = live.ctx.gateway.model_name
-    bound = live.ctx.gateway.max_prompt_chars()
+    model = live.ctx.engine.model_name
+    bound = live.ctx.engine.max_prompt_chars()
     with httpx.Client(base_url=live.url, headers=auth(key), timeout=60) as c:
         r = c.post("/tokenize", json={"model": model, "prompt": "x" * (200 * 1024)})
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
         if bound is not None and bound < 60 * 1024:
             r = c.post("/tokenize", json={"model": model, "prompt": "x" * (bound + 1)})
             assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-        r = c.post("/detokenize", json={"model": model, "tokens": [1] * (live.ctx.gateway.max_model_len + 1)})
+        r = c.post("/detokenize", json={"model": model, "tokens": [1] * (live.ctx.engine.max_model_len + 1)})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
         assert c.post("/tokenize", json={"model": model, "prompt": "hi"}).status_code == 200
         # a tenant at its rpm limit is refused here too: tokenizing is no way around the limits (the
@@ -44,8 +44,8 @@ def test_tokenize_and_detokenize_are_bounded(live):
 def test_tool_call_arguments_count_toward_the_character_bound(live_factory):
     live = live_factory()  # the default body limit (4 MiB): the character bound answers first
     _tid, key = new_tenant(live.url, "tools")
-    model = live.ctx.gateway.model_name
-    bound = live.ctx.gateway.max_prompt_chars()
+    model = live.ctx.engine.model_name
+    bound = live.ctx.engine.max_prompt_chars()
     assert bound is not None
     per = 40
     calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "y" * per}} for i in range(20)]

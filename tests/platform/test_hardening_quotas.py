@@ -39,7 +39,7 @@ def test_n_is_reserved_12_concurrent_n8_requests(live, quota):
     """The issue's 40 x n=16 vs tpm=2000 case, scaled to this box: 12 concurrent n=8 requests of
     16 tokens each would serve ~1,600 tokens if admission reserved prompt + max_tokens only."""
     tid, key = new_tenant(live.url, "n-shape", quota=quota)
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     body = {"model": model, "prompt": "Tell me a story", "max_tokens": 16, "n": 8, "ignore_eos": True}
     responses = asyncio.run(_burst(live.url, key, [body] * 12))
     ok = [r for r in responses if r.status_code == 200]
@@ -54,7 +54,7 @@ def test_n_is_reserved_12_concurrent_n8_requests(live, quota):
 
 def test_prompt_lists_with_n_and_chat_n_are_reserved(live):
     tid, key = new_tenant(live.url, "lists", quota={"tpm": 500})
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     listed = {"model": model, "prompt": ["Once", "Upon a", "Time"], "max_tokens": 8, "n": 4, "ignore_eos": True}
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "n": 6}
     responses = asyncio.run(_burst(live.url, key, [listed] * 4))
@@ -70,7 +70,7 @@ def test_prompt_lists_with_n_and_chat_n_are_reserved(live):
 
 def test_a_request_larger_than_the_limit_is_refused_naming_n(live):
     _tid, key = new_tenant(live.url, "big-n", quota={"tpm": 100})
-    body = {"model": live.ctx.gateway.model_name, "prompt": "hi", "max_tokens": 16, "n": 8}
+    body = {"model": live.ctx.engine.model_name, "prompt": "hi", "max_tokens": 16, "n": 8}
     r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(key), timeout=60)
     assert r.status_code == 429 and "n x max_tokens" in r.json()["error"]["message"]
 

@@ -43,10 +43,10 @@ def _chat(url: str, key: str, body: dict) -> httpx.Response:
 
 def test_tool_calls_and_tool_definitions_are_bounded_before_templating(live, monkeypatch):
     tid, key = new_tenant(live.url, "tools")
-    model = live.ctx.gateway.model_name
-    bound = live.ctx.gateway.max_prompt_chars()
+    model = live.ctx.engine.model_name
+    bound = live.ctx.engine.max_prompt_chars()
     assert bound is not None and bound < 3 * 1024 * 1024  # else the body limit would answer first
-    renders = _TemplateCounter(monkeypatch, live.ctx.gateway.tokenizer)
+    renders = _TemplateCounter(monkeypatch, live.ctx.engine.tokenizer)
     hi = {"role": "user", "content": "hi"}
 
     # sanity: a normal chat with a tool renders the template once
@@ -79,7 +79,7 @@ def test_tool_calls_and_tool_definitions_are_bounded_before_templating(live, mon
 
 def test_tokenize_refuses_a_15mb_body_with_413(live):
     _tid, key = new_tenant(live.url, "tok15")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     big = json.dumps({"model": model, "prompt": "a" * (15 * 1024 * 1024)})
     for path in ("/tokenize", "/detokenize"):
         r = httpx.post(
@@ -100,7 +100,7 @@ def _enum_schema(k: int) -> dict:
 
 def test_a_schema_over_the_grammar_size_limit_is_a_400_naming_it(live):
     tid, key = new_tenant(live.url, "grammar")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     hi = [{"role": "user", "content": "hi"}]
     huge = _enum_schema(40_000)  # ~600 KB of JSON: over the 256 KiB grammar limit, under the body limit
     assert 256 * 1024 < len(json.dumps(huge)) < 3 * 1024 * 1024

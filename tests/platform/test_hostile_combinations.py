@@ -57,7 +57,7 @@ def test_a_required_call_cut_by_max_tokens_is_not_streamed_twice(live):
     """tool_choice=required, cut by max_tokens inside the arguments: the stream had already sent the
     call (name, then the arguments so far), and at the end sent the same text again as `content`."""
     _, key = new_tenant(live.url, "cut")
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     prefix = httpx.post(
         live.url + "/tokenize",
         headers={"Authorization": f"Bearer {key}"},
@@ -129,7 +129,7 @@ def test_tokenize_counts_the_prompt_a_chat_request_is_billed(live, fields):
     """vLLM's /tokenize takes the chat template controls; a client sizing a request with it must get
     the prompt_tokens the same chat request is billed."""
     _, key = new_tenant(live.url, "count")
-    body = {"model": live.ctx.gateway.model_name, "messages": MESSAGES, **fields}
+    body = {"model": live.ctx.engine.model_name, "messages": MESSAGES, **fields}
     auth = {"Authorization": f"Bearer {key}"}
     counted = httpx.post(live.url + "/tokenize", headers=auth, json=body, timeout=60)
     assert counted.status_code == 200, counted.text
@@ -141,7 +141,7 @@ def test_tokenize_counts_the_prompt_a_chat_request_is_billed(live, fields):
 def test_tokenize_refuses_what_chat_refuses_in_template_controls(live):
     _, key = new_tenant(live.url, "refuse")
     auth = {"Authorization": f"Bearer {key}"}
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     for fields, param in [
         ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),  # per-request templates are off by default
@@ -161,8 +161,8 @@ def test_every_token_id_field_has_the_tokenizers_vocabulary(live):
     refused the same id."""
     _, key = new_tenant(live.url, "vocab")
     auth = {"Authorization": f"Bearer {key}"}
-    model = live.ctx.gateway.model_name
-    vocab = len(live.ctx.gateway.tokenizer)
+    model = live.ctx.engine.model_name
+    vocab = len(live.ctx.engine.tokenizer)
     pad = vocab  # the first id past the tokenizer: a padding row of the demo model's embedding
     chat = {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
     for path, body, param in [

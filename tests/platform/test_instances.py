@@ -27,7 +27,7 @@ def _running(ctx) -> int:
 def test_a_second_server_leaves_a_live_servers_streams_alone(live_factory):
     a = live_factory()
     tid, key = new_tenant(a.url, "rolling")
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     results: list = []
 
     def one(i: int) -> None:

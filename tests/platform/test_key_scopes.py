@@ -47,7 +47,7 @@ def _complete(client, key, model, max_tokens=2):
 
 def test_key_limited_to_models(platform, client, good_files):
     tid = _setup(client, good_files)
-    base = platform.ctx.gateway.model_name
+    base = platform.ctx.engine.model_name
     full = _key(client, tid)
     scoped = _key(client, tid, allowed_models=["alpha"])
     assert scoped["allowed_models"] == ["alpha"]
@@ -100,6 +100,6 @@ def test_key_limits_on_top_of_the_tenant(platform, client, good_files):
     small_tenant = client.post("/admin/v1/tenants", json={"name": "small"}, headers=H).json()["id"]
     assert client.put(f"/admin/v1/tenants/{small_tenant}/quota", json={"rpm": 1}, headers=H).status_code == 200
     roomy = _key(client, small_tenant, rpm=100)["key"]
-    base = platform.ctx.gateway.model_name
+    base = platform.ctx.engine.model_name
     assert _complete(client, roomy, base).status_code == 200
     assert_error(_complete(client, roomy, base), 429)

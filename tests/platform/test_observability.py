@@ -53,7 +53,7 @@ def test_metrics_logs_and_traces(obs_server, caplog):
     exporter = InMemorySpanExporter()
     ctx.observer.tracer = make_tracer("", exporter=exporter)
     (acme, a_client), (globex, g_client) = clients
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     with caplog.at_level(logging.INFO, logger="loraplex.requests"):
         r1 = a_client.completions.create(
             model="bot", prompt="Hello", max_tokens=5, temperature=0, user="u-7", extra_body={"ignore_eos": True}

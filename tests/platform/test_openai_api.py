@@ -12,7 +12,7 @@ H = admin_headers()
 
 def test_models_completions_and_chat(tenant_setup):
     ctx, url, tid, key, ada, client = tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     assert [m.id for m in client.models.list().data] == [base, "bot"]
     r = client.completions.create(model=base, prompt="Hello, world.", max_tokens=5, temperature=0)
     assert r.choices[0].finish_reason in ("length", "stop") and r.usage.completion_tokens >= 1

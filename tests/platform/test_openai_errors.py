@@ -25,17 +25,17 @@ litellm.telemetry = False
 
 
 def _template_tokens(ctx, messages: list[dict]) -> int:
-    ids = ctx.gateway.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ctx.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def _long_messages(ctx) -> tuple[list[dict], int]:
     """A chat that cannot fit the context by tokens (but passes the character bound), and its
     prompt's token count as the tokenizer's own chat template makes it."""
-    context = ctx.gateway.max_model_len
+    context = ctx.engine.max_model_len
     text = " ".join(f"w{i}" for i in range(context))
     messages = [{"role": "user", "content": text}]
-    assert len(text) < ctx.gateway.max_prompt_chars()  # refused by tokens, not by characters
+    assert len(text) < ctx.engine.max_prompt_chars()  # refused by tokens, not by characters
     count = _template_tokens(ctx, messages)
     assert count > context
     return messages, count
@@ -49,7 +49,7 @@ def _openai_context_error(err: dict, context: int, param: str) -> None:
 
 def test_context_overflow_has_openais_code_param_and_wording(module_tenant_setup):
     ctx, url, _tid, _key, _ada, client = module_tenant_setup
-    base, context = ctx.gateway.model_name, ctx.gateway.max_model_len
+    base, context = ctx.engine.model_name, ctx.engine.max_model_len
     messages, prompt_tokens = _long_messages(ctx)
     # chat, plain / streamed / n > 1: refused before any byte, the prompt's real token count stated
     for extra in ({}, {"stream": True}, {"n": 3}, {"max_tokens": 5}):
@@ -75,12 +75,12 @@ def test_context_overflow_has_openais_code_param_and_wording(module_tenant_setup
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=base, prompt=prompt, max_tokens=1)
     _openai_context_error(e.value.body, context, "prompt")
-    assert f"your prompt resulted in {len(ctx.gateway.tokenizer.encode(prompt))} tokens" in e.value.body["message"]
+    assert f"your prompt resulted in {len(ctx.engine.tokenizer.encode(prompt))} tokens" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=base, input=prompt)
     _openai_context_error(e.value.body, context, "input")
     # beyond any context by characters alone (refused without tokenizing): the same error
-    huge = "z" * (ctx.gateway.max_prompt_chars() + 1)
+    huge = "z" * (ctx.engine.max_prompt_chars() + 1)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=base, messages=[{"role": "user", "content": huge}])
     _openai_context_error(e.value.body, context, "messages")
@@ -88,7 +88,7 @@ def test_context_overflow_has_openais_code_param_and_wording(module_tenant_setup
 
 def test_litellm_raises_context_window_exceeded_and_nothing_else_does(module_tenant_setup):
     ctx, url, _tid, key, _ada, _client = module_tenant_setup
-    base, context = ctx.gateway.model_name, ctx.gateway.max_model_len
+    base, context = ctx.engine.model_name, ctx.engine.max_model_len
     messages, _ = _long_messages(ctx)
     common = dict(model=f"openai/{base}", api_base=url + "/v1", api_key=key, num_retries=0, timeout=120)
     with pytest.raises(litellm.ContextWindowExceededError):
@@ -109,7 +109,7 @@ def test_litellm_raises_context_window_exceeded_and_nothing_else_does(module_ten
 def test_langchain_raises_context_overflow(module_tenant_setup):
     ctx, url, _tid, key, _ada, _client = module_tenant_setup
     messages, _ = _long_messages(ctx)
-    llm = ChatOpenAI(base_url=url + "/v1", api_key=key, model=ctx.gateway.model_name, max_retries=0, timeout=120)
+    llm = ChatOpenAI(base_url=url + "/v1", api_key=key, model=ctx.engine.model_name, max_retries=0, timeout=120)
     with pytest.raises(ContextOverflowError):
         llm.invoke(messages[0]["content"])
     with pytest.raises(openai.BadRequestError) as e:  # an ordinary bad value is no overflow
@@ -155,7 +155,7 @@ CHAT_MISTAKES = [
 @pytest.mark.parametrize(("change", "param", "code"), CHAT_MISTAKES)
 def test_every_validation_error_has_openais_code_and_param(module_tenant_setup, change, param, code):
     ctx, url, _tid, key, _ada, client = module_tenant_setup
-    body = {"model": ctx.gateway.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    body = {"model": ctx.engine.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     body.update(change)
     body = {k: v for k, v in body.items() if v is not None}
     r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body, timeout=60)
@@ -179,7 +179,7 @@ def test_hostile_values_in_errors_are_not_echoed_whole(module_tenant_setup):
     """A 10 MB-ish wrong-typed value, a huge number, deep nesting: the error names the field and
     the kind, never the value itself (an error body is no amplifier)."""
     ctx, url, _tid, key, _ada, _client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     headers = {"authorization": f"Bearer {key}"}
     cases = [
         {"model": base, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "9" * 200_000},
@@ -195,7 +195,7 @@ def test_hostile_values_in_errors_are_not_echoed_whole(module_tenant_setup):
 
 def test_system_fingerprint_on_bodies_and_chunks(module_tenant_setup):
     ctx, _url, _tid, _key, _ada, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     msgs = [{"role": "user", "content": "hi"}]
     fp = client.chat.completions.create(model=base, messages=msgs, max_tokens=2).system_fingerprint
     assert fp is not None and re.fullmatch(r"fp_[0-9a-f]{10}", fp)

@@ -56,7 +56,7 @@ MSGS = [
 
 @dataclass
 class _ClusterGateway:
-    """What these tests read from ``ctx.gateway``, for a server in other processes."""
+    """What these tests read from ``ctx.engine``, for a server in other processes."""
 
     model_name: str
     tokenizer: object
@@ -128,7 +128,7 @@ def test_json_schema_and_json_object_outputs_validate(surface):
         assert c.finish_reason == "stop"
         jsonschema.validate(json.loads(c.message.content), PERSON)
     assert r.usage.completion_tokens >= 3 * 10  # every choice's tokens are counted
-    base = surface[0].gateway.model_name
+    base = surface[0].engine.model_name
     obj = client.completions.create(
         model=base,
         prompt="Data:",
@@ -225,7 +225,7 @@ def test_named_and_required_tool_calls(surface):
 
 def test_logit_bias_forces_a_token(surface):
     ctx, *_, client = surface
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     forced = tok.encode("fox")[0]
     r = client.completions.create(
         model="bot",
@@ -245,7 +245,7 @@ def test_logit_bias_forces_a_token(surface):
 
 def test_n_times_logprobs_shapes_and_values(surface, demo_model_dir):
     ctx, *_, client = surface
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     prompt = [5, 17, 42, 8]
     r = client.completions.create(
         model=base,
@@ -272,9 +272,9 @@ def test_n_times_logprobs_shapes_and_values(surface, demo_model_dir):
     greedy = client.completions.create(model=base, prompt=prompt, max_tokens=1, temperature=0, logprobs=3)
     top = greedy.choices[0].logprobs.top_logprobs[0]
     ref_top = ref.topk(3)
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     assert list(top) == [tok.decode([i]) for i in ref_top.indices.tolist()]
-    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)  # the session's one-process engine runs in float32
+    tol = getattr(ctx.engine, "logprob_tol", 1e-3)  # the session's one-process engine runs in float32
     assert list(top.values()) == pytest.approx(ref_top.values.tolist(), abs=tol)
 
     chat = client.chat.completions.create(
@@ -298,7 +298,7 @@ def test_prompt_logprobs_of_completions_and_chat(surface, demo_model_dir):
     prompt token p + 1 given the tokens before it (oracle: transformers' log-softmax of the prompt),
     with its rank and the top-k; refused with stream (as vLLM does)."""
     ctx, *_, client = surface
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     prompts = [[5, 17, 42, 8, 99, 3], [7, 7, 7]]
     r = client.completions.create(
         model=base, prompt=prompts, max_tokens=2, n=2, extra_body={"prompt_logprobs": 2, "ignore_eos": True}
@@ -306,7 +306,7 @@ def test_prompt_logprobs_of_completions_and_chat(surface, demo_model_dir):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
-    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)
+    tol = getattr(ctx.engine, "logprob_tol", 1e-3)
     for c in r.choices:
         prompt = prompts[c.index // 2]
         got = c.model_extra["prompt_logprobs"]
@@ -322,7 +322,7 @@ def test_prompt_logprobs_of_completions_and_chat(surface, demo_model_dir):
             assert entry[str(token)]["logprob"] == pytest.approx(ref[p, token].item(), abs=tol)
             x = ref[p, token]  # its rank: 1 + how many are more likely (near-ties within the tolerance)
             assert int((ref[p] > x + tol).sum()) + 1 <= entry[str(token)]["rank"] <= int((ref[p] > x - tol).sum()) + 1
-            assert entry[str(token)]["decoded_token"] == ctx.gateway.tokenizer.decode([token])
+            assert entry[str(token)]["decoded_token"] == ctx.engine.tokenizer.decode([token])
     chat = client.chat.completions.create(model="bot", messages=MSGS, max_tokens=2, extra_body={"prompt_logprobs": 0})
     got = chat.model_extra["prompt_logprobs"]
     assert got[0] is None and len(got) == chat.usage.prompt_tokens
@@ -345,12 +345,12 @@ def test_echo_with_logprobs_lists_the_prompt_then_the_completion(surface, demo_m
     its prompt's tokens), prompt_logprobs asked beside it at another k; the completion's part is
     the same request's without echo."""
     ctx, *_, client = surface
-    base = ctx.gateway.model_name
-    tok = ctx.gateway.tokenizer
+    base = ctx.engine.model_name
+    tok = ctx.engine.tokenizer
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
-    tol = getattr(ctx.gateway, "logprob_tol", 1e-3)
+    tol = getattr(ctx.engine, "logprob_tol", 1e-3)
     prompts: list = [[5, 17, 42, 8, 99], tok.encode("The quick brown fox")]  # a list of token-id prompts
     kw = dict(model=base, prompt=prompts, max_tokens=3, n=2, temperature=0, logprobs=2)
     r = client.completions.create(**kw, echo=True, extra_body={"ignore_eos": True, "prompt_logprobs": 1})
@@ -482,7 +482,7 @@ def test_unsupported_parameters_are_400_and_unknown_ones_ignored(surface):
 def test_tokenize_and_detokenize(surface):
     ctx, url, tid, key, ada, client = surface
     h = {"Authorization": f"Bearer {key}"}
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     r = httpx.post(url + "/tokenize", json={"model": "bot", "prompt": "Hello, world"}, headers=h).json()
     assert r["tokens"] == tok.encode("Hello, world") and r["count"] == len(r["tokens"])
     back = httpx.post(url + "/detokenize", json={"model": "bot", "tokens": r["tokens"]}, headers=h).json()

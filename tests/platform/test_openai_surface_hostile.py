@@ -102,7 +102,7 @@ def test_n2_streams_of_required_tool_calls_and_of_json_with_logprobs(tenant_setu
             for t in (c.logprobs.content or []) if c.logprobs else []:
                 assert len(t.top_logprobs) == 2
                 raw[c.index] += bytes(t.bytes)
-    eos = ctx.gateway.tokenizer.eos_token
+    eos = ctx.engine.tokenizer.eos_token
     for i in (0, 1):
         # the ending EOS token is listed in logprobs (its special-token text) but not in content
         assert raw[i].decode("utf-8").removesuffix(eos) == text[i]
@@ -111,7 +111,7 @@ def test_n2_streams_of_required_tool_calls_and_of_json_with_logprobs(tenant_setu
 
 def test_stop_string_spanning_tokens_streams_nothing_past_it(tenant_setup):
     ctx, *_, client = tenant_setup
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     kw = dict(model="bot", prompt="The scheduler", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
     full = client.completions.create(**kw, logprobs=0).choices[0]
     pieces = full.logprobs.tokens

@@ -148,7 +148,7 @@ def _body(model: str, prompts: int, max_tokens: int = 4) -> dict:
 
 
 def test_http_never_fitting_lists_are_400s(live):
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     _tid, key = new_tenant(live.url, "small", quota={"max_concurrent": 2, "tpm": 200})
     url = live.url + "/v1/completions"
     r = httpx.post(url, json=_body(model, 3), headers=auth(key), timeout=60)
@@ -178,7 +178,7 @@ def test_http_concurrent_lists_are_all_admitted_within_bounded_retries(live):
     retries on 429 (honouring nothing but a short pause). Every list gets in within a bounded
     number of tries, no 400 or 5xx, and the ledger shows 16 served rows with never more than 4
     running at once (their admission-to-finish intervals)."""
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     tid, key = new_tenant(live.url, "lists", quota={"max_concurrent": 4})
     body = _body(model, 2, max_tokens=8)
 
@@ -217,8 +217,8 @@ def test_http_burst_of_lists_admits_exactly_the_k_that_fit_tpm(live):
     """10 concurrent lists of 3 prompts under a tpm that fits exactly 2 of them (the issue's 0 of
     40 case): exactly 2 are admitted, the rest are 429 (they fit later), and what the ledger
     reserved stays within tpm."""
-    model = live.ctx.gateway.model_name
-    prompt_tokens = len(live.ctx.gateway.tokenizer.encode("Say 0"))
+    model = live.ctx.engine.model_name
+    prompt_tokens = len(live.ctx.engine.tokenizer.encode("Say 0"))
     per_prompt = prompt_tokens + 16
     tpm = 2 * 3 * per_prompt + 3  # two lists fit, a third does not
     tid, key = new_tenant(live.url, "burst", quota={"tpm": tpm})

@@ -35,7 +35,7 @@ def live(live_factory):
 def test_token_limits_hold_under_30_concurrent_requests(live, quota):
     tid, key = new_tenant(live.url, "acme", quota=quota)
     limit = quota.get("tpm") or quota["token_budget"]
-    responses = asyncio.run(_burst(live.url, key, live.ctx.gateway.model_name, 30, 200))
+    responses = asyncio.run(_burst(live.url, key, live.ctx.engine.model_name, 30, 200))
     ok = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 429]
     assert len(ok) + len(refused) == 30 and ok and refused
@@ -51,7 +51,7 @@ def test_token_limits_hold_under_30_concurrent_requests(live, quota):
 
 
 def test_rpm_and_concurrency_hold_under_50_concurrent_requests(live):
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     _tid, key = new_tenant(live.url, "rpm", quota={"rpm": 12})
     codes = [r.status_code for r in asyncio.run(_burst(live.url, key, model, 50, 4))]
     assert codes.count(200) == 12 and codes.count(429) == 38

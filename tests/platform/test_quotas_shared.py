@@ -54,7 +54,7 @@ def _peak(rows: list[dict], value) -> int:
 
 def test_two_servers_share_one_rpm_and_one_tpm(live_factory):
     a, b = _server(live_factory), _server(live_factory)
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     rpm_tid, rpm_key = new_tenant(a.url, "rpm", quota={"rpm": 5})
     statuses = [(srv.url, _complete(srv.url, rpm_key, model)) for _ in range(6) for srv in (a, b)]
     assert {s for _, s in statuses} <= {200, 429}
@@ -79,7 +79,7 @@ def test_two_servers_share_one_rpm_and_one_tpm(live_factory):
 
 def test_two_servers_share_one_token_budget(live_factory):
     a, b = _server(live_factory), _server(live_factory)
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     tid, key = new_tenant(a.url, "budget", quota={"token_budget": 150, "budget_period": "day"})
     statuses = [_complete(srv.url, key, model, max_tokens=20) for _ in range(8) for srv in (a, b)]
     assert 429 in statuses and 200 in statuses
@@ -91,7 +91,7 @@ def test_two_servers_share_one_token_budget(live_factory):
 
 def test_a_restarted_server_remembers_the_last_minute(live_factory):
     a = _server(live_factory)
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     _tid, key = new_tenant(a.url, "restart", quota={"rpm": 3})
     assert [_complete(a.url, key, model) for _ in range(3)] == [200, 200, 200]
     a.stop()
@@ -109,7 +109,7 @@ def test_a_restarted_server_remembers_the_last_minute(live_factory):
 
 def test_another_servers_running_request_counts_at_its_reservation(live_factory):
     live = live_factory()
-    model = live.ctx.gateway.model_name
+    model = live.ctx.engine.model_name
     tid, key = new_tenant(live.url, "neighbour", quota={"tpm": 200})
     row = dict(
         request_id="neighbour-req-1",
@@ -235,7 +235,7 @@ def test_simultaneous_admissions_on_two_servers_never_pass_one_limit(live_factor
     others' usage and writes its own hold under one per-tenant database lock (PostgreSQL: an
     advisory lock; SQLite: the write lock). The oracle is the ledger: the rows both servers wrote."""
     a, b = _server(live_factory), _server(live_factory)
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     cases = [
         # rpm and tpm: the most in any minute of admissions (a crowded machine may take longer)
         ({"rpm": 4}, lambda rows: _peak(rows, lambda r: 1), 4),
@@ -259,8 +259,8 @@ def test_a_request_refused_after_it_reserved_leaves_no_hold(live_factory):
     after that (the engine's own checks at submit, a later prompt of a list over the limit) must
     take its hold back: no row, nothing counted by the other servers."""
     live = _server(live_factory)
-    model = live.ctx.gateway.model_name
-    context = int(live.ctx.gateway.max_model_len)
+    model = live.ctx.engine.model_name
+    context = int(live.ctx.engine.max_model_len)
     tid, key = new_tenant(live.url, "refused", quota={"token_budget": 10 * context, "budget_period": "day"})
     body = {"model": model, "prompt": "a prompt of several tokens", "max_tokens": context - 1}
     r = httpx.post(live.url + "/v1/completions", json=body, headers=auth(key), timeout=120)
@@ -283,7 +283,7 @@ def test_hostile_mix_at_two_servers_holds_the_limit_and_leaves_no_hold(live_fact
     import threading
 
     a, b = _server(live_factory), _server(live_factory)
-    model = a.ctx.gateway.model_name
+    model = a.ctx.engine.model_name
     tid, _ = new_tenant(a.url, "hostile-mix", quota={"tpm": 150})
     r = httpx.post(a.url + f"/admin/v1/tenants/{tid}/keys", json={"rpm": 8}, headers=H, timeout=60)
     assert r.status_code == 201, r.text

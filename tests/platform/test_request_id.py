@@ -32,7 +32,7 @@ def _records(ctx, tenant_id: str) -> list[UsageRecord]:
 
 def test_request_id_generated_echoed_or_replaced_and_in_usage(tenant_setup):
     ctx, url, tid, key, _ada, client = tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     msgs = [{"role": "user", "content": "hi"}]
     raw = client.chat.completions.with_raw_response.create(model=base, messages=msgs, max_tokens=2)
     made = raw.headers["x-request-id"]
@@ -75,7 +75,7 @@ def test_request_id_generated_echoed_or_replaced_and_in_usage(tenant_setup):
 
 def test_every_refusal_carries_a_request_id(tenant_setup):
     ctx, url, _tid, key, _ada, _client = tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     cases = [
         ("POST", "/v1/chat/completions", {"authorization": "Bearer nope"}, b"{}"),  # the key gate: 401
         ("GET", "/v1/no-such-route", {"authorization": f"Bearer {key}"}, b""),  # 404

@@ -36,7 +36,7 @@ def _texts(items) -> list[tuple[str, str]]:
 
 def test_input_items_page_through_the_conversation(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     first_input = [
         {"role": "developer", "content": "Answer briefly."},
         {"role": "user", "content": [{"type": "input_text", "text": "one"}, {"type": "input_text", "text": "+two"}]},
@@ -76,7 +76,7 @@ def test_input_items_page_through_the_conversation(module_tenant_setup):
 
 def test_a_scoped_key_sees_only_its_own_responses_of_its_models(module_tenant_setup):
     ctx, url, tid, key, _, full = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     both = _key(url, tid, allowed_models=["bot", base])
     mine = _client(url, both["key"])
     own_base = mine.responses.create(model=base, input="mine", max_output_tokens=1)
@@ -113,7 +113,7 @@ def test_a_scoped_key_sees_only_its_own_responses_of_its_models(module_tenant_se
 
 def test_another_tenant_reaches_nothing(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     r = client.responses.create(model=base, input="secret", max_output_tokens=1)
     other = httpx.post(f"{url}/admin/v1/tenants", json={"name": "spy"}, headers=H, timeout=30).json()["id"]
     spy = _client(url, _key(url, other)["key"])
@@ -130,7 +130,7 @@ def test_another_tenant_reaches_nothing(module_tenant_setup):
 
 def test_a_chain_survives_the_deletion_of_its_link(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     a = client.responses.create(model=base, input="first", max_output_tokens=2)
     b = client.responses.create(model=base, input="second", previous_response_id=a.id, max_output_tokens=2)
     client.responses.delete(a.id)
@@ -153,7 +153,7 @@ def test_a_chain_survives_the_deletion_of_its_link(module_tenant_setup):
 
 def test_hostile_reads_and_metadata_are_4xx(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     r = client.responses.create(model=base, input="hi", max_output_tokens=1)
     h = auth(key)
     for params in ({"after": "x" * 2000}, {"limit": "many"}, {"limit": 10**30}, {"order": ""}):

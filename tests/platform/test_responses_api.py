@@ -56,7 +56,7 @@ def test_text_input_instructions_usage_and_storage(tenant_setup):
     got = client.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text
     follow = client.responses.create(model="bot", input="And now?", previous_response_id=r.id, max_output_tokens=2)
-    expected = ctx.gateway.tokenizer.apply_chat_template(
+    expected = ctx.engine.tokenizer.apply_chat_template(
         [
             {"role": "user", "content": "Hello there"},
             {"role": "assistant", "content": r.output_text},
@@ -65,7 +65,7 @@ def test_text_input_instructions_usage_and_storage(tenant_setup):
         tokenize=False,
         add_generation_prompt=True,
     )
-    assert follow.usage.input_tokens == len(ctx.gateway.tokenizer.encode(expected, add_special_tokens=False))
+    assert follow.usage.input_tokens == len(ctx.engine.tokenizer.encode(expected, add_special_tokens=False))
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
@@ -80,7 +80,7 @@ def test_another_tenant_never_reads_a_stored_response(tenant_setup):
         other = c.post("/admin/v1/tenants", json={"name": "other"}).json()["id"]
         other_key = c.post(f"/admin/v1/tenants/{other}/keys", json={}).json()["key"]
     spy = openai.OpenAI(base_url=url + "/v1", api_key=other_key, max_retries=0)
-    base = tenant_setup[0].gateway.model_name
+    base = tenant_setup[0].engine.model_name
     with pytest.raises(openai.NotFoundError):
         spy.responses.retrieve(r.id)
     with pytest.raises(openai.NotFoundError):

@@ -43,7 +43,7 @@ def _bad(call, param: str) -> dict:
 
 def test_metadata_has_openais_limits_on_responses_and_chat(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     before = len(_rows(ctx, tid))
     # the largest allowed: 16 keys of 64 characters, values of 512 four-byte characters
     biggest = {f"{i:02d}" + EMOJI * 62: EMOJI * 512 for i in range(16)}
@@ -74,7 +74,7 @@ def test_metadata_has_openais_limits_on_responses_and_chat(module_tenant_setup):
 
 def test_no_unbounded_field_is_stored(module_tenant_setup):
     ctx, url, tid, key, _, client = module_tenant_setup
-    base = ctx.gateway.model_name
+    base = ctx.engine.model_name
     junk = "j" * (512 * 1024)
 
     def create(**kw):
@@ -102,7 +102,7 @@ def test_per_tenant_count_cap_refuses_before_generating(live_factory):
     live = live_factory(responses={"max_stored_per_tenant": 2})
     tid, key = new_tenant(live.url, "capped")
     client = _client(live.url, key)
-    base = live.ctx.gateway.model_name
+    base = live.ctx.engine.model_name
     kept = [client.responses.create(model=base, input="hi", max_output_tokens=1).id for _ in range(2)]
     err = _bad(lambda: client.responses.create(model=base, input="hi", max_output_tokens=1), "store")
     assert err["code"] == "stored_responses_limit_exceeded" and "store: false" in err["message"]
@@ -125,7 +125,7 @@ def test_per_tenant_count_cap_refuses_before_generating(live_factory):
 def test_concurrent_requests_store_exactly_the_cap(live_factory):
     live = live_factory(responses={"max_stored_per_tenant": 3})
     tid, key = new_tenant(live.url, "race")
-    base = live.ctx.gateway.model_name
+    base = live.ctx.engine.model_name
     answers: list[dict] = []
     gate = threading.Barrier(8)
 
@@ -152,7 +152,7 @@ def test_byte_cap_delivers_what_does_not_fit_unstored(live_factory):
     live = live_factory(responses={"max_stored_bytes_per_tenant": 20_000})
     tid, key = new_tenant(live.url, "bytes")
     client = _client(live.url, key)
-    base = live.ctx.gateway.model_name
+    base = live.ctx.engine.model_name
     meta = {f"k{i}": "v" * 500 for i in range(16)}  # ~8 KB per response
     first = client.responses.create(model=base, input="hi", max_output_tokens=1, metadata=meta)
     second = client.responses.create(model=base, input="hi", max_output_tokens=1, metadata=meta)
@@ -176,7 +176,7 @@ def test_expired_responses_read_as_absent_and_are_swept(live_factory):
     live = live_factory(responses={"retention_days": 1, "sweep_interval_s": 3600})  # one sweep, at start
     tid, key = new_tenant(live.url, "ttl")
     client = _client(live.url, key)
-    base = live.ctx.gateway.model_name
+    base = live.ctx.engine.model_name
     old = client.responses.create(model=base, input="hi", max_output_tokens=1)
     fresh = client.responses.create(model=base, input="hi", max_output_tokens=1)
     _age(live.ctx, old.id, timedelta(days=1, seconds=5))
@@ -212,7 +212,7 @@ def test_sweep_deletes_every_expired_response_in_batches(platform, monkeypatch):
 
 def test_deleting_a_tenant_deletes_its_stored_responses(live_factory):
     live = live_factory()
-    base = live.ctx.gateway.model_name
+    base = live.ctx.engine.model_name
     gone, gone_key = new_tenant(live.url, "gone")
     kept, kept_key = new_tenant(live.url, "kept")
     for k in (gone_key, kept_key):

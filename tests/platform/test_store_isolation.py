@@ -69,7 +69,7 @@ def _bystanders_work(node, c: httpx.Client, key: str, rounds: int = 5) -> int:
     client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=120)
     done = 0
     for _ in range(rounds):
-        client.completions.create(model=node.ctx.gateway.model_name, prompt=PROMPT, max_tokens=4)
+        client.completions.create(model=node.ctx.engine.model_name, prompt=PROMPT, max_tokens=4)
         client.completions.create(model="warm", prompt=PROMPT, max_tokens=4)
         assert c.get("/admin/v1/tenants").status_code == 200
         assert c.get("/admin/v1/adapters").status_code == 200

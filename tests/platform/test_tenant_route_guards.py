@@ -132,7 +132,7 @@ def env(module_tenant_setup):
     """The module's server and tenant (adapter "bot"), a key scoped to "bot" and three stored
     responses; ``app``: the route table the server was built from."""
     ctx, url, tid, key, _ada, _client = module_tenant_setup
-    e = Env(url, ctx.gateway.model_name, tid, key, "", "", "", "")
+    e = Env(url, ctx.engine.model_name, tid, key, "", "", "", "")
     e.scoped = e.key(allowed_models=["bot"])
     e.other_resp, e.bot_resp = e.respond(e.full, e.base), e.respond(e.full, "bot")
     e.own_resp = e.respond(e.scoped, "bot")

@@ -179,7 +179,7 @@ def test_template_controls(tenant_setup):
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens"]
 
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     msgs = [*USER, {"role": "assistant", "content": "It is"}]
     cont = prompt_tokens(messages=msgs, add_generation_prompt=False, continue_final_message=True)
     oracle = tok.apply_chat_template(msgs, tokenize=False, continue_final_message=True, add_generation_prompt=False)
@@ -236,8 +236,8 @@ def test_validation_errors_are_400_and_nulls_mean_default(tenant_setup):
 
 def test_chat_default_max_tokens_is_the_rest_of_the_context(tenant_setup):
     ctx, url, _, key, _, client = tenant_setup
-    limit = ctx.gateway.max_model_len
-    tok = ctx.gateway.tokenizer
+    limit = ctx.engine.max_model_len
+    tok = ctx.engine.tokenizer
     words = 10
     while True:  # a prompt that leaves 1..8 tokens of context
         msgs = [{"role": "user", "content": " ".join(["fox"] * words)}]
@@ -255,6 +255,6 @@ def test_chat_default_max_tokens_is_the_rest_of_the_context(tenant_setup):
 def test_get_one_model(tenant_setup):
     ctx, url, _, key, _, client = tenant_setup
     assert client.models.retrieve("bot").id == "bot"
-    assert client.models.retrieve(ctx.gateway.model_name).owned_by == "loraplex"
+    assert client.models.retrieve(ctx.engine.model_name).owned_by == "loraplex"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")

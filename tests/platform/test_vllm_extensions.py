@@ -54,7 +54,7 @@ def test_stop_string_kept_with_include_stop_str_in_output(module_tenant_setup):
 
 def test_min_tokens_bad_words_and_allowed_token_ids(module_tenant_setup):
     ctx = module_tenant_setup[0]
-    tok = ctx.gateway.tokenizer
+    tok = ctx.engine.tokenizer
     eos = tok.eos_token_id
     early = _chat(module_tenant_setup, max_tokens=10, temperature=0, logit_bias={str(eos): 100})
     assert early["usage"]["completion_tokens"] == 1

@@ -32,7 +32,7 @@ def test_load_serve_replace_unload(live_factory, adapter_dirs, good_files):
     assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' added successfully.", r.text
     loaded = next(a for a in c.get("/admin/v1/adapters", headers=H).json()["data"] if a["name"] == "sql")
     assert loaded["visibility"] == "shared" and loaded["source_uri"] == f"file://{good}"
-    assert loaded["id"] in srv.ctx.gateway.registered_adapters()  # loaded now, as vLLM does
+    assert loaded["id"] in srv.ctx.engine.registered_adapters()  # loaded now, as vLLM does
     up = c.post(
         "/admin/v1/adapters",
         data={"name": "up", "visibility": "shared"},

@@ -43,7 +43,7 @@ def test_usage_engine_and_quota_charts(signed_in, server, ui_adapter_files, tmp_
             ).status_code
             == 201
         )
-    base = server.ctx.gateway.model_name
+    base = server.ctx.engine.model_name
     clients = {
         t: openai.OpenAI(base_url=server.url + "/v1", api_key=k, max_retries=0, timeout=120)
         for t, k in ((t1, k1), (t2, k2))
