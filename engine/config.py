@@ -222,10 +222,10 @@ class EngineConfig:
     kernel_backend: KernelBackend = "auto"  # auto | torch | cpu | triton (see loraplex.kernels.dispatch)
     # Every row computed as if it were alone (fixed-shape GEMM tiles, per-row attention): a seeded
     # request then gives the same tokens whatever shares its batch. Costs throughput
-    # (benchmarks/batch_invariance.py); needs the native CPU kernels; no speculative decoding.
+    # (benchmarks/engine/batch_invariance.py); needs the native CPU kernels; no speculative decoding.
     batch_invariant: bool = False
     scheduling_policy: Policy = "fair"
-    # On by default: with no hits it costs a hash per full block (benchmarks/prefix_cache.py measures it).
+    # On by default: with no hits it costs a hash per full block (benchmarks/engine/prefix_cache.py measures it).
     enable_prefix_caching: bool = True
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
     # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.

@@ -11,7 +11,7 @@ Two implementations here:
   * ``int8_linear_cpu``, the CPU serving path: decode-sized inputs (few rows) go through torch's
     ``_weight_int8pack_mm`` (an AVX-512 int8-weight x bf16 kernel that reads the int8 matrix directly,
     ~1/4 of the fp32 bytes: decode is memory-bound, so this is where weight-only int8 pays). That op
-    is fast only for bf16 activations and few rows (measured, benchmarks/quantization.py): fp32 and
+    is fast only for bf16 activations and few rows (measured, benchmarks/engine/quantization.py): fp32 and
     fp16 inputs run through it in bf16, and prefill-sized inputs (many rows, compute-bound) dequantize
     once into the activation dtype and run one dense GEMM, whose cost is then spread over many rows.
 The GPU path is the Triton kernel in ``triton_int8``.

@@ -105,7 +105,7 @@ constexpr int kTokenTile = 32;   // tokens of one group per work item (paralleli
 constexpr int kTokenBlock = 4;   // tokens sharing each weight load (register blocking)
 constexpr int kExpandCols = 1024;  // B columns per work item: 4 tokens x 1024 fp32 accumulators stay in L1
 #ifndef LP_PREFETCH
-#define LP_PREFETCH 1024  // bytes ahead of the A stream (measured: benchmarks/cpu_sgmv.py)
+#define LP_PREFETCH 1024  // bytes ahead of the A stream (measured: benchmarks/kernels/cpu_sgmv.py)
 #endif
 
 struct Item {
