@@ -45,4 +45,4 @@ fi
 # in-process tests 20-50% slower here, and it does not see the servers started as subprocesses.
 COV_ARGS=()
 if [ "${LORAPLEX_TEST_COVERAGE:-0}" = 1 ]; then COV_ARGS=(--cov=loraplex --cov-report=term:skip-covered); fi
-phase pytest .venv/bin/python -m pytest -q -n "${LORAPLEX_TEST_WORKERS:-2}" --dist loadscope ${COV_ARGS[@]+"${COV_ARGS[@]}"} "$@"
+phase pytest .venv/bin/python -m pytest -q -n "${LORAPLEX_TEST_WORKERS:-2}" --dist loadscope --durations=30 ${COV_ARGS[@]+"${COV_ARGS[@]}"} "$@"
