@@ -85,7 +85,7 @@ def demo_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gateway(demo_model_dir, tmp_path_factory):
+def demo_engine(demo_model_dir, tmp_path_factory):
     """The real engine on the demo model, shared by every test of the session."""
     settings = load_settings(
         data_dir=tmp_path_factory.mktemp("engine-data"),
@@ -116,9 +116,9 @@ class Platform:
 
 
 @pytest.fixture
-def platform(tmp_path, db_url, gateway):
+def platform(tmp_path, db_url, demo_engine):
     settings = make_settings(tmp_path, db_url)
-    ctx, _ = build_context(settings, gateway, upgrade_db=False)
+    ctx, _ = build_context(settings, demo_engine, upgrade_db=False)
     app = create_app(ctx, owns_engine=False)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield Platform(ctx, client)
@@ -153,14 +153,14 @@ def good_files(adapter_dirs) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def live_factory(tmp_path, db_url, gateway):
+def live_factory(tmp_path, db_url, demo_engine):
     """``live_factory(**settings_overrides)`` → a ``harness.live.LiveServer`` (``.ctx``, ``.url``) on
     this test's database; stopped at the end of the test."""
     servers: list[LiveServer] = []
 
     def make(gw=None, **overrides) -> LiveServer:
         settings = make_settings(tmp_path / f"s{len(servers)}", db_url, **overrides)
-        ctx, _ = build_context(settings, gw or gateway, upgrade_db=False)
+        ctx, _ = build_context(settings, gw or demo_engine, upgrade_db=False)
         srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
         servers.append(srv)
         return srv
@@ -215,13 +215,13 @@ def tenant_setup(server, good_files):
 
 
 @pytest.fixture(scope="module")
-def module_tenant_setup(module_db_url, gateway, good_files, tmp_path_factory):
+def module_tenant_setup(module_db_url, demo_engine, good_files, tmp_path_factory):
     """``tenant_setup`` shared by the tests of one module, for tests that only send requests and
     read answers (hostile bodies): one server, database, tenant and adapter upload per module and
     backend instead of one per test. Each test's requests then also meet a server that every
     earlier test's requests went through, as on a real server."""
     settings = make_settings(tmp_path_factory.mktemp("module-server"), module_db_url)
-    ctx, _ = build_context(settings, gateway, upgrade_db=False)
+    ctx, _ = build_context(settings, demo_engine, upgrade_db=False)
     srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
     try:
         yield _tenant_setup((srv.ctx, srv.url), good_files)

@@ -20,9 +20,9 @@ H = admin_headers()
 
 
 @pytest.fixture
-def obs_server(tmp_path, db_url, gateway, good_files):
+def obs_server(tmp_path, db_url, demo_engine, good_files):
     settings = make_settings(tmp_path, db_url, observability={"tenant_labels": True, "max_label_values": 1})
-    ctx, _ = build_context(settings, gateway, upgrade_db=False)
+    ctx, _ = build_context(settings, demo_engine, upgrade_db=False)
     app = create_app(ctx, owns_engine=False)
     srv = LiveServer(app, ctx)
     url = srv.url

@@ -55,7 +55,7 @@ MSGS = [
 
 
 @dataclass
-class _ClusterGateway:
+class _ClusterEngine:
     """What these tests read from ``ctx.engine``, for a server in other processes."""
 
     model_name: str
@@ -65,7 +65,7 @@ class _ClusterGateway:
 
 @dataclass
 class _ClusterCtx:
-    gateway: _ClusterGateway
+    engine: _ClusterEngine
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def _cluster_setup(cluster, good_files, demo_model_dir):
             ).json()
         # The default dtype (auto) may be bf16 on this CPU: the HF fp32 oracle then agrees less closely.
         dtype = resolve_dtype("auto", torch.device("cpu"), ModelConfig.from_dir(str(demo_model_dir)).checkpoint_dtype)
-        gw = _ClusterGateway(
+        gw = _ClusterEngine(
             demo_model_dir.name, load_tokenizer(demo_model_dir), 1e-3 if dtype == torch.float32 else 5e-2
         )
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key=key, max_retries=0, timeout=120)
