@@ -204,3 +204,144 @@ def test_spend_export_lists_every_record_with_its_price(client, history):
     assert sum(Decimal(row["cost"]) for row in rows.values()) == Decimal(total)
     only_b = client.get("/admin/v1/spend/export", params={"tenant_id": history["b"]}, headers=H)
     assert [row["request_id"] for row in csv.DictReader(io.StringIO(only_b.text))] == ["r5"]
+
+
+def _day_start(at: datetime) -> int:
+    return int(at.timestamp()) // 86400 * 86400
+
+
+@pytest.fixture
+def org(platform, client):
+    """Two tenants with keys; a price from tomorrow; records on the three days after it."""
+    now = datetime.now(timezone.utc)
+    assert _price(client, "*", "2", "1", "4", now + DAY).status_code == 201
+    s = _day_start(now) + 2 * 86400  # a day boundary after the price
+    a, b = tenant(client, "acme"), tenant(client, "beta")
+    (ka1, key_a), (ka2, _), (kb, key_b) = _key(client, a), _key(client, a), _key(client, b)
+    at = [datetime.fromtimestamp(s + d * 86400 + 3600, timezone.utc) for d in range(3)]
+    _seed(
+        platform,
+        [
+            ("o1", a, ka1, "bot", "base", at[0], 100, 40, 10),
+            ("o2", a, ka2, None, "base", at[0], 50, 0, 5),
+            ("o3", a, ka1, None, "base", at[2], 8, 8, 1),
+            ("o4", b, kb, None, "base", at[0], 1000, 0, 1000),
+        ],
+    )
+    return {"s": s, "a": a, "b": b, "ka1": ka1, "ka2": ka2, "kb": kb, "key_a": key_a, "key_b": key_b}
+
+
+def _get(client, path, key, **params):
+    return client.get(path, params=params, headers=admin_headers(key))
+
+
+USAGE = "/v1/organization/usage/completions"
+COSTS = "/v1/organization/costs"
+
+
+def test_org_usage_is_openai_shaped_and_scoped_to_the_keys_tenant(client, org):
+    s = org["s"]
+    page = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 3 * 86400).json()
+    assert page["object"] == "page" and page["has_more"] is False and page["next_page"] is None
+    assert [(bk["object"], bk["start_time"], bk["end_time"]) for bk in page["data"]] == [
+        ("bucket", s + d * 86400, s + (d + 1) * 86400) for d in range(3)
+    ]
+    first = page["data"][0]["results"]
+    assert first == [
+        {
+            "object": "organization.usage.completions.result",
+            "input_tokens": 150,
+            "output_tokens": 15,
+            "input_cached_tokens": 40,
+            "input_audio_tokens": 0,
+            "output_audio_tokens": 0,
+            "num_model_requests": 2,
+            "project_id": None,
+            "user_id": None,
+            "api_key_id": None,
+            "model": None,
+            "batch": None,
+            "service_tier": None,
+        }
+    ]
+    assert page["data"][1]["results"] == [] and page["data"][2]["results"][0]["input_tokens"] == 8
+    # tenant b's key sees b's record only; tenant a's totals never include it
+    other = _get(client, USAGE, org["key_b"], start_time=s, end_time=s + 3 * 86400).json()
+    assert [r["input_tokens"] for bk in other["data"] for r in bk["results"]] == [1000]
+    by_key = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, group_by="api_key_id").json()
+    assert {r["api_key_id"]: r["input_tokens"] for r in by_key["data"][0]["results"]} == {org["ka1"]: 100, org["ka2"]: 50}
+    # another tenant's key id filters to nothing (scoped), a model filter narrows
+    foreign = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, api_key_ids=org["kb"]).json()
+    assert foreign["data"][0]["results"] == []
+    by_model = client.get(
+        USAGE,
+        params=[("start_time", s), ("end_time", s + 86400), ("group_by", "model"), ("models", "bot")],
+        headers=admin_headers(org["key_a"]),
+    ).json()
+    assert [(r["model"], r["input_tokens"]) for r in by_model["data"][0]["results"]] == [("bot", 100)]
+    assert _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 1, project_ids="proj_x").json()["data"][0]["results"] == []
+    # hourly buckets: the records sit in the second hour
+    hourly = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, bucket_width="1h").json()
+    assert len(hourly["data"]) == 24 and [len(bk["results"]) for bk in hourly["data"][:3]] == [0, 1, 0]
+
+
+def test_org_usage_pages_through_buckets(client, org):
+    s, key = org["s"], org["key_a"]
+    seen, page, calls = [], None, 0
+    while True:
+        params = {"start_time": s, "end_time": s + 3 * 86400, "limit": 2}
+        if page:
+            params["page"] = page
+        body = _get(client, USAGE, key, **params).json()
+        calls += 1
+        seen += [bk["start_time"] for bk in body["data"]]
+        if not body["has_more"]:
+            assert body["next_page"] is None
+            break
+        page = body["next_page"]
+    assert calls == 2 and seen == [s, s + 86400, s + 2 * 86400]
+
+
+def test_org_costs_are_exact_and_scoped(client, org):
+    s = org["s"]
+    body = _get(client, COSTS, org["key_a"], start_time=s, end_time=s + 3 * 86400).json()
+    assert body["object"] == "page" and len(body["data"]) == 3
+    result = body["data"][0]["results"][0]
+    assert result["object"] == "organization.costs.result" and result["line_item"] is None
+    # (60 x 2 + 40 x 1 + 10 x 4) + (50 x 2 + 5 x 4) micro-units per million tokens
+    units = 60 * 2_000_000 + 40 * 1_000_000 + 10 * 4_000_000 + 50 * 2_000_000 + 5 * 4_000_000
+    assert result["amount"] == {"value": float(cost_text(units)), "currency": "usd", "value_exact": cost_text(units)}
+    lines = _get(client, COSTS, org["key_a"], start_time=s, end_time=s + 86400, group_by="line_item").json()
+    items = {r["line_item"]: r["amount"]["value_exact"] for r in lines["data"][0]["results"]}
+    assert items == {
+        "bot, input": cost_text(60 * 2_000_000),
+        "bot, cached input": cost_text(40 * 1_000_000),
+        "bot, output": cost_text(10 * 4_000_000),
+        "base, input": cost_text(50 * 2_000_000),
+        "base, cached input": "0",
+        "base, output": cost_text(5 * 4_000_000),
+    }
+    b = _get(client, COSTS, org["key_b"], start_time=s, end_time=s + 86400, group_by="api_key_id").json()
+    assert [(r["api_key_id"], r["amount"]["value_exact"]) for r in b["data"][0]["results"]] == [
+        (org["kb"], cost_text(1000 * 2_000_000 + 1000 * 4_000_000))
+    ]
+
+
+def test_org_endpoints_refuse_bad_input_with_openai_errors(client, org):
+    s, key = org["s"] - 10 * 86400, org["key_a"]  # in the past: end_time may default to now
+    assert _get(client, USAGE, "sk-wrong", start_time=s).status_code == 401
+    assert client.get(USAGE, params={"start_time": s}).status_code == 401
+    assert_error(_get(client, USAGE, key), 400, param="start_time")  # required
+    assert_error(_get(client, USAGE, key, start_time=s, end_time=s), 400, param="end_time")
+    assert_error(_get(client, USAGE, key, start_time=s, limit=32), 400, param="limit")
+    assert_error(_get(client, USAGE, key, start_time=s, bucket_width="1w"), 400, param="bucket_width")
+    assert_error(_get(client, USAGE, key, start_time=s, group_by="user_id"), 400, param="group_by")
+    assert_error(_get(client, USAGE, key, start_time=s, page="page_abc"), 400, param="page")
+    assert_error(_get(client, USAGE, key, start_time=s, end_time=s + 86400, page=f"page_{s + 7}"), 400, param="page")
+    assert_error(_get(client, USAGE, key, start_time=-1), 400, param="start_time")
+    assert_error(_get(client, USAGE, key, start_time=10**15), 400, param="start_time")
+    assert_error(_get(client, COSTS, key, start_time=s, bucket_width="1h"), 400, param="bucket_width")
+    assert_error(_get(client, COSTS, key, start_time=s, limit=181), 400, param="limit")
+    assert_error(_get(client, COSTS, key, start_time=s, group_by="user_id"), 400, param="group_by")
+    # the admin key is not a tenant's key
+    assert _get(client, COSTS, admin_headers()["Authorization"].split()[1], start_time=s).status_code in (401, 403)
