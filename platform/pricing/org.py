@@ -121,8 +121,8 @@ def usage_completions(
     p: Page,
     group_by: tuple[str, ...],
     *,
-    api_key_ids: list[str],
-    models: list[str],
+    api_key_ids: list[str] | None,
+    models: list[str] | None,
     project_ids: list[str],
 ) -> dict:
     buckets = _empty_page(p)
@@ -160,7 +160,15 @@ def usage_completions(
     return _page(p, buckets)
 
 
-def costs(session: Session, tenant_id: str, p: Page, group_by: tuple[str, ...], *, project_ids: list[str]) -> dict:
+def costs(
+    session: Session,
+    tenant_id: str,
+    p: Page,
+    group_by: tuple[str, ...],
+    *,
+    models: list[str] | None,
+    project_ids: list[str],
+) -> dict:
     buckets = _empty_page(p)
     if project_ids:
         return _page(p, buckets)
@@ -168,7 +176,7 @@ def costs(session: Session, tenant_id: str, p: Page, group_by: tuple[str, ...], 
     currency = (book.currency or "USD").lower()
     by_model = "model" in group_by or "line_item" in group_by
     sums: dict[tuple, Cost] = {}
-    for row in _rows(session, tenant_id, p, group_by, book.changes):
+    for row in _rows(session, tenant_id, p, group_by, book.changes, models=models):
         if "api_key_id" in group_by:
             idx, key_id, adapter, base, seg, _n, pt, ct, ot = row
         else:

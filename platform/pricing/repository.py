@@ -70,9 +70,10 @@ def window(
         stmt = stmt.where(UsageRecord.created_at >= since)
     if until is not None:
         stmt = stmt.where(UsageRecord.created_at < until)
-    if key_ids:
+    # None = no filter; an empty list matches nothing (a key scoped to no model sees no usage)
+    if key_ids is not None:
         stmt = stmt.where(UsageRecord.api_key_id.in_(list(key_ids)))
-    if models:
+    if models is not None:
         stmt = stmt.where(model_name().in_(list(models)))
     return stmt
 

@@ -269,7 +269,10 @@ def test_org_usage_is_openai_shaped_and_scoped_to_the_keys_tenant(client, org):
     other = _get(client, USAGE, org["key_b"], start_time=s, end_time=s + 3 * 86400).json()
     assert [r["input_tokens"] for bk in other["data"] for r in bk["results"]] == [1000]
     by_key = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, group_by="api_key_id").json()
-    assert {r["api_key_id"]: r["input_tokens"] for r in by_key["data"][0]["results"]} == {org["ka1"]: 100, org["ka2"]: 50}
+    assert {r["api_key_id"]: r["input_tokens"] for r in by_key["data"][0]["results"]} == {
+        org["ka1"]: 100,
+        org["ka2"]: 50,
+    }
     # another tenant's key id filters to nothing (scoped), a model filter narrows
     foreign = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, api_key_ids=org["kb"]).json()
     assert foreign["data"][0]["results"] == []
@@ -279,7 +282,12 @@ def test_org_usage_is_openai_shaped_and_scoped_to_the_keys_tenant(client, org):
         headers=admin_headers(org["key_a"]),
     ).json()
     assert [(r["model"], r["input_tokens"]) for r in by_model["data"][0]["results"]] == [("bot", 100)]
-    assert _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 1, project_ids="proj_x").json()["data"][0]["results"] == []
+    assert (
+        _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 1, project_ids="proj_x").json()["data"][0][
+            "results"
+        ]
+        == []
+    )
     # hourly buckets: the records sit in the second hour
     hourly = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, bucket_width="1h").json()
     assert len(hourly["data"]) == 24 and [len(bk["results"]) for bk in hourly["data"][:3]] == [0, 1, 0]
