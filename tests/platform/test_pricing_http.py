@@ -288,6 +288,11 @@ def test_org_usage_is_openai_shaped_and_scoped_to_the_keys_tenant(client, org):
         ]
         == []
     )
+    # a key scoped to "bot" reads bot's usage only, and is refused another model's
+    scoped = client.post(f"/admin/v1/tenants/{org['a']}/keys", json={"allowed_models": ["bot"]}, headers=H).json()
+    mine = _get(client, USAGE, scoped["key"], start_time=s, end_time=s + 86400).json()
+    assert [r["input_tokens"] for r in mine["data"][0]["results"]] == [100]
+    assert_error(_get(client, USAGE, scoped["key"], start_time=s, end_time=s + 1, models="base"), 403)
     # hourly buckets: the records sit in the second hour
     hourly = _get(client, USAGE, org["key_a"], start_time=s, end_time=s + 86400, bucket_width="1h").json()
     assert len(hourly["data"]) == 24 and [len(bk["results"]) for bk in hourly["data"][:3]] == [0, 1, 0]
