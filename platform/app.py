@@ -36,6 +36,7 @@ from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
+from loraplex.platform.pricing.org_routes import router as organization_router
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform")
@@ -135,6 +136,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     app.include_router(admin_router, responses=ADMIN_ERRORS)
     app.include_router(tenant_router, responses=TENANT_ERRORS)
     app.include_router(tokenize_router, responses=TENANT_ERRORS)
+    app.include_router(organization_router, responses=TENANT_ERRORS)
     app.include_router(vllm_lora_router, responses=ADMIN_ERRORS)
 
     if ctx.observer.metrics is not None:

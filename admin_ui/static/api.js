@@ -126,6 +126,10 @@ export const api = {
   usageSeries: (query) => request("GET", "/usage/series", { query }),
   quotaConsumption: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota/consumption`),
   usageExport: (query) => download("/usage/export", query),
+  prices: () => request("GET", "/prices"),
+  createPrice: (body) => request("POST", "/prices", { body }),
+  spend: (query) => request("GET", "/spend", { query }),
+  spendExport: (query) => download("/spend/export", query),
   engine: () => request("GET", "/engine"),
   audit: (query) => request("GET", "/audit", { query }),
 };

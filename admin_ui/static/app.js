@@ -7,6 +7,7 @@ import * as tenants from "./views/tenants.js";
 import * as tenant from "./views/tenant.js";
 import * as adapters from "./views/adapters.js";
 import * as usage from "./views/usage.js";
+import * as spend from "./views/spend.js";
 import * as engine from "./views/engine.js";
 import * as audit from "./views/audit.js";
 
@@ -15,6 +16,7 @@ const ROUTES = [
   [/^\/tenants\/([^/]+)$/, tenant],
   [/^\/adapters$/, adapters],
   [/^\/usage$/, usage],
+  [/^\/spend$/, spend],
   [/^\/engine$/, engine],
   [/^\/audit$/, audit],
 ];
