@@ -243,11 +243,7 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
             x[r] = x[r].masked_fill(~_allowed_mask(p, vocab, x.device), float("-inf"))
         banned: set[int] = set()
         if p.bad_words_token_ids:
-            out = seq.token_ids[seq.num_prompt_tokens :]
-            for word in p.bad_words_token_ids:
-                n = len(word) - 1
-                if n == 0 or (len(out) >= n and out[len(out) - n :] == word[:-1]):
-                    banned.add(word[-1])
+            banned.update(banned_by_bad_words(_bad_words_index(p), seq.token_ids, seq.num_prompt_tokens))
         if seq.num_output_tokens < p.min_tokens:
             banned.update(eos)
             banned.update(p.stop_token_ids)
@@ -257,6 +253,44 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
 
 
 _ALLOWED_CACHE_ATTR = "_allowed_mask_cache"
+_BAD_WORDS_CACHE_ATTR = "_bad_words_index_cache"
+
+# (tokens always banned: one-token words; next-to-last token -> [(the tokens before it, last token)])
+BadWordsIndex = tuple[frozenset[int], dict[int, list[tuple[tuple[int, ...], int]]]]
+
+
+def _bad_words_index(p: SamplingParams) -> BadWordsIndex:
+    """``p.bad_words_token_ids`` indexed by each word's next-to-last token, built once per request:
+    a step then looks at the words that the last output token can continue, not at every word (a
+    scan of every word per step made a long list slow down the batch for everyone)."""
+    cached: BadWordsIndex | None = getattr(p, _BAD_WORDS_CACHE_ATTR, None)
+    if cached is not None:
+        return cached
+    always: set[int] = set()
+    by_prev: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+    for word in p.bad_words_token_ids:
+        if len(word) == 1:
+            always.add(word[0])
+        else:
+            by_prev.setdefault(word[-2], []).append((tuple(word[:-2]), word[-1]))
+    index = (frozenset(always), by_prev)
+    object.__setattr__(p, _BAD_WORDS_CACHE_ATTR, index)
+    return index
+
+
+def banned_by_bad_words(index: BadWordsIndex, token_ids: Seq[int], start: int) -> set[int]:
+    """The last tokens of the bad words that the output (``token_ids[start:]``) already ends the
+    rest of: vLLM's rule (a one-token word is always banned), without copying the output."""
+    always, by_prev = index
+    banned = set(always)
+    end = len(token_ids)
+    if end <= start:
+        return banned
+    for rest, last in by_prev.get(token_ids[end - 1], ()):
+        k = len(rest)
+        if end - 1 - k >= start and all(token_ids[end - 1 - k + i] == rest[i] for i in range(k)):
+            banned.add(last)
+    return banned
 _BIAS_CACHE_ATTR = "_logit_bias_cache"
 
 

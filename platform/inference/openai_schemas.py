@@ -21,7 +21,7 @@ from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.metadata_limits import check_metadata
 
 if TYPE_CHECKING:
-    from loraplex.engine import SamplingParams
+    from loraplex.engine import RequestLimits, SamplingParams
 
 log = logging.getLogger("loraplex.platform.inference")
 
@@ -208,7 +208,8 @@ class _Common(NullIsDefault):
     structured_outputs: StructuredOutputs | None = None
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    bad_words: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=256)] | None = None
+    # Bounded in words and characters by the engine's RequestLimits (check_sampling, before tokenizing).
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
     allowed_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=262_144)] | None = (
         None
     )
@@ -248,10 +249,13 @@ class _Common(NullIsDefault):
         return self.prompt_logprobs
 
     # -- the conversion ----------------------------------------------------------------------------
-    def check_sampling(self, tokenizer: Any) -> None:
+    def check_sampling(self, tokenizer: Any, limits: RequestLimits | None = None) -> None:
         """What pydantic cannot check alone: token ids against the tokenizer's vocabulary (the
         model's embedding may have more rows, ids that decode to no text: a logit_bias on one made
-        the answer empty) and fields loraplex refuses. 400s naming the field; nothing is copied."""
+        the answer empty), the bounds of ``limits`` on what is tokenized here (``bad_words``) and
+        fields loraplex refuses. 400s naming the field; nothing is copied."""
+        if limits is not None:
+            check_bad_words(self.bad_words or [], limits)
         if self.priority != 0:
             raise BadRequest(
                 "per-request priority is not supported (a tenant's priority is set by the operator)",
@@ -311,6 +315,24 @@ class _Common(NullIsDefault):
         if self._bad_words_ids is None:
             self._bad_words_ids = bad_words_token_ids(self.bad_words or [], tokenizer)
         return self._bad_words_ids
+
+
+def check_bad_words(words: list[str], limits: RequestLimits) -> None:
+    """``bad_words`` within ``limits`` (words, characters of all words), before any is tokenized:
+    each becomes two token sequences whose last tokens the engine may mask at every step."""
+    if len(words) > limits.max_bad_words:
+        raise BadRequest(
+            f"bad_words holds {len(words)} words; at most {limits.max_bad_words} are allowed",
+            param="bad_words",
+            code="array_above_max_length",
+        )
+    total = sum(len(w) for w in words)
+    if total > limits.max_bad_words_chars:
+        raise BadRequest(
+            f"bad_words hold {total} characters in all; at most {limits.max_bad_words_chars} are allowed",
+            param="bad_words",
+            code="invalid_value",
+        )
 
 
 def bad_words_token_ids(words: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
