@@ -34,6 +34,11 @@ MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's limit; each tool is part of the grammar of a required tool_choice
 # Messages + content parts + tool calls of one chat request (and Responses input items + parts).
 MAX_MESSAGE_ITEMS = 4096
+# End-user identifiers (written whole to the request log and, ``user``, the usage ledger's 256-character
+# column): OpenAI documents safety_identifier <= 64 characters; user and prompt_cache_key get the ledger's 256.
+MAX_USER_CHARS = 256
+MAX_SAFETY_IDENTIFIER_CHARS = 64
+MAX_PROMPT_CACHE_KEY_CHARS = 256
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 
 # Output-changing parameters loraplex does not implement: refused, never silently ignored.
@@ -191,7 +196,9 @@ class _Common(NullIsDefault):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=MAX_USER_CHARS)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=MAX_SAFETY_IDENTIFIER_CHARS)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=MAX_PROMPT_CACHE_KEY_CHARS)] | None = None  # accepted, unused
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     # vLLM extensions
