@@ -291,6 +291,8 @@ def banned_by_bad_words(index: BadWordsIndex, token_ids: Seq[int], start: int) -
         if end - 1 - k >= start and all(token_ids[end - 1 - k + i] == rest[i] for i in range(k)):
             banned.add(last)
     return banned
+
+
 _BIAS_CACHE_ATTR = "_logit_bias_cache"
 
 

@@ -23,7 +23,7 @@ from loraplex.platform.inference.structured import response_spec
 from loraplex.platform.inference.tools import plan_tools
 
 if TYPE_CHECKING:
-    from loraplex.engine.config import RequestLimits
+    from loraplex.engine import RequestLimits
     from loraplex.platform.auth.key_cache import TenantAuth
     from loraplex.platform.context import PlatformContext
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def request_limits(ctx: PlatformContext) -> RequestLimits:
     """The engine's per-request bounds as configured (``[engine]``): what the platform checks
     before it tokenizes (``bad_words``) uses the very numbers the engine enforces."""
-    from loraplex.engine.config import RequestLimits
+    from loraplex.engine import RequestLimits
 
     names = [f.name for f in dataclasses.fields(RequestLimits)]
     return RequestLimits(**{n: getattr(ctx.settings.engine, n) for n in names})

@@ -73,14 +73,26 @@ def test_responses_include_is_bounded_to_known_values(api):
 @pytest.mark.parametrize(
     "endpoint,body,param",
     [
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 2},
-         "messages[0].content[0].text"),
-        ("/v1/chat/completions",
-         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": None}]}],
-          "max_tokens": 2},
-         "messages[0].content[1].text"),
-        ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text"}]}], "max_output_tokens": 2},
-         "input[0].content[0].text"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 2},
+            "messages[0].content[0].text",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": None}]}
+                ],
+                "max_tokens": 2,
+            },
+            "messages[0].content[1].text",
+        ),
+        (
+            "/v1/responses",
+            {"input": [{"role": "user", "content": [{"type": "input_text"}]}], "max_output_tokens": 2},
+            "input[0].content[0].text",
+        ),
     ],
     ids=["chat", "chat-null", "responses"],
 )

@@ -6,6 +6,8 @@ definitions are stored and read back exactly (they are kept as JSON, where a NUL
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -52,18 +54,22 @@ def test_nul_in_stored_fields_reads_back_exactly(api, field):
         assert NUL in texts
     # a follow-up continues from the stored conversation, NULs and all
     follow = api.post(
-        "/v1/responses", json={"model": "bot", "input": "more", "previous_response_id": created["id"], "max_output_tokens": 2}
+        "/v1/responses",
+        json={"model": "bot", "input": "more", "previous_response_id": created["id"], "max_output_tokens": 2},
     )
     assert follow.status_code == 200, follow.text
 
 
 def test_nul_in_a_streamed_response_is_stored_exactly(api):
     with api.stream(
-        "POST", "/v1/responses", json={"model": "bot", "input": NUL, "instructions": NUL, "stream": True, "max_output_tokens": 2}
+        "POST",
+        "/v1/responses",
+        json={"model": "bot", "input": NUL, "instructions": NUL, "stream": True, "max_output_tokens": 2},
     ) as r:
         assert r.status_code == 200
         text = r.read().decode()
-    rid = text.split('"id": "', 1)[1].split('"', 1)[0] if '"id": "' in text else text.split('"id":"', 1)[1].split('"', 1)[0]
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line[6:] != "[DONE]"]
+    rid = next(e["response"]["id"] for e in events if e.get("type") in ("response.completed", "response.incomplete"))
     got = api.get(f"/v1/responses/{rid}")
     assert got.status_code == 200 and got.json()["instructions"] == NUL
 
