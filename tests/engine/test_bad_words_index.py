@@ -55,3 +55,12 @@ def test_the_engine_refuses_more_token_sequences_than_two_forms_per_word():
     assert err.value.param == "bad_words"
     with pytest.raises(ValueError, match="max_bad_words_chars"):
         RequestLimits(max_bad_words_chars=0)
+
+
+def test_words_sharing_a_prefix_are_one_lookup_and_all_banned():
+    words = [[7] * 7 + [i] for i in range(512)] + [[5, 7, 9], [6, 7, 10]]
+    index = _bad_words_index(SamplingParams(max_tokens=4, bad_words_token_ids=words))
+    assert len(index[1][7]) == 2  # by the length of what precedes the next-to-last token: 6 and 1
+    out = [7] * 10
+    assert banned_by_bad_words(index, out, 0) == naive_banned(words, out) == set(range(512))
+    assert banned_by_bad_words(index, [5, 7], 0) == naive_banned(words, [5, 7]) == {9}
