@@ -24,6 +24,8 @@ import anyio.to_thread
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
+from loraplex.platform.admin.sso.sessions import SESSION_MARK, session_token
+from loraplex.platform.admin.sso.sessions import authenticate as authenticate_session
 from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.tenant import authenticate_tenant
@@ -89,11 +91,20 @@ class AuthGate:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         try:
-            token = parse_bearer(headers.get(b"authorization", b"").decode("latin-1"))
-            if kind == "admin":
-                principal: Actor | TenantAuth = await anyio.to_thread.run_sync(authenticate_admin, self.ctx, token)
+            text = _text(headers)
+            cookie = session_token(self.ctx, text) if kind == "admin" else None
+            principal: Actor | TenantAuth
+            if cookie is not None:  # the admin page, signed in with SSO (admin/sso/sessions.py)
+                token = SESSION_MARK + cookie
+                principal = await anyio.to_thread.run_sync(
+                    authenticate_session, self.ctx, scope["method"], cookie, text
+                )
             else:
-                principal = await anyio.to_thread.run_sync(authenticate_tenant, self.ctx, token)
+                token = parse_bearer(text.get("authorization", ""))
+                if kind == "admin":
+                    principal = await anyio.to_thread.run_sync(authenticate_admin, self.ctx, token)
+                else:
+                    principal = await anyio.to_thread.run_sync(authenticate_tenant, self.ctx, token)
         except PlatformError as exc:
             body = error_body(exc.message, exc.type, exc.param, exc.code)
             response = JSONResponse(body, status_code=exc.status_code, headers=_closing(headers, exc.headers))
@@ -102,6 +113,10 @@ class AuthGate:
             return await _database_failed(exc, headers)(scope, receive, send)
         scope.setdefault("state", {})[SCOPE_KEY] = Authenticated(kind, token, principal)
         await self.app(scope, receive, send)
+
+
+def _text(headers: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()}
 
 
 def _closing(request_headers: dict, extra: dict | None) -> dict:
