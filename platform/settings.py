@@ -131,7 +131,9 @@ class SSOSettings(_Table):
     key keeps working either way (automation)."""
 
     enabled: bool = False
-    issuer: str = ""  # e.g. https://keycloak.example.com/realms/ops; discovery reads <issuer>/.well-known/openid-configuration
+    issuer: str = (
+        ""  # e.g. https://keycloak.example.com/realms/ops; discovery reads <issuer>/.well-known/openid-configuration
+    )
     client_id: str = ""
     client_secret: str = ""  # set it through LORAPLEX_SSO__CLIENT_SECRET, never in a file
     # The admin page's public origin, e.g. https://llm.example.com: the redirect URI is
@@ -156,7 +158,9 @@ class SSOSettings(_Table):
         for value, roles in self.role_map.items():
             for role in roles:
                 if role not in ("admin", "viewer") and not (role.startswith("tenant_admin:") and len(role) > 13):
-                    raise ValueError(f"sso.role_map[{value!r}]: unknown role {role!r} (admin, viewer, tenant_admin:<id>)")
+                    raise ValueError(
+                        f"sso.role_map[{value!r}]: unknown role {role!r} (admin, viewer, tenant_admin:<id>)"
+                    )
         return self
 
 

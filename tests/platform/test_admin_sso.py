@@ -70,7 +70,9 @@ def test_https_base_url_makes_the_cookie_secure(tmp_path, db_url, provider):
         resp = httpx.get(f"{server.url}/admin/sso/login")
         set_cookie = resp.headers["set-cookie"].lower()
         assert "secure" in set_cookie and "httponly" in set_cookie and "samesite=lax" in set_cookie
-        assert "redirect_uri=https%3a%2f%2fadmin.example.com%2fadmin%2fsso%2fcallback" in resp.headers["location"].lower()
+        assert (
+            "redirect_uri=https%3a%2f%2fadmin.example.com%2fadmin%2fsso%2fcallback" in resp.headers["location"].lower()
+        )
     finally:
         server.stop()
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from authlib.common.security import generate_token
 from authlib.integrations.httpx_client import OAuth2Client
-from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from authlib.oidc.core import CodeIDToken
 from joserfc import jwt
 from joserfc.errors import InvalidKeyIdError, JoseError
@@ -141,7 +140,10 @@ class OIDCClient:
         try:
             with self._client() as http:
                 token = http.fetch_token(
-                    meta["token_endpoint"], code=code, code_verifier=login.code_verifier, grant_type="authorization_code"
+                    meta["token_endpoint"],
+                    code=code,
+                    code_verifier=login.code_verifier,
+                    grant_type="authorization_code",
                 )
         except Exception as exc:  # noqa: BLE001 - the provider refused the code (wrong verifier, reused, expired)
             raise LoginRefused(f"the identity provider refused the code: {str(exc)[:200]}") from None

@@ -114,7 +114,13 @@ def authorize(
 def roles_for_claims(claims: Mapping[str, Any], role_claim: str, role_map: Mapping[str, list[str]]) -> list[str]:
     """The roles an ID token's claim values map to (empty: this user may not sign in)."""
     value = claims.get(role_claim)
-    values = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+    values = (
+        [value]
+        if isinstance(value, str)
+        else [v for v in value if isinstance(v, str)]
+        if isinstance(value, list)
+        else []
+    )
     roles: set[str] = set()
     for v in values:
         roles.update(role_map.get(v, ()))
