@@ -249,3 +249,12 @@ def test_sso_off_by_default(tmp_path, db_url):
         # a cookie is not a way in while SSO is off
         resp = httpx.get(f"{server.url}/admin/v1/tenants", headers={"cookie": "lpx_admin_session=x"})
         assert resp.status_code == 401
+
+
+def test_revoke_every_session_of_a_person(srv):
+    """`loraplex admin revoke-sso-sessions EMAIL`: both of alice's browsers are out, vera stays in."""
+    from loraplex.platform.admin.sso.sessions import revoke_all_for
+
+    first, second, other = sign_in(srv, "alice"), sign_in(srv, "alice"), sign_in(srv, "vera")
+    assert revoke_all_for(srv.ctx, "alice@example.com") == 2
+    assert [b.get(f"{srv.url}/admin/v1/tenants").status_code for b in (first, second, other)] == [401, 401, 200]
