@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from harness.live import LiveServer
 from harness.oidc import OIDCProvider
-from playwright.sync_api import expect
 from platform_helpers import ADMIN_KEY, make_settings
+from playwright.sync_api import expect
 from sqlalchemy import select
 from sso_helpers import CLIENT_ID, CLIENT_SECRET, USERS
 
