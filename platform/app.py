@@ -137,7 +137,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     app.include_router(tenant_router, responses=TENANT_ERRORS)
     app.include_router(tokenize_router, responses=TENANT_ERRORS)
     app.include_router(vllm_lora_router, responses=ADMIN_ERRORS)
-    app.include_router(sso_router)  # the admin page's sign-in (404 unless sso.enabled)
+    app.include_router(sso_router, responses=ADMIN_ERRORS)  # the admin page's sign-in (404 unless sso.enabled)
 
     if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics

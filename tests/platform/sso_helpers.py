@@ -68,7 +68,7 @@ def sign_in(srv: LiveServer, sub: str) -> httpx.Client:
     callback = authorize(browser, begin(browser, srv), sub)
     resp = browser.get(callback)
     assert resp.status_code == 303, resp.text
-    assert resp.headers["location"] == "/admin/"
+    assert resp.headers["location"] == f"{srv.url}/admin/"
     return browser
 
 

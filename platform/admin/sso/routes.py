@@ -74,7 +74,8 @@ def callback(request: Request, ctx: ContextDep, state: str = "", code: str = "",
             session, f"sso:{email}", "sso.login", "admin_session", row.token_hash[:16], None,
             {"email": email, "roles": roles, "expires_at": row.expires_at.isoformat()},
         )  # fmt: skip
-    resp = RedirectResponse("/admin/", status_code=303)
+    # Always to the admin page (never a URL from the request: no open redirect), at its public address.
+    resp = RedirectResponse(settings.base_url.rstrip("/") + "/admin/", status_code=303)
     resp.delete_cookie(sessions.LOGIN_COOKIE, path=SSO_PREFIX)
     resp.set_cookie(
         sessions.SESSION_COOKIE,
