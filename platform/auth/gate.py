@@ -8,7 +8,10 @@ key; a test checks it against every route's dependencies) and authenticates the
 ``Authorization`` header first: a missing, wrong, revoked key or a suspended tenant is answered
 (401/403) without reading the body, with ``Connection: close`` when a body was announced so that
 none of it is read after the answer either. The result is left in the request's scope and the
-dependency reuses it (one key lookup per request).
+dependency reuses it (one key lookup per request). With ``sso.enabled``, an admin path may be
+authenticated instead by the admin page's session cookie (no Authorization header sent): the
+session is looked up and, for a change, its CSRF token and Origin checked, here too, before any
+body byte (admin/sso/sessions.py).
 
 An unauthenticated client costs its request head, one route match and one keyed hash (plus a
 database lookup for a key that is not cached); see docs/limits.md."""
