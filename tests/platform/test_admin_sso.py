@@ -258,3 +258,16 @@ def test_revoke_every_session_of_a_person(srv):
     first, second, other = sign_in(srv, "alice"), sign_in(srv, "alice"), sign_in(srv, "vera")
     assert revoke_all_for(srv.ctx, "alice@example.com") == 2
     assert [b.get(f"{srv.url}/admin/v1/tenants").status_code for b in (first, second, other)] == [401, 401, 200]
+
+
+def test_csrf_refusal_comes_before_the_body_is_read(srv):
+    """The gate answers a cookie-authenticated change without its CSRF token before reading the
+    body (and closes the connection, so none of it is read after the answer either)."""
+    browser = sign_in(srv, "alice")
+    resp = browser.post(
+        f"{srv.url}/admin/v1/adapters",
+        content=b"x" * (1024 * 1024),
+        headers={"origin": srv.url, "content-type": "multipart/form-data; boundary=b"},
+    )
+    assert resp.status_code == 403 and _error(resp)["code"] == "csrf_failed"
+    assert resp.headers.get("connection") == "close"
