@@ -19,6 +19,7 @@ from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodi
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
+from loraplex.platform.admin.sso.routes import router as sso_router
 from loraplex.platform.auth.admin import ensure_admin_key
 from loraplex.platform.auth.gate import AuthGate, KeyPolicy
 from loraplex.platform.context import PlatformContext
@@ -138,6 +139,7 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     app.include_router(tokenize_router, responses=TENANT_ERRORS)
     app.include_router(organization_router, responses=TENANT_ERRORS)
     app.include_router(vllm_lora_router, responses=ADMIN_ERRORS)
+    app.include_router(sso_router, responses=ADMIN_ERRORS)  # the admin page's sign-in (404 unless sso.enabled)
 
     if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics
