@@ -2,7 +2,7 @@
 and audit_log.actor widened to 255 characters for "sso:<email>" actors. Existing rows are kept.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-06
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

@@ -1,5 +1,5 @@
 """Migration 0011 (admin_sessions, audit_log.actor widened to 255) on a database holding data,
-SQLite and PostgreSQL: upgraded from 0009 with audit entries in place, every entry keeps its values,
+SQLite and PostgreSQL: upgraded from 0010 with audit entries in place, every entry keeps its values,
 an "sso:<long email>" actor fits, sessions can be stored; downgrade and upgrade again keep the rows."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _audit(engine) -> dict[str, tuple]:
         return {r[0]: tuple(r[1:]) for r in rows}
 
 
-def test_upgrade_from_0009_keeps_the_audit_log_and_adds_sessions(empty_db_url):
-    migrate.upgrade(empty_db_url, "0009")
+def test_upgrade_from_0010_keeps_the_audit_log_and_adds_sessions(empty_db_url):
+    migrate.upgrade(empty_db_url, "0010")
     now = datetime(2026, 12, 6, tzinfo=timezone.utc).replace(tzinfo=None)
     before = {"ten_a": ("admin", "tenant.create", "tenant"), "key_b": ("admin:lpx-admin-ab", "key.create", "api_key")}
     engine = make_db_engine(empty_db_url)
@@ -71,7 +71,7 @@ def test_upgrade_from_0009_keeps_the_audit_log_and_adds_sessions(empty_db_url):
         assert {"ix_admin_sessions_email", "ix_admin_sessions_expires_at"} <= indexes
         with engine.begin() as conn:  # the long actor would not fit the narrower column again
             conn.execute(text("DELETE FROM audit_log WHERE target_id = 'h1'"))
-        migrate.downgrade(empty_db_url, "0009")
+        migrate.downgrade(empty_db_url, "0010")
         assert "admin_sessions" not in inspect(engine).get_table_names()
         assert _audit(engine) == before
         migrate.upgrade(empty_db_url)
