@@ -199,8 +199,10 @@ def test_tenant_admin_only_its_own_tenant(srv):
         browser.get(f"{base}/tenants/{acme}/quota"),
         browser.get(f"{base}/usage", params={"tenant_id": acme}),
         browser.get(f"{base}/adapters", params={"tenant_id": acme}),
+        browser.get(f"{base}/spend", params={"tenant_id": acme, "group_by": "model"}),
+        browser.get(f"{base}/spend/export", params={"tenant_id": acme}),
     ]
-    assert [r.status_code for r in allowed] == [200] * 5, [r.text for r in allowed]
+    assert [r.status_code for r in allowed] == [200] * 7, [r.text for r in allowed]
     made = browser.post(f"{base}/tenants/{acme}/keys", json={"name": "ci"}, headers=h)
     assert made.status_code == 201
     assert browser.delete(f"{base}/keys/{made.json()['id']}", headers=h).status_code == 200
@@ -217,6 +219,9 @@ def test_tenant_admin_only_its_own_tenant(srv):
         browser.put(f"{base}/tenants/{acme}/quota", json={"rpm": 10**6}, headers=h),  # quotas are the operator's
         browser.patch(f"{base}/tenants/{acme}", json={"priority": 0}, headers=h),
         browser.get(f"{base}/audit"),
+        browser.get(f"{base}/spend"),  # every tenant's spend
+        browser.get(f"{base}/spend", params={"tenant_id": other}),
+        browser.get(f"{base}/prices"),  # the price book is the operator's
     ]
     assert [r.status_code for r in refused] == [403] * len(refused), [r.text for r in refused]
     assert all(_error(r)["type"] == "permission_error" for r in refused)

@@ -5,7 +5,7 @@ each route names its tenant, checked in one place (``authorize``, called by ``de
 - ``viewer``: every admin route that only reads (GET/HEAD); 403 on anything that writes.
 - ``tenant_admin:<tenant id>``: only the routes below, and only for that tenant: the tenant
   itself, its keys (create, revoke, scope), its quota and consumption (read: quotas are what the
-  operator grants, not something a tenant raises), its adapters (read) and its usage. Any route not
+  operator grants, not something a tenant raises), its adapters (read), its usage and its spend (the price book itself is the operator's). Any route not
   in the table, new ones included, is refused: the allowlist fails closed.
 
 Role names come from the identity provider through ``sso.role_map`` (roles_for_claims)."""
@@ -65,6 +65,8 @@ TENANT_ADMIN_ROUTES: dict[tuple[str, str], TenantOf] = {
     ("GET", f"{P}/usage"): _query_tenant,
     ("GET", f"{P}/usage/export"): _query_tenant,
     ("GET", f"{P}/usage/series"): _query_tenant,
+    ("GET", f"{P}/spend"): _query_tenant,
+    ("GET", f"{P}/spend/export"): _query_tenant,
 }
 
 
