@@ -9,7 +9,6 @@ Create Date: 2026-12-06
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = "0012"
 down_revision = "0009"
 branch_labels = None

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from loraplex.platform.adapters.routes import router as adapters
-from loraplex.platform.alerts.routes import router as alerts
 from loraplex.platform.admin.engine_routes import router as engine
+from loraplex.platform.alerts.routes import router as alerts
 from loraplex.platform.audit.routes import router as audit
 from loraplex.platform.keys.routes import router as keys
 from loraplex.platform.quotas.consumption import router as quota_consumption

@@ -76,9 +76,7 @@ class Dispatcher:
         if not ids:
             return 0
         with self._sessions() as session:
-            work = [
-                (d.id, d.attempts, e.id, e.body, w.url, w.secret) for d, e, w in repository.claimed(session, ids)
-            ]
+            work = [(d.id, d.attempts, e.id, e.body, w.url, w.secret) for d, e, w in repository.claimed(session, ids)]
         for delivery_id, attempts, event_id, body, url, secret in work:
             if self._stop.is_set():
                 break  # the lease expires; another pass (or server) delivers it

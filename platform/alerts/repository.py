@@ -25,7 +25,10 @@ def fan_out(session: Session, now: datetime, limit: int) -> int:
     """Create the deliveries of events not yet fanned out, for the webhooks matching them now."""
     candidates = _skip_locked(
         session,
-        select(AlertEventRow.id).where(AlertEventRow.fanned_out.is_(False)).order_by(AlertEventRow.created_at).limit(limit),
+        select(AlertEventRow.id)
+        .where(AlertEventRow.fanned_out.is_(False))
+        .order_by(AlertEventRow.created_at)
+        .limit(limit),
     )
     ids = list(
         session.scalars(
@@ -130,9 +133,7 @@ def deliveries_of(session: Session, event_ids: list[str]) -> list[AlertDelivery]
     if not event_ids:
         return []
     return list(
-        session.scalars(
-            select(AlertDelivery).where(AlertDelivery.event_id.in_(event_ids)).order_by(AlertDelivery.id)
-        )
+        session.scalars(select(AlertDelivery).where(AlertDelivery.event_id.in_(event_ids)).order_by(AlertDelivery.id))
     )
 
 

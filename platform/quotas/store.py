@@ -239,7 +239,17 @@ class InProcessQuotaStore:
             res.held_in_db = win.held  # False if the database failed: this server's counters decided
         return held
 
-    def _alerting(self, scope, quota, wall, start, events, reserve, tokens, ext):  # type: ignore[no-untyped-def]
+    def _alerting(
+        self,
+        scope: str,
+        quota: QuotaView,
+        wall: datetime,
+        start: datetime | None,
+        events: list[AlertEvent],
+        reserve: Callable[..., list[Reservation]],
+        tokens: list[int],
+        ext: Others,
+    ) -> list[Reservation]:
         """Run ``reserve``; a refusal adds its ``limit.refused`` event to ``events`` (once per window:
         the clock minute for per-minute limits, the budget period for the token budget)."""
         try:

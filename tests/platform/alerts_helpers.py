@@ -23,9 +23,7 @@ def verify(secret: str, headers, body: bytes) -> bool:
     key = base64.b64decode(secret.removeprefix("whsec_")) if secret.startswith("whsec_") else secret.encode()
     mac = hmac.new(key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()
     expected = base64.b64encode(mac).decode()
-    return any(
-        v == "v1" and hmac.compare_digest(s, expected) for v, _, s in (p.partition(",") for p in sigs.split())
-    )
+    return any(v == "v1" and hmac.compare_digest(s, expected) for v, _, s in (p.partition(",") for p in sigs.split()))
 
 
 class Receiver:

@@ -69,7 +69,9 @@ def events_of(srv: LiveServer) -> list[dict]:
 def test_signature_is_standard_webhooks():
     # The Standard Webhooks specification's published example (svix's docs): same bytes as theirs.
     assert (
-        signing.sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, '{"test": 2432232314}')
+        signing.sign(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, '{"test": 2432232314}'
+        )
         == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
     )
     h = signing.headers("a-plain-secret-of-16+", "evt_1", 1700000000, "{}")
@@ -173,7 +175,10 @@ def test_a_receiver_that_never_accepts_goes_dead(alert_servers, receiver):
         c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET})
     receiver.script = [500] * 10
     srv.ctx.outbox.emit([_event("ten_dead")])
-    wait_for(lambda: events_of(srv)[0]["deliveries"][:1] and events_of(srv)[0]["deliveries"][0]["state"] == "dead", timeout=60)
+    wait_for(
+        lambda: events_of(srv)[0]["deliveries"][:1] and events_of(srv)[0]["deliveries"][0]["state"] == "dead",
+        timeout=60,
+    )
     d = events_of(srv)[0]["deliveries"][0]
     assert d["attempts"] == 3 and d["last_status"] == 500 and len(receiver.all()) == 3
 
@@ -184,7 +189,10 @@ def test_webhook_filters_and_url_checks(alert_servers, receiver):
     try:
         with admin(srv) as c:
             t1, t2 = make_tenant(c, "one"), make_tenant(c, "two")
-            c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "tenant_id": t1, "events": ["limit.refused"]})
+            c.post(
+                "/admin/v1/webhooks",
+                json={"url": receiver.url, "secret": SECRET, "tenant_id": t1, "events": ["limit.refused"]},
+            )
             hook2 = c.post("/admin/v1/webhooks", json={"url": other.url, "secret": SECRET}).json()
             for bad, why in [
                 ("ftp://127.0.0.1/x", "http"),
@@ -197,11 +205,24 @@ def test_webhook_filters_and_url_checks(alert_servers, receiver):
                 assert r.status_code == 400 and why in r.json()["error"]["message"], (bad, r.text)
                 assert r.json()["error"]["param"] == "url"
             assert c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": "short"}).status_code == 422
-            assert c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "events": ["nope"]}).status_code == 422
-            assert c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "tenant_id": "ten_x"}).status_code == 404
+            assert (
+                c.post(
+                    "/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "events": ["nope"]}
+                ).status_code
+                == 422
+            )
+            assert (
+                c.post(
+                    "/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "tenant_id": "ten_x"}
+                ).status_code
+                == 404
+            )
         srv.ctx.outbox.emit([_event(t1), _event(t2), _event(t1, AlertKind.REFUSED), _event(t2, AlertKind.REFUSED)])
         wait_for(lambda: len(other.accepted_ids()) == 4 and len(receiver.accepted_ids()) == 1, timeout=60)
-        assert receiver.all()[0]["body"]["data"]["tenant_id"] == t1 and receiver.all()[0]["body"]["type"] == "limit.refused"
+        assert (
+            receiver.all()[0]["body"]["data"]["tenant_id"] == t1
+            and receiver.all()[0]["body"]["type"] == "limit.refused"
+        )
         with admin(srv) as c:
             assert c.delete(f"/admin/v1/webhooks/{hook2['id']}").status_code == 204
             assert c.delete(f"/admin/v1/webhooks/{hook2['id']}").status_code == 404
