@@ -80,23 +80,23 @@ def test_signature_is_standard_webhooks():
 
 
 def test_thresholds_and_refusal_fire_once_each_under_concurrency(alert_servers):
-    srv = alert_servers()
+    srv, other = alert_servers(), alert_servers()  # two servers admitting the same tenant
     with admin(srv) as c:
         tid = make_tenant(c, token_budget=1000)
     quota = QuotaView(token_budget=1000)
     admitted, refused = Counter(), Counter()
     go = threading.Barrier(8)
 
-    def hammer() -> None:
+    def hammer(server: LiveServer) -> None:
         go.wait()
         for _ in range(20):  # 8 x 20 x 10 tokens = 1600: past every threshold and then refused
             try:
-                srv.ctx.quotas.reserve(tid, quota, 10)
+                server.ctx.quotas.reserve(tid, quota, 10)
                 admitted[threading.get_ident()] += 1
             except RateLimited:
                 refused[threading.get_ident()] += 1
 
-    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    threads = [threading.Thread(target=hammer, args=((srv, other)[i % 2],)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -250,3 +250,61 @@ def _event(tenant_id: str, kind: AlertKind = AlertKind.THRESHOLD) -> AlertEvent:
     now = utcnow().replace(microsecond=0)
     pct = 80 if kind == AlertKind.THRESHOLD else None
     return AlertEvent(kind, "tenant", tenant_id, None, "token_budget", "tokens", 100, 80, now, now, pct)
+
+
+def test_http_requests_raise_the_events_end_to_end(live_factory, receiver):
+    """Through the OpenAI API with the real engine: a tenant's token budget and a key's own rpm."""
+    import openai
+
+    srv = live_factory(alerts=alert_settings())
+    with admin(srv) as c:
+        tid = make_tenant(c, token_budget=400)
+        key = c.post(f"/admin/v1/tenants/{tid}/keys", json={"rpm": 2}).json()
+        c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET, "tenant_id": tid})
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=key["key"], max_retries=0, timeout=120)
+    statuses = []
+    for _ in range(3):
+        try:
+            client.completions.create(model=srv.ctx.engine.model_name, prompt="Hello there", max_tokens=150)
+            statuses.append(200)
+        except openai.RateLimitError:
+            statuses.append(429)
+    assert statuses == [200, 200, 429]  # the key's rpm refuses the third
+    events = events_of(srv)
+    got = Counter((e["type"], e["data"]["scope"], e["data"]["rule"], e["data"]["threshold_percent"]) for e in events)
+    # the first request alone reserves prompt + 150 of 400: past 50 %; settled to what it served, so
+    # whether the second reaches 80 % depends on how long the first answer was (each at most once)
+    assert got[("limit.threshold", "tenant", "token_budget", 50)] == 1 and max(got.values()) == 1
+    for e in events:
+        if e["type"] == "limit.threshold":
+            assert e["data"]["used"] * 100 >= e["data"]["threshold_percent"] * 400
+    assert got[("limit.refused", "key", "rpm", None)] == 1
+    refused = next(e for e in events if e["type"] == "limit.refused")
+    assert refused["key_id"] == key["id"] and refused["tenant_id"] == tid  # the key's tenant, for filters
+    wait_for(lambda: set(receiver.accepted_ids()) == {e["id"] for e in events}, timeout=60)
+    assert all(r["verified"] for r in receiver.all())
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    import random
+
+    from loraplex.platform.alerts.dispatcher import backoff_s
+    from loraplex.platform.settings import AlertSettings
+
+    s = AlertSettings(backoff_base_s=2.0, backoff_max_s=60.0)
+    rand = random.Random(7)
+    for attempt, full in [(1, 2.0), (2, 4.0), (3, 8.0), (5, 32.0), (6, 60.0), (30, 60.0)]:
+        waits = [backoff_s(attempt, s, rand) for _ in range(50)]
+        assert all(full / 2 <= w <= full for w in waits)
+        assert len(set(waits)) > 1  # jittered: retries of many servers spread out
+
+
+def test_alert_settings_are_checked():
+    from pydantic import ValidationError
+
+    from loraplex.platform.settings import AlertSettings
+
+    with pytest.raises(ValidationError, match="lease_s"):
+        AlertSettings(lease_s=5, delivery_timeout_s=10)
+    with pytest.raises(ValidationError, match="thresholds"):
+        AlertSettings(thresholds=[0, 50])
