@@ -57,11 +57,21 @@ class Dispatcher:
         self._client.close()
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self._settings.dispatch_interval_s):
             try:
                 self.run_once()
             except Exception as exc:  # noqa: BLE001 - database down etc.: the next pass retries
-                log.warning("alerts: dispatch pass failed: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
+                # once per outage, not once per pass
+                (log.debug if failing else log.warning)(
+                    "alerts: dispatch pass failed (retrying every pass): %s",
+                    (str(exc).splitlines() or [repr(exc)])[0][:200],
+                )
+                failing = True
+                continue
+            if failing:
+                log.warning("alerts: dispatching again")
+            failing = False
 
     def run_once(self) -> int:
         """One pass; returns how many deliveries were attempted."""

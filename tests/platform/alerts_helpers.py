@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from harness.net import free_port
@@ -17,9 +18,11 @@ from harness.net import free_port
 SECRET = "whsec_" + base64.b64encode(b"alert-tests-signing-key-32-bytes").decode()
 
 
-def verify(secret: str, headers, body: bytes) -> bool:
+def verify(secret: str, headers, body: bytes, tolerance_s: int = 300) -> bool:
     """docs/alerts.md's verification snippet."""
     msg_id, ts, sigs = headers["webhook-id"], headers["webhook-timestamp"], headers["webhook-signature"]
+    if abs(time.time() - int(ts)) > tolerance_s:
+        return False  # too old (or too new): a replay
     key = base64.b64decode(secret.removeprefix("whsec_")) if secret.startswith("whsec_") else secret.encode()
     mac = hmac.new(key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()
     expected = base64.b64encode(mac).decode()

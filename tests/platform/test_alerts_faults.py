@@ -38,7 +38,9 @@ def receiver():
 
 def _event(i: int) -> AlertEvent:
     now = utcnow().replace(microsecond=0)
-    return AlertEvent(AlertKind.THRESHOLD, "tenant", f"ten_{i:03d}", None, "token_budget", "tokens", 100, 80, now, now, 80)
+    return AlertEvent(
+        AlertKind.THRESHOLD, "tenant", f"ten_{i:03d}", None, "token_budget", "tokens", 100, 80, now, now, 80
+    )
 
 
 def _outbox_state(db_url: str) -> tuple[list[str], list[tuple[str, str]]]:
