@@ -12,14 +12,11 @@ import logging
 import threading
 from collections import OrderedDict, deque
 
-from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraplex.platform.alerts.events import AlertEvent, body_of
-from loraplex.platform.alerts.models import AlertEventRow
-from loraplex.platform.db.base import new_id, utcnow
+from loraplex.platform.alerts.events import AlertEvent
+from loraplex.platform.alerts.repository import insert_events
 
 log = logging.getLogger("loraplex.platform.alerts")
 
@@ -76,37 +73,3 @@ class Outbox:
         if todo:
             self.emit(todo)
         return len(todo)
-
-
-def insert_events(session: Session, events: list[AlertEvent]) -> None:
-    """Add ``events`` to ``session``'s transaction; one already stored (same dedupe key) is skipped."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    now = utcnow()
-    tenants = _tenants_of_keys(session, {e.key_id for e in events if e.tenant_id is None and e.key_id})
-    for e in events:
-        event_id = new_id("evt")
-        tenant_id = e.tenant_id or tenants.get(e.key_id or "")
-        data = {**e.data(), "tenant_id": tenant_id}
-        row = {
-            "id": event_id,
-            "kind": str(e.kind),
-            "dedupe_key": e.dedupe_key,
-            "tenant_id": tenant_id,
-            "key_id": e.key_id,
-            "body": body_of(event_id, str(e.kind), now, data),
-            "created_at": now,
-            "fanned_out": False,
-        }
-        stmt = insert(AlertEventRow).values(**row).on_conflict_do_nothing(index_elements=["dedupe_key"])
-        session.execute(stmt)
-
-
-def _tenants_of_keys(session: Session, key_ids: set[str]) -> dict[str, str]:
-    """A per-key limit knows only its key: the event names the key's tenant too (webhook filters)."""
-    if not key_ids:
-        return {}
-    from loraplex.platform.keys.models import ApiKey
-
-    rows = session.execute(select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.id.in_(key_ids)))
-    return {kid: tid for kid, tid in rows}

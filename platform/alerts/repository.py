@@ -10,9 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import Select, delete, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from loraplex.platform.alerts.events import AlertEvent, body_of
 from loraplex.platform.alerts.models import DEAD, DELIVERED, PENDING, AlertDelivery, AlertEventRow, AlertWebhook
+from loraplex.platform.db.base import new_id, utcnow
 
 
 def _skip_locked(session: Session, stmt: Select) -> Select:
@@ -146,3 +149,37 @@ def delete_webhook(session: Session, webhook_id: str) -> bool:
     session.execute(delete(AlertDelivery).where(AlertDelivery.webhook_id == webhook_id))
     result = session.execute(delete(AlertWebhook).where(AlertWebhook.id == webhook_id))
     return bool(getattr(result, "rowcount", 0))
+
+
+def insert_events(session: Session, events: list[AlertEvent]) -> None:
+    """Add ``events`` to ``session``'s transaction; one already stored (same dedupe key) is skipped."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    now = utcnow()
+    tenants = _tenants_of_keys(session, {e.key_id for e in events if e.tenant_id is None and e.key_id})
+    for e in events:
+        event_id = new_id("evt")
+        tenant_id = e.tenant_id or tenants.get(e.key_id or "")
+        data = {**e.data(), "tenant_id": tenant_id}
+        row = {
+            "id": event_id,
+            "kind": str(e.kind),
+            "dedupe_key": e.dedupe_key,
+            "tenant_id": tenant_id,
+            "key_id": e.key_id,
+            "body": body_of(event_id, str(e.kind), now, data),
+            "created_at": now,
+            "fanned_out": False,
+        }
+        stmt = insert(AlertEventRow).values(**row).on_conflict_do_nothing(index_elements=["dedupe_key"])
+        session.execute(stmt)
+
+
+def _tenants_of_keys(session: Session, key_ids: set[str]) -> dict[str, str]:
+    """A per-key limit knows only its key: the event names the key's tenant too (webhook filters)."""
+    if not key_ids:
+        return {}
+    from loraplex.platform.keys.models import ApiKey
+
+    rows = session.execute(select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.id.in_(key_ids)))
+    return {kid: tid for kid, tid in rows}
