@@ -78,6 +78,9 @@ class Dispatcher:
         s = self._settings
         self._outbox.retry_pending()
         with self._sessions() as session:
+            if not repository.work_waiting(session, utcnow()):
+                return 0
+        with self._sessions() as session:
             repository.fan_out(session, utcnow(), s.batch_size)
             session.commit()
         with self._sessions() as session:

@@ -24,6 +24,22 @@ def _skip_locked(session: Session, stmt: Select) -> Select:
     return stmt
 
 
+def work_waiting(session: Session, now: datetime) -> bool:
+    """Anything to fan out or deliver? A plain read first, so an idle pass never takes SQLite's one
+    write lock (which every admission of a limited tenant needs)."""
+    unfanned = select(AlertEventRow.id).where(AlertEventRow.fanned_out.is_(False)).limit(1)
+    due = (
+        select(AlertDelivery.id)
+        .where(
+            AlertDelivery.state == PENDING,
+            AlertDelivery.next_attempt_at <= now,
+            or_(AlertDelivery.lease_expires_at.is_(None), AlertDelivery.lease_expires_at < now),
+        )
+        .limit(1)
+    )
+    return session.scalar(unfanned) is not None or session.scalar(due) is not None
+
+
 def fan_out(session: Session, now: datetime, limit: int) -> int:
     """Create the deliveries of events not yet fanned out, for the webhooks matching them now."""
     candidates = _skip_locked(
