@@ -157,6 +157,12 @@ class RequestLimits:
     # the per-token check a few short windowed searches (engine/detokenizer.py).
     max_stop_strings: int = 16
     max_stop_chars: int = 1024
+    # vLLM's bad_words (no OpenAI counterpart): each word is tokenized in two forms and every form's
+    # last token may be masked at every step. Counted in words and in characters of all words (the
+    # platform checks both before tokenizing); the engine, which sees token ids, allows two forms
+    # per word. The sampler looks the forms up by their next-to-last token, not one by one.
+    max_bad_words: int = 256
+    max_bad_words_chars: int = 4096
     # OpenAI documents values in [-100, 100] and refuses more than 300 entries.
     max_logit_bias: int = 300
     # A JSON schema / regex / grammar larger than this is refused before compiling (compile time
@@ -176,6 +182,8 @@ class RequestLimits:
         for name in (
             "max_stop_strings",
             "max_stop_chars",
+            "max_bad_words",
+            "max_bad_words_chars",
             "max_logit_bias",
             "max_structured_spec_bytes",
             "structured_compile_per_tenant",
@@ -273,6 +281,8 @@ class EngineConfig:
     # per-request bounds on engine-thread work (RequestLimits says why each exists)
     max_stop_strings: int = 16
     max_stop_chars: int = 1024
+    max_bad_words: int = 256
+    max_bad_words_chars: int = 4096
     max_logit_bias: int = 300
     max_structured_spec_bytes: int = 128 * 1024
     structured_compile_per_tenant: int = 1

@@ -243,11 +243,7 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
             x[r] = x[r].masked_fill(~_allowed_mask(p, vocab, x.device), float("-inf"))
         banned: set[int] = set()
         if p.bad_words_token_ids:
-            out = seq.token_ids[seq.num_prompt_tokens :]
-            for word in p.bad_words_token_ids:
-                n = len(word) - 1
-                if n == 0 or (len(out) >= n and out[len(out) - n :] == word[:-1]):
-                    banned.add(word[-1])
+            banned.update(banned_by_bad_words(_bad_words_index(p), seq.token_ids, seq.num_prompt_tokens))
         if seq.num_output_tokens < p.min_tokens:
             banned.update(eos)
             banned.update(p.stop_token_ids)
@@ -257,6 +253,59 @@ def _apply_token_masks(x: torch.Tensor, rows: list[int], seqs: Seq[Sequence], eo
 
 
 _ALLOWED_CACHE_ATTR = "_allowed_mask_cache"
+_BAD_WORDS_CACHE_ATTR = "_bad_words_index_cache"
+
+# (tokens always banned: one-token words;
+#  next-to-last token -> length of the tokens before it -> those tokens -> last tokens)
+BadWordsIndex = tuple[frozenset[int], dict[int, dict[int, dict[tuple[int, ...], frozenset[int]]]]]
+
+
+def _bad_words_index(p: SamplingParams) -> BadWordsIndex:
+    """``p.bad_words_token_ids`` indexed by each word's next-to-last token, then by the tokens
+    before it, built once per request: a step looks up the last output token, then one slice of
+    the output per distinct word length, not every word (a scan of every word per step made a long
+    list slow down the batch for everyone, and words sharing a prefix cost one lookup)."""
+    cached: BadWordsIndex | None = getattr(p, _BAD_WORDS_CACHE_ATTR, None)
+    if cached is not None:
+        return cached
+    always: set[int] = set()
+    nested: dict[int, dict[int, dict[tuple[int, ...], set[int]]]] = {}
+    for word in p.bad_words_token_ids:
+        if len(word) == 1:
+            always.add(word[0])
+        else:
+            rest = tuple(word[:-2])
+            nested.setdefault(word[-2], {}).setdefault(len(rest), {}).setdefault(rest, set()).add(word[-1])
+    by_prev = {
+        prev: {k: {rest: frozenset(lasts) for rest, lasts in table.items()} for k, table in by_len.items()}
+        for prev, by_len in nested.items()
+    }
+    index = (frozenset(always), by_prev)
+    object.__setattr__(p, _BAD_WORDS_CACHE_ATTR, index)
+    return index
+
+
+def banned_by_bad_words(index: BadWordsIndex, token_ids: Seq[int], start: int) -> set[int]:
+    """The last tokens of the bad words that the output (``token_ids[start:]``) already ends the
+    rest of: vLLM's rule (a one-token word is always banned), without copying the output."""
+    always, by_prev = index
+    banned = set(always)
+    end = len(token_ids)
+    if end <= start:
+        return banned
+    for k, table in by_prev.get(token_ids[end - 1], {}).items():
+        if end - 1 - k >= start:
+            lasts = table.get(tuple(token_ids[end - 1 - k : end - 1]))
+            if lasts:
+                banned.update(lasts)
+    return banned
+    for rest, last in by_prev.get(token_ids[end - 1], ()):
+        k = len(rest)
+        if end - 1 - k >= start and all(token_ids[end - 1 - k + i] == rest[i] for i in range(k)):
+            banned.add(last)
+    return banned
+
+
 _BIAS_CACHE_ATTR = "_logit_bias_cache"
 
 

@@ -205,6 +205,13 @@ def check_request_limits(params: SamplingParams, limits: RequestLimits) -> None:
         raise InvalidRequestError(
             f"stop strings hold {total} characters in all; at most {limits.max_stop_chars} are allowed", param="stop"
         )
+    forms = len(params.bad_words_token_ids)
+    if forms > 2 * limits.max_bad_words:  # the platform tokenizes each word in two forms
+        raise InvalidRequestError(
+            f"bad_words holds {forms} token sequences; at most {2 * limits.max_bad_words} "
+            f"(two forms of {limits.max_bad_words} words) are allowed",
+            param="bad_words",
+        )
     if len(params.logit_bias) > limits.max_logit_bias:
         raise InvalidRequestError(
             f"logit_bias holds {len(params.logit_bias)} entries; at most {limits.max_logit_bias} are allowed",

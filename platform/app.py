@@ -19,6 +19,7 @@ from loraplex.platform.adapters.housekeeping import cleanup_store, sweep_periodi
 from loraplex.platform.adapters.vllm_routes import router as vllm_lora_router
 from loraplex.platform.admin.router import ADMIN_PREFIX
 from loraplex.platform.admin.router import router as admin_router
+from loraplex.platform.admin.sso.routes import router as sso_router
 from loraplex.platform.auth.admin import ensure_admin_key
 from loraplex.platform.auth.gate import AuthGate, KeyPolicy
 from loraplex.platform.context import PlatformContext
@@ -36,6 +37,7 @@ from loraplex.platform.inference.disconnect import DisconnectWatch
 from loraplex.platform.inference.responses_api.retention import sweep_periodically as sweep_expired_responses
 from loraplex.platform.inference.routes import router as tenant_router
 from loraplex.platform.inference.tokenize_routes import router as tokenize_router
+from loraplex.platform.pricing.org_routes import router as organization_router
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform")
@@ -137,7 +139,9 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     app.include_router(admin_router, responses=ADMIN_ERRORS)
     app.include_router(tenant_router, responses=TENANT_ERRORS)
     app.include_router(tokenize_router, responses=TENANT_ERRORS)
+    app.include_router(organization_router, responses=TENANT_ERRORS)
     app.include_router(vllm_lora_router, responses=ADMIN_ERRORS)
+    app.include_router(sso_router, responses=ADMIN_ERRORS)  # the admin page's sign-in (404 unless sso.enabled)
 
     if ctx.observer.metrics is not None:
         metrics = ctx.observer.metrics

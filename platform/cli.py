@@ -358,6 +358,15 @@ def rotate_admin_key(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> N
         typer.echo(rotate(session, ctx.hasher))
 
 
+@admin_app.command("revoke-sso-sessions")
+def revoke_sso_sessions(email: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Sign a person out of the admin page everywhere now (their SSO sessions; docs/sso.md)."""
+    from loraplex.platform.admin.sso.sessions import revoke_all_for
+
+    ctx = _admin_ctx(config, data_dir)
+    typer.echo(f"revoked {revoke_all_for(ctx, email)} session(s) of {email}")
+
+
 def _tenant_id(session, ref: str) -> str:
     from loraplex.platform.errors import NotFound
     from loraplex.platform.tenants import repository

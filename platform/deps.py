@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from loraplex.platform.admin.sso import roles as sso_roles
+from loraplex.platform.admin.sso import sessions as sso_sessions
 from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.gate import parse_bearer, pre_authenticated
@@ -44,9 +46,28 @@ TokenDep = Annotated[str, Depends(bearer_token)]
 
 
 # Both checks normally ran already, before the body was read (auth/gate.py): reuse that answer.
-def require_admin(request: Request, ctx: ContextDep, token: TokenDep) -> Actor:
+# An SSO session (cookie, admin page) is the other way in; its roles are then checked against the
+# route (admin/sso/roles.py: one allowlist). The admin key has every role.
+def require_admin(request: Request, ctx: ContextDep) -> Actor:
+    cookie = sso_sessions.session_token(ctx, request.headers)
+    token = sso_sessions.SESSION_MARK + cookie if cookie is not None else bearer_token(request)
     found = pre_authenticated(request.scope, "admin", token)
-    return found if isinstance(found, Actor) else authenticate_admin(ctx, token)
+    if isinstance(found, Actor):
+        actor = found
+    elif cookie is not None:
+        actor = sso_sessions.authenticate(ctx, request.method, cookie, request.headers)
+    else:
+        actor = authenticate_admin(ctx, token)
+    route = request.scope.get("route")
+    sso_roles.authorize(
+        actor,
+        request.method,
+        sso_roles.route_template(request.url.path, getattr(route, "path_format", None)),
+        request.path_params,
+        request.query_params,
+        lambda: unit_of_work(ctx.sessions),
+    )
+    return actor
 
 
 AdminDep = Annotated[Actor, Depends(require_admin)]

@@ -126,6 +126,44 @@ class AuthSettings(_Table):
     key_cache_ttl_s: float = Field(10.0, ge=0)
 
 
+class SSOSettings(_Table):
+    """OpenID Connect sign-in for the admin page (docs/sso.md). Off unless ``enabled``; the admin
+    key keeps working either way (automation)."""
+
+    enabled: bool = False
+    issuer: str = (
+        ""  # e.g. https://keycloak.example.com/realms/ops; discovery reads <issuer>/.well-known/openid-configuration
+    )
+    client_id: str = ""
+    client_secret: str = ""  # set it through LORAPLEX_SSO__CLIENT_SECRET, never in a file
+    # The admin page's public origin, e.g. https://llm.example.com: the redirect URI is
+    # <base_url>/admin/sso/callback, and a cookie-authenticated write must come from this origin.
+    base_url: str = ""
+    scopes: str = "openid email profile"
+    role_claim: str = "groups"  # an ID-token claim (a string or a list of strings), e.g. groups, roles, email
+    # claim value -> roles: "admin", "viewer" or "tenant_admin:<tenant id>"; no match = no sign-in
+    role_map: dict[str, list[str]] = Field(default_factory=dict)
+    session_lifetime_s: int = Field(8 * 3600, ge=60)
+    login_timeout_s: int = Field(600, ge=30)  # how long a started sign-in may take at the provider
+    http_timeout_s: float = Field(10.0, gt=0)  # discovery, keys and the token exchange
+
+    @model_validator(mode="after")
+    def _check(self) -> SSOSettings:
+        if self.enabled:
+            missing = [n for n in ("issuer", "client_id", "base_url") if not getattr(self, n)]
+            if missing:
+                raise ValueError(f"sso.enabled needs {', '.join('sso.' + n for n in missing)}")
+            if not self.role_map:
+                raise ValueError("sso.enabled needs sso.role_map (claim value -> roles); nobody could sign in")
+        for value, roles in self.role_map.items():
+            for role in roles:
+                if role not in ("admin", "viewer") and not (role.startswith("tenant_admin:") and len(role) > 13):
+                    raise ValueError(
+                        f"sso.role_map[{value!r}]: unknown role {role!r} (admin, viewer, tenant_admin:<id>)"
+                    )
+        return self
+
+
 class ObservabilitySettings(_Table):
     metrics: bool = True  # serve /metrics (Prometheus text format)
     tenant_labels: bool = False  # label request metrics by tenant and adapter (bounded, see below)
@@ -288,6 +326,7 @@ class Settings(BaseSettings):
     uploads: UploadSettings = Field(default_factory=UploadSettings)
     adapters: AdapterSourceSettings = Field(default_factory=AdapterSourceSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    sso: SSOSettings = Field(default_factory=SSOSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)

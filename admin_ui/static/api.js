@@ -1,5 +1,7 @@
 // The admin REST API client. The admin key lives in sessionStorage only (never in a URL), and every
-// failure becomes an ApiError whose message is the server's error message, verbatim.
+// failure becomes an ApiError whose message is the server's error message, verbatim. Signed in with
+// SSO instead, the browser sends the HttpOnly session cookie by itself and every change carries the
+// session's CSRF token (X-CSRF-Token) and, through the request's referrer policy, its Origin.
 
 const KEY_STORAGE = "loraplex.adminKey";
 
@@ -27,6 +29,39 @@ export function setKey(key) {
 
 export function clearKey() {
   window.sessionStorage.removeItem(KEY_STORAGE);
+}
+
+// /admin/sso/session: { enabled, signed_in, email, roles, csrf_token } (SSO sign-in, docs/sso.md).
+const SSO_BASE = API_BASE.replace(/\/v1$/, "/sso");
+let ssoSession = { enabled: false, signed_in: false };
+
+export function sso() {
+  return ssoSession;
+}
+
+export async function loadSsoSession() {
+  try {
+    const response = await fetch(`${SSO_BASE}/session`, { headers: { Accept: "application/json" } });
+    ssoSession = response.ok ? await response.json() : { enabled: false, signed_in: false };
+  } catch {
+    ssoSession = { enabled: false, signed_in: false };
+  }
+  return ssoSession;
+}
+
+export const ssoLoginUrl = () => `${SSO_BASE}/login`;
+
+export async function ssoLogout() {
+  const headers = { "X-CSRF-Token": ssoSession.csrf_token || "" };
+  await fetch(`${SSO_BASE}/logout`, { method: "POST", headers, referrerPolicy: "same-origin" }).catch(() => null);
+  ssoSession = { ...ssoSession, signed_in: false, csrf_token: null };
+}
+
+function authHeaders(method, key) {
+  const token = key ?? getKey();
+  if (token) return { Authorization: `Bearer ${token}` };
+  if (ssoSession.signed_in && method !== "GET" && method !== "HEAD") return { "X-CSRF-Token": ssoSession.csrf_token };
+  return {};
 }
 
 function queryString(params) {
@@ -57,9 +92,7 @@ async function errorFrom(response) {
 
 /** Call the admin API. `body` may be a plain object (sent as JSON) or FormData (multipart). */
 export async function request(method, path, { query, body, key } = {}) {
-  const headers = { Accept: "application/json" };
-  const token = key ?? getKey();
-  if (token) headers.Authorization = `Bearer ${token}`;
+  const headers = { Accept: "application/json", ...authHeaders(method, key) };
   let payload;
   if (body instanceof FormData) {
     payload = body;
@@ -69,7 +102,9 @@ export async function request(method, path, { query, body, key } = {}) {
   }
   let response;
   try {
-    response = await fetch(API_BASE + path + queryString(query), { method, headers, body: payload });
+    // The page's own policy is no-referrer, under which a browser sends "Origin: null" with a POST;
+    // same-origin lets the server see that a cookie-authenticated change comes from this page.
+    response = await fetch(API_BASE + path + queryString(query), { method, headers, body: payload, referrerPolicy: "same-origin" });
   } catch (exc) {
     throw new ApiError(`network error: could not reach the server (${exc.message})`);
   }
@@ -84,9 +119,7 @@ export async function request(method, path, { query, body, key } = {}) {
 
 /** A file from the admin API (with the key in the header, so not a plain link): a Blob. */
 async function download(path, query) {
-  const headers = {};
-  const token = getKey();
-  if (token) headers.Authorization = `Bearer ${token}`;
+  const headers = authHeaders("GET");
   let response;
   try {
     response = await fetch(API_BASE + path + queryString(query), { headers });
@@ -126,6 +159,10 @@ export const api = {
   usageSeries: (query) => request("GET", "/usage/series", { query }),
   quotaConsumption: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota/consumption`),
   usageExport: (query) => download("/usage/export", query),
+  prices: () => request("GET", "/prices"),
+  createPrice: (body) => request("POST", "/prices", { body }),
+  spend: (query) => request("GET", "/spend", { query }),
+  spendExport: (query) => download("/spend/export", query),
   engine: () => request("GET", "/engine"),
   audit: (query) => request("GET", "/audit", { query }),
 };

@@ -1,12 +1,13 @@
 // Entry point: sign-in gate, hash router (#/tenants, #/tenants/<id>, #/adapters, #/usage, #/engine,
 // #/audit) and the page frame. Each view module exports `render(main, params) -> cleanup?`.
-import { clearKey, getKey } from "./api.js";
+import { clearKey, getKey, loadSsoSession, sso, ssoLogout } from "./api.js";
 import { clearError } from "./dom.js";
 import * as signin from "./views/signin.js";
 import * as tenants from "./views/tenants.js";
 import * as tenant from "./views/tenant.js";
 import * as adapters from "./views/adapters.js";
 import * as usage from "./views/usage.js";
+import * as spend from "./views/spend.js";
 import * as engine from "./views/engine.js";
 import * as audit from "./views/audit.js";
 
@@ -15,6 +16,7 @@ const ROUTES = [
   [/^\/tenants\/([^/]+)$/, tenant],
   [/^\/adapters$/, adapters],
   [/^\/usage$/, usage],
+  [/^\/spend$/, spend],
   [/^\/engine$/, engine],
   [/^\/audit$/, audit],
 ];
@@ -38,9 +40,10 @@ function route() {
   clearError();
   const main = document.getElementById("main");
   main.replaceChildren();
-  const signedIn = Boolean(getKey());
+  const signedIn = Boolean(getKey()) || sso().signed_in;
   document.getElementById("nav").hidden = !signedIn;
   document.getElementById("signout").hidden = !signedIn;
+  showWho();
   if (!signedIn) {
     cleanup = signin.render(main, { onSignedIn: () => navigate("#/tenants") });
     return;
@@ -61,10 +64,21 @@ function route() {
   navigate("#/tenants");
 }
 
-document.getElementById("signout").addEventListener("click", () => {
-  clearKey();
+// Who is signed in: the SSO user and roles (a viewer or tenant admin sees the server's 403s for
+// what their role does not allow), or the admin key.
+function showWho() {
+  const who = document.getElementById("whoami");
+  const session = sso();
+  if (getKey()) who.textContent = "admin key";
+  else if (session.signed_in) who.textContent = `${session.email} · ${session.roles.join(", ")}`;
+  who.hidden = !(getKey() || session.signed_in);
+}
+
+document.getElementById("signout").addEventListener("click", async () => {
+  if (getKey()) clearKey();
+  else await ssoLogout();
   navigate("#/");
 });
 document.getElementById("error-dismiss").addEventListener("click", clearError);
 window.addEventListener("hashchange", route);
-route();
+loadSsoSession().then(route);

@@ -2,7 +2,7 @@
 attempts, state). See docs/alerts.md.
 
 Revision ID: 0012
-Revises: 0009 (to be rechained onto 0011 when the money and SSO migrations land)
+Revises: 0011
 Create Date: 2026-12-06
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

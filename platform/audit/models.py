@@ -17,7 +17,7 @@ class AuditEntry(Base):
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
-    actor: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(255))  # "sso:<email>" can be long (migration 0011)
     action: Mapped[str] = mapped_column(String(64))
     target_type: Mapped[str] = mapped_column(String(32))
     target_id: Mapped[str] = mapped_column(String(64), index=True)

@@ -10,8 +10,10 @@ def add(session: Session, entry: AuditEntry) -> None:
     session.add(entry)
 
 
-def list_entries(session: Session, *, target_id: str | None, action: str | None, limit: int) -> list[AuditEntry]:
-    stmt = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+def list_entries(
+    session: Session, *, target_id: str | None, action: str | None, limit: int, offset: int = 0
+) -> list[AuditEntry]:
+    stmt = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit).offset(offset)
     if target_id:
         stmt = stmt.where(AuditEntry.target_id == target_id)
     if action:

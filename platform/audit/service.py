@@ -33,6 +33,6 @@ def record(
 
 
 def list_entries(
-    session: Session, *, target_id: str | None = None, action: str | None = None, limit: int = 100
+    session: Session, *, target_id: str | None = None, action: str | None = None, limit: int = 100, offset: int = 0
 ) -> list[AuditEntry]:
-    return repository.list_entries(session, target_id=target_id, action=action, limit=limit)
+    return repository.list_entries(session, target_id=target_id, action=action, limit=limit, offset=offset)

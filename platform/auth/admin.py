@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -22,9 +22,11 @@ if TYPE_CHECKING:  # the context is built above every service; only its type is 
 
 @dataclass(frozen=True)
 class Actor:
-    """Who is making a change, as written to the audit log."""
+    """Who is making a change, as written to the audit log, and what they may do: an admin key
+    may do everything; an SSO session's roles come from its identity provider (admin/sso/roles.py)."""
 
     name: str
+    roles: frozenset[str] = field(default=frozenset({"admin"}))
 
 
 CLI_ACTOR = Actor("cli")

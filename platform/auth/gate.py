@@ -8,7 +8,10 @@ key; a test checks it against every route's dependencies) and authenticates the
 ``Authorization`` header first: a missing, wrong, revoked key or a suspended tenant is answered
 (401/403) without reading the body, with ``Connection: close`` when a body was announced so that
 none of it is read after the answer either. The result is left in the request's scope and the
-dependency reuses it (one key lookup per request).
+dependency reuses it (one key lookup per request). With ``sso.enabled``, an admin path may be
+authenticated instead by the admin page's session cookie (no Authorization header sent): the
+session is looked up and, for a change, its CSRF token and Origin checked, here too, before any
+body byte (admin/sso/sessions.py).
 
 An unauthenticated client costs its request head, one route match and one keyed hash (plus a
 database lookup for a key that is not cached); see docs/limits.md."""
@@ -24,6 +27,8 @@ import anyio.to_thread
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
+from loraplex.platform.admin.sso.sessions import SESSION_MARK, session_token
+from loraplex.platform.admin.sso.sessions import authenticate as authenticate_session
 from loraplex.platform.auth.admin import Actor, authenticate_admin
 from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.auth.tenant import authenticate_tenant
@@ -89,11 +94,20 @@ class AuthGate:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         try:
-            token = parse_bearer(headers.get(b"authorization", b"").decode("latin-1"))
-            if kind == "admin":
-                principal: Actor | TenantAuth = await anyio.to_thread.run_sync(authenticate_admin, self.ctx, token)
+            text = _text(headers)
+            cookie = session_token(self.ctx, text) if kind == "admin" else None
+            principal: Actor | TenantAuth
+            if cookie is not None:  # the admin page, signed in with SSO (admin/sso/sessions.py)
+                token = SESSION_MARK + cookie
+                principal = await anyio.to_thread.run_sync(
+                    authenticate_session, self.ctx, scope["method"], cookie, text
+                )
             else:
-                principal = await anyio.to_thread.run_sync(authenticate_tenant, self.ctx, token)
+                token = parse_bearer(text.get("authorization", ""))
+                if kind == "admin":
+                    principal = await anyio.to_thread.run_sync(authenticate_admin, self.ctx, token)
+                else:
+                    principal = await anyio.to_thread.run_sync(authenticate_tenant, self.ctx, token)
         except PlatformError as exc:
             body = error_body(exc.message, exc.type, exc.param, exc.code)
             response = JSONResponse(body, status_code=exc.status_code, headers=_closing(headers, exc.headers))
@@ -102,6 +116,10 @@ class AuthGate:
             return await _database_failed(exc, headers)(scope, receive, send)
         scope.setdefault("state", {})[SCOPE_KEY] = Authenticated(kind, token, principal)
         await self.app(scope, receive, send)
+
+
+def _text(headers: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()}
 
 
 def _closing(request_headers: dict, extra: dict | None) -> dict:

@@ -33,6 +33,13 @@ def new_tokens(out: Any) -> int:
     return sum(len(c.token_ids) for c in out.outputs)
 
 
+def cached_tokens(out: Any, prompt_tokens: int) -> int:
+    """Prompt tokens the engine served from its prefix cache (billed at the cached input price).
+    Bounded by the prompt: a cached count can never exceed what was billed as prompt."""
+    metrics = getattr(out, "metrics", None) or {}
+    return max(0, min(int(metrics.get("num_cached_tokens") or 0), prompt_tokens))
+
+
 def is_abort(out: Any) -> bool:
     """The engine ended the request because it was aborted (client gone, operator, shutdown)."""
     return bool(out.finished) and any(c.finish_reason == "abort" for c in out.outputs)

@@ -22,7 +22,14 @@ from loraplex.platform.engine_client import EngineStream
 from loraplex.platform.errors import PlatformError, ServiceUnavailable
 from loraplex.platform.inference import disconnect
 from loraplex.platform.inference.admission import Prepared
-from loraplex.platform.inference.deltas import Delta, choice_deltas, is_abort, new_tokens, timeout_deltas
+from loraplex.platform.inference.deltas import (
+    Delta,
+    cached_tokens,
+    choice_deltas,
+    is_abort,
+    new_tokens,
+    timeout_deltas,
+)
 from loraplex.platform.observability.metrics import FinishedRequest
 
 if TYPE_CHECKING:
@@ -105,6 +112,7 @@ class Generation:
         self.prep = prep
         self._stream = stream
         self.delivered = 0  # completion tokens (all choices) handed to the response
+        self.cached = 0  # prompt tokens served from the prefix cache (priced at the cached rate)
         self.first_token_at: float | None = None
         self.client_gone = False  # a non-streaming client left: bill what was generated
         self._closed = False
@@ -133,6 +141,8 @@ class Generation:
             endpoint=p.endpoint,
             user=p.user[:256] if p.user else None,
             prompt_tokens=len(p.prompt_ids),
+            cached_tokens=self.cached,
+            base_model=self.ctx.engine.model_name or None,
             completion_tokens=self.delivered,
             reserved_tokens=p.reservation.tokens,  # other servers count it until it ends (quotas)
             ttft_ms=(self.first_token_at - p.started) * 1000 if self.first_token_at else None,
@@ -195,6 +205,7 @@ class Generation:
                 if is_abort(out):
                     self._aborted()  # raises
                 self.delivered += new_tokens(out)
+                self.cached = max(self.cached, cached_tokens(out, len(prep.prompt_ids)))
                 if self.delivered and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
                 pending = choice_deltas(out, done, self.delivered)

@@ -21,7 +21,7 @@ from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.metadata_limits import check_metadata
 
 if TYPE_CHECKING:
-    from loraplex.engine import SamplingParams
+    from loraplex.engine import RequestLimits, SamplingParams
 
 log = logging.getLogger("loraplex.platform.inference")
 
@@ -34,6 +34,11 @@ MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's limit; each tool is part of the grammar of a required tool_choice
 # Messages + content parts + tool calls of one chat request (and Responses input items + parts).
 MAX_MESSAGE_ITEMS = 4096
+# End-user identifiers (written whole to the request log and, ``user``, the usage ledger's 256-character
+# column): OpenAI documents safety_identifier <= 64 characters; user and prompt_cache_key get the ledger's 256.
+MAX_USER_CHARS = 256
+MAX_SAFETY_IDENTIFIER_CHARS = 64
+MAX_PROMPT_CACHE_KEY_CHARS = 256
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would fail inside the engine
 
 # Output-changing parameters loraplex does not implement: refused, never silently ignored.
@@ -191,7 +196,9 @@ class _Common(NullIsDefault):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=MAX_USER_CHARS)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=MAX_SAFETY_IDENTIFIER_CHARS)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=MAX_PROMPT_CACHE_KEY_CHARS)] | None = None  # accepted, unused
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     # vLLM extensions
@@ -208,7 +215,8 @@ class _Common(NullIsDefault):
     structured_outputs: StructuredOutputs | None = None
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    bad_words: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=256)] | None = None
+    # Bounded in words and characters by the engine's RequestLimits (check_sampling, before tokenizing).
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
     allowed_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=262_144)] | None = (
         None
     )
@@ -248,10 +256,13 @@ class _Common(NullIsDefault):
         return self.prompt_logprobs
 
     # -- the conversion ----------------------------------------------------------------------------
-    def check_sampling(self, tokenizer: Any) -> None:
+    def check_sampling(self, tokenizer: Any, limits: RequestLimits | None = None) -> None:
         """What pydantic cannot check alone: token ids against the tokenizer's vocabulary (the
         model's embedding may have more rows, ids that decode to no text: a logit_bias on one made
-        the answer empty) and fields loraplex refuses. 400s naming the field; nothing is copied."""
+        the answer empty), the bounds of ``limits`` on what is tokenized here (``bad_words``) and
+        fields loraplex refuses. 400s naming the field; nothing is copied."""
+        if limits is not None:
+            check_bad_words(self.bad_words or [], limits)
         if self.priority != 0:
             raise BadRequest(
                 "per-request priority is not supported (a tenant's priority is set by the operator)",
@@ -311,6 +322,24 @@ class _Common(NullIsDefault):
         if self._bad_words_ids is None:
             self._bad_words_ids = bad_words_token_ids(self.bad_words or [], tokenizer)
         return self._bad_words_ids
+
+
+def check_bad_words(words: list[str], limits: RequestLimits) -> None:
+    """``bad_words`` within ``limits`` (words, characters of all words), before any is tokenized:
+    each becomes two token sequences whose last tokens the engine may mask at every step."""
+    if len(words) > limits.max_bad_words:
+        raise BadRequest(
+            f"bad_words holds {len(words)} words; at most {limits.max_bad_words} are allowed",
+            param="bad_words",
+            code="array_above_max_length",
+        )
+    total = sum(len(w) for w in words)
+    if total > limits.max_bad_words_chars:
+        raise BadRequest(
+            f"bad_words hold {total} characters in all; at most {limits.max_bad_words_chars} are allowed",
+            param="bad_words",
+            code="invalid_value",
+        )
 
 
 def bad_words_token_ids(words: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:

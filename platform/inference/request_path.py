@@ -23,8 +23,18 @@ from loraplex.platform.inference.structured import response_spec
 from loraplex.platform.inference.tools import plan_tools
 
 if TYPE_CHECKING:
+    from loraplex.engine import RequestLimits
     from loraplex.platform.auth.key_cache import TenantAuth
     from loraplex.platform.context import PlatformContext
+
+
+def request_limits(ctx: PlatformContext) -> RequestLimits:
+    """The engine's per-request bounds as configured (``[engine]``): what the platform checks
+    before it tokenizes (``bad_words``) uses the very numbers the engine enforces."""
+    from loraplex.engine import RequestLimits
+
+    names = [f.name for f in dataclasses.fields(RequestLimits)]
+    return RequestLimits(**{n: getattr(ctx.settings.engine, n) for n in names})
 
 
 async def _prepare_all(
@@ -87,7 +97,7 @@ async def completions(body: CompletionRequest, ctx: PlatformContext, tenant: Ten
         return tokenize
 
     tok = ctx.engine.tokenizer
-    body.check_sampling(tok)
+    body.check_sampling(tok, request_limits(ctx))
     vocab = len(tok)
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab for t in p):
@@ -130,7 +140,7 @@ async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth, requ
         return chat_prompt.render(body, tok, plan, template)
 
     tok = ctx.engine.tokenizer
-    body.check_sampling(tok)
+    body.check_sampling(tok, request_limits(ctx))
     texts = admission.chat_texts(body.messages, body.tools)  # tool calls and definitions count too
     preps = await _prepare_all(ctx, tenant, body.model, "chat.completions", [(texts, tokenize)], body, spec, request_id)
     gens = await generation.start_all(ctx, preps, streaming=body.stream)

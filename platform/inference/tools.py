@@ -108,15 +108,21 @@ def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(body.messages):
         if isinstance(m.content, list):
-            texts = []
+            texts: list[str] = []
             for j, part in enumerate(m.content):
-                if part.type != "text" or part.text is None:
+                if part.type == "text" and not isinstance(part.text, str):
+                    raise BadRequest(  # a text part without its text is not an unsupported type
+                        f"Missing required parameter: 'messages[{i}].content[{j}].text'.",
+                        param=f"messages[{i}].content[{j}].text",
+                        code="missing_required_parameter",
+                    )
+                if part.type != "text":
                     raise BadRequest(
                         f"content parts of type {part.type!r} are not supported (text only)",
                         param=f"messages[{i}].content[{j}].type",
                         code="unsupported_parameter",
                     )
-                texts.append(part.text)
+                texts.append(part.text or "")  # a str here (checked above)
             content = "".join(texts)
         else:
             content = m.content or ""

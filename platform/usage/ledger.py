@@ -306,6 +306,10 @@ def _db_row(row: dict) -> dict:
     for name in _TIME_FIELDS:
         if isinstance(out.get(name), str):
             out[name] = datetime.fromisoformat(out[name])
+    # A row spooled by an older version lacks the columns added since: one batch's rows must share
+    # their keys (a single executemany), so give them the defaults.
+    out.setdefault("cached_tokens", 0)
+    out.setdefault("base_model", None)
     return out
 
 

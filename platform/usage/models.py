@@ -35,6 +35,10 @@ class UsageRecord(Base):
     user: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the OpenAI ``user`` field
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # Prompt tokens the engine served from its prefix cache (priced at the cached input rate).
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The base model that served it (an adapter's price falls back to its base model's).
+    base_model: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # What admission reserved (prompt + n x max_tokens): another server counts a running request
     # of this one at this much until it ends (quotas shared through the ledger).
     reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

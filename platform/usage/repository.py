@@ -27,6 +27,8 @@ _MUTABLE = (
     "user",
     "reserved_tokens",
     "http_request_id",
+    "cached_tokens",
+    "base_model",
 )
 
 

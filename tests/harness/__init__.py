@@ -11,6 +11,7 @@
                           a private PostgreSQL server (own port and directory; stop/start it freely)
     postgres.create_database / drop_database
                           a throw-away database on a shared server (each test its own)
+    oidc.OIDCProvider     a real OpenID Connect provider (oidc-provider-mock) in a thread, PKCE enforced
     prometheus.PrometheusProcess
                           a real Prometheus scraping the servers of a test
     wait.wait_for         poll for a state with a generous deadline (never sleep "long enough")

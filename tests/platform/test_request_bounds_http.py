@@ -70,3 +70,35 @@ def test_a_schema_over_the_size_limit_is_a_400_naming_response_format(module_ten
         "response_format",
     )
     assert "limit" in msg
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        [f"w{i}" for i in range(LIMITS.max_bad_words + 1)],  # one word too many
+        ["x" * (LIMITS.max_bad_words_chars // 2 + 1)] * 2,  # two words, too many characters in all
+    ],
+    ids=["count", "chars"],
+)
+def test_too_many_bad_words_are_a_400_naming_bad_words(module_tenant_setup, words):
+    *_, client = module_tenant_setup
+    extra = {"bad_words": words}
+    msg = _refused(
+        lambda: client.completions.create(model="bot", prompt="Hi", max_tokens=2, extra_body=extra), "bad_words"
+    )
+    assert "at most" in msg
+    _refused(
+        lambda: client.chat.completions.create(model="bot", messages=MSGS, max_tokens=2, n=2, extra_body=extra),
+        "bad_words",
+    )
+
+
+def test_bad_words_at_the_limit_are_served_with_n(module_tenant_setup):
+    *_, client = module_tenant_setup
+    per = LIMITS.max_bad_words_chars // LIMITS.max_bad_words
+    words = [f"{i:03d}" + "z" * (per - 3) for i in range(LIMITS.max_bad_words)]
+    assert sum(map(len, words)) == LIMITS.max_bad_words_chars
+    out = client.completions.create(
+        model="bot", prompt="Hi", max_tokens=4, n=4, temperature=1.0, seed=1, extra_body={"bad_words": words}
+    )
+    assert len(out.choices) == 4

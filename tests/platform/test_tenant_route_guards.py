@@ -105,6 +105,20 @@ CASES: dict[tuple[str, str], Case] = {
 }
 
 
+def _org(path: str) -> Case:
+    """The tenant's own usage / costs (OpenAI's shapes): a scoped key reads its models only."""
+    return Case(
+        ok=lambda e, k: ("GET", path, {"params": {"start_time": 0}}),
+        outside=lambda e: ("GET", path, {"params": {"start_time": 0, "models": e.base}}),
+        outside_status=403,
+        inside=lambda e: ("GET", path, {"params": {"start_time": 0, "models": "bot"}}),
+    )
+
+
+CASES[("GET", "/v1/organization/usage/completions")] = _org("/v1/organization/usage/completions")
+CASES[("GET", "/v1/organization/costs")] = _org("/v1/organization/costs")
+
+
 def _uses(dependant, call) -> bool:
     return any(d.call is call or _uses(d, call) for d in dependant.dependencies)
 

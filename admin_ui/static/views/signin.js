@@ -1,5 +1,5 @@
 // Sign in with the admin key. The key is checked against the API before it is kept (sessionStorage).
-import { api, setKey } from "../api.js";
+import { api, setKey, sso, ssoLoginUrl } from "../api.js";
 import { act, field, h } from "../dom.js";
 
 export function render(main, { onSignedIn }) {
@@ -20,6 +20,15 @@ export function render(main, { onSignedIn }) {
       onSignedIn();
     });
   });
+  if (sso().enabled) {
+    // A plain link: the sign-in is a top-level navigation to the identity provider and back.
+    const ssoCard = h("div", { class: "card signin" },
+      h("h2", {}, "Single sign-on"),
+      h("p", {}, "Sign in with your organisation's account; your role decides what you may change."),
+      h("div", { class: "actions" }, h("a", { class: "button", href: ssoLoginUrl(), id: "sso-signin" }, "Sign in with SSO")),
+    );
+    main.append(ssoCard);
+  }
   main.append(form);
   keyInput.focus();
 }

@@ -29,7 +29,16 @@ def _text(content: Any, param: str) -> str:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+        if kind in _TEXT_PARTS and not isinstance(part.get("text"), str):
+            missing = "text" not in part or part.get("text") is None
+            raise BadRequest(  # a text part without its text is not an unsupported type
+                f"Missing required parameter: '{param}[{j}].text'."
+                if missing
+                else f"Invalid type for '{param}[{j}].text': expected a string.",
+                param=f"{param}[{j}].text",
+                code="missing_required_parameter" if missing else "invalid_type",
+            )
+        if kind not in _TEXT_PARTS:
             raise BadRequest(
                 f"content parts of type {kind!r} are not supported (text only)",
                 param=f"{param}[{j}].type",

@@ -24,7 +24,7 @@ from loraplex.platform.inference import request_path
 from loraplex.platform.inference.context_window import ContextLengthExceeded
 from loraplex.platform.inference.responses_api import convert, input_items, store
 from loraplex.platform.inference.responses_api.events import translate
-from loraplex.platform.inference.responses_api.schemas import ResponsesRequest
+from loraplex.platform.inference.responses_api.schemas import MAX_INCLUDE, Includable, ResponsesRequest
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.store import QuotaView
 
@@ -142,7 +142,7 @@ def list_input_items(
     after: Annotated[str | None, Query(max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-    include: Annotated[list[str] | None, Query(max_length=16)] = None,  # nothing to include: accepted
+    include: Annotated[list[Includable] | None, Query(max_length=MAX_INCLUDE)] = None,  # known values: accepted
 ) -> dict[str, Any]:
     row = store.get(session, tenant, response_id, _limits(ctx))
     if row is None:

@@ -10,7 +10,10 @@ from pydantic import ConfigDict, Field, model_validator
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.metadata_limits import check_metadata
 from loraplex.platform.inference.openai_schemas import (
+    MAX_PROMPT_CACHE_KEY_CHARS,
+    MAX_SAFETY_IDENTIFIER_CHARS,
     MAX_TOOLS,
+    MAX_USER_CHARS,
     MaxTokens,
     NullIsDefault,
     Temperature,
@@ -32,7 +35,20 @@ UNSUPPORTED = {
 # applies when it is compiled). OpenAI's largest schemas (5,000 properties, 120,000 characters of
 # names and enum values) fit.
 MAX_TEXT_FORMAT_CHARS = 256 * 1024
-MAX_USER_CHARS = 512
+
+# OpenAI's ResponseIncludable values (openai-python): nothing here returns them, they are accepted
+# and ignored; anything else is a 400, as OpenAI answers (the list was unbounded).
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+MAX_INCLUDE = 8  # each known value once
 
 
 class TextFormat(NullIsDefault):
@@ -69,9 +85,11 @@ class ResponsesRequest(NullIsDefault):
     previous_response_id: Annotated[str, Field(max_length=64)] | None = None
     metadata: dict[str, Any] | None = None  # checked in ``check`` (OpenAI's limits, one 400 naming it)
     user: Annotated[str, Field(max_length=MAX_USER_CHARS)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=MAX_SAFETY_IDENTIFIER_CHARS)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=MAX_PROMPT_CACHE_KEY_CHARS)] | None = None  # accepted, unused
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
-    include: list[str] | None = None
+    include: Annotated[list[Includable], Field(max_length=MAX_INCLUDE)] | None = None
 
     @model_validator(mode="before")
     @classmethod

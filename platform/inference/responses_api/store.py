@@ -67,13 +67,23 @@ def _visible(auth: TenantAuth, cutoff: datetime) -> list[ColumnElement[bool]]:
     return conds
 
 
+def _impossible_id(response_id: str) -> bool:
+    """An id no response can have: PostgreSQL refuses a NUL in a query parameter (a 400 about the
+    database), SQLite searches for it (a 404); both now answer 404 without asking."""
+    return "\x00" in response_id
+
+
 def get(session: Session, auth: TenantAuth, response_id: str, limits: Limits) -> StoredResponse | None:
+    if _impossible_id(response_id):
+        return None
     return session.scalars(
         select(StoredResponse).where(StoredResponse.id == response_id, *_visible(auth, limits.cutoff()))
     ).first()
 
 
 def remove(session: Session, auth: TenantAuth, response_id: str, limits: Limits) -> bool:
+    if _impossible_id(response_id):
+        return False
     result = session.execute(
         delete(StoredResponse).where(StoredResponse.id == response_id, *_visible(auth, limits.cutoff()))
     )
