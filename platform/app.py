@@ -117,6 +117,8 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
         sweeper = asyncio.create_task(sweep_periodically(ctx, ctx.settings.uploads.sweep_interval_s))
         watching = asyncio.create_task(watchdog.run()) if watchdog is not None else None
         expiry = asyncio.create_task(sweep_expired_responses(ctx))
+        if ctx.alert_dispatcher is not None:
+            ctx.alert_dispatcher.start()  # a thread: delivers the alert outbox (platform/alerts)
         yield
         sweeper.cancel()
         expiry.cancel()

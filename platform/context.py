@@ -12,6 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.adapters.sources.resolver import AdapterResolver
 from loraplex.platform.adapters.sources.serving import ServedReferences
 from loraplex.platform.adapters.store import AdapterStore
+from loraplex.platform.alerts.dispatcher import Dispatcher
+from loraplex.platform.alerts.limits import LimitAlerts
+from loraplex.platform.alerts.outbox import Outbox
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
@@ -46,6 +49,10 @@ class PlatformContext:
     ledger: UsageLedger = field(init=False)
     observer: RequestObserver = field(init=False)
     sources: ServedReferences = field(init=False)  # adapters by reference: disk cache + engine registration
+    # Limit alerts (platform/alerts): the outbox the quota store writes to, and its dispatcher
+    # (started with the HTTP app's lifespan). None with alerts.enabled = false.
+    outbox: Outbox | None = field(init=False, default=None)
+    alert_dispatcher: Dispatcher | None = field(init=False, default=None)
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
@@ -64,8 +71,13 @@ class PlatformContext:
             self.quotas = quota_store
         else:
             # what other servers on this database admitted, read and added to under a per-tenant lock
-            shared = LedgerAdmission(self.sessions, self.ledger)
-            self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared)
+            alerts = None
+            if self.settings.alerts.enabled:
+                self.outbox = Outbox(self.sessions)
+                self.alert_dispatcher = Dispatcher(self.sessions, self.outbox, self.settings.alerts)
+                alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
+            shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
+            self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
 
     def _metric_stats(self) -> dict:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
@@ -106,6 +118,8 @@ class PlatformContext:
         )
 
     def close(self) -> None:
+        if self.alert_dispatcher is not None:
+            self.alert_dispatcher.stop()
         self.sources.close()
         self.ledger.close()
         self.db_engine.dispose()

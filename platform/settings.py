@@ -230,6 +230,39 @@ class LedgerSettings(_Table):
     lease_ttl_s: float = Field(30.0, gt=0)
 
 
+class AlertSettings(_Table):
+    """Alerts from quota windows to webhooks (docs/alerts.md)."""
+
+    # Off: no events are recorded and no dispatcher runs.
+    enabled: bool = True
+    # Percentages of a windowed limit (the token budget's day or month) that each fire one
+    # ``limit.threshold`` event per window.
+    thresholds: list[int] = Field(default_factory=lambda: [50, 80, 100])
+    # Seconds between two dispatcher passes (fan-out, claim, deliver).
+    dispatch_interval_s: float = Field(1.0, gt=0, le=3600)
+    # A delivery is retried this many times in all, then marked dead.
+    max_attempts: int = Field(8, ge=1, le=100)
+    # Backoff after the n-th failed attempt: base * 2**(n-1), capped, with jitter (half fixed, half random).
+    backoff_base_s: float = Field(2.0, gt=0)
+    backoff_max_s: float = Field(600.0, gt=0)
+    delivery_timeout_s: float = Field(10.0, gt=0, le=120)
+    # A claimed delivery belongs to its server this long; a server killed mid-delivery loses it then.
+    lease_s: float = Field(60.0, gt=0)
+    batch_size: int = Field(50, ge=1, le=1000)
+    # SSRF: webhook URLs whose host resolves to a private, loopback or link-local address are
+    # refused unless the host is listed here (or allow_private_hosts is set).
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allow_private_hosts: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> AlertSettings:
+        if any(not 0 < t <= 1000 for t in self.thresholds):
+            raise ValueError("alerts.thresholds are percentages in (0, 1000]")
+        if self.lease_s <= self.delivery_timeout_s:
+            raise ValueError("alerts.lease_s must exceed alerts.delivery_timeout_s (a lease outlives a delivery)")
+        return self
+
+
 class ClusterSettings(_Table):
     """Scale-out on Ray Serve (docs/scale-out.md). ``replicas = 1`` is the plain process, no Ray."""
 
@@ -300,6 +333,7 @@ class Settings(BaseSettings):
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

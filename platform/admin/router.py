@@ -8,6 +8,7 @@ from fastapi import APIRouter
 
 from loraplex.platform.adapters.routes import router as adapters
 from loraplex.platform.admin.engine_routes import router as engine
+from loraplex.platform.alerts.routes import router as alerts
 from loraplex.platform.audit.routes import router as audit
 from loraplex.platform.keys.routes import router as keys
 from loraplex.platform.pricing.routes import router as pricing
@@ -39,5 +40,5 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)
-for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, pricing, audit, engine):
+for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, pricing, audit, engine, alerts):
     router.include_router(sub)

@@ -30,6 +30,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraplex.platform.alerts.events import AlertEmitter, AlertEvent
 from loraplex.platform.db.base import utcnow
 from loraplex.platform.quotas.store import WINDOW_S, Others
 from loraplex.platform.usage.ledger import UsageLedger
@@ -53,6 +54,8 @@ class Window:
     others: Others
     holds: list[tuple[str, int]] = field(default_factory=list)
     held: bool = False  # the holds were committed
+    alerts: list[AlertEvent] = field(default_factory=list)  # the admission's alert events
+    alerts_written: bool = False  # committed with the holds (or with the refusal)
 
     def hold(self, request_id: str, tokens: int) -> None:
         self.holds.append((request_id, tokens))
@@ -61,8 +64,11 @@ class Window:
 class LedgerAdmission:
     """The shared-window seam of ``InProcessQuotaStore`` for servers on one database."""
 
-    def __init__(self, sessions: sessionmaker[Session], ledger: UsageLedger) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], ledger: UsageLedger, outbox: AlertEmitter | None = None
+    ) -> None:
         self._sessions = sessions
+        self._outbox = outbox
         self._ledger = ledger
         self._instance_id = ledger.instance_id
         # One admission per tenant at a time in this process: a flood from one tenant then holds
@@ -103,7 +109,12 @@ class LedgerAdmission:
                 yield Window(Others())
                 return
             win = Window(Others(int(requests), int(tokens), int(budget)))
-            yield win  # the caller's check raises (nothing written, the lock goes with the rollback)
+            try:
+                yield win
+            except BaseException:
+                # Refused: no hold; the refusal's alert (if any) is this transaction's only write.
+                self._commit_alerts_only(session, win)
+                raise
             if win.holds:
                 now = utcnow()
                 session.add_all(
@@ -119,6 +130,8 @@ class LedgerAdmission:
                     for rid, tokens_held in win.holds
                 )
             try:
+                if win.alerts and self._outbox is not None:
+                    self._outbox.in_transaction(session, win.alerts)  # one commit: holds and alerts
                 session.commit()  # the holds become visible and the lock is released together
             except Exception as exc:  # the database failed meanwhile: admitted on this server's counters
                 session.rollback()
@@ -127,6 +140,25 @@ class LedgerAdmission:
                 )
                 return
             win.held = bool(win.holds)
+            self._written(win)
+
+    def _commit_alerts_only(self, session: Session, win: Window) -> None:
+        if not win.alerts or self._outbox is None:
+            session.rollback()
+            return
+        try:
+            self._outbox.in_transaction(session, win.alerts)
+            session.commit()
+        except Exception as exc:  # noqa: BLE001 - the caller's refusal must still reach the client
+            session.rollback()
+            log.warning("alert not written with the refusal: %s", str(exc).splitlines()[0][:200] if str(exc) else exc)
+            return
+        self._written(win)
+
+    def _written(self, win: Window) -> None:
+        if win.alerts and self._outbox is not None:
+            win.alerts_written = True
+            self._outbox.committed(win.alerts)
 
     def drop(self, request_id: str) -> None:
         """A hold whose request was refused after reserving: the ledger deletes its row, in order

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
+from loraplex.platform.alerts.events import AlertEvent
+from loraplex.platform.alerts.limits import LimitAlerts, minute_window
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.group import never_fits
 from loraplex.platform.quotas.rule import RULE
@@ -90,6 +92,8 @@ class SharedWindow(Protocol):
 class SharedAdmission(Protocol):
     others: Others
     held: bool  # after the window closed: the hold is in the database
+    alerts: list[AlertEvent]  # written in the window's transaction, refused or admitted
+    alerts_written: bool  # after the window closed: they are in the database
 
     def hold(self, request_id: str, tokens: int) -> None: ...
 
@@ -151,7 +155,10 @@ class InProcessQuotaStore:
         clock=time.monotonic,
         wall=lambda: datetime.now(timezone.utc),
         shared: SharedWindow | None = None,
+        alerts: LimitAlerts | None = None,
     ) -> None:
+        # Threshold and refusal events (platform/alerts): written in the admission's transaction.
+        self._alerts = alerts
         # Tokens already in the ledger for a period, read once per tenant and period (a DB query);
         # unused with ``shared``, which reads the other servers' share at every reservation.
         self._budget_used_since = budget_used_since
@@ -165,10 +172,14 @@ class InProcessQuotaStore:
 
     def precheck(self, tenant_id: str, quota: QuotaView) -> None:
         now = self._clock()
-        with self._lock:
-            st = self._tenants.setdefault(tenant_id, _TenantState())
-            _trim(st, now)
-            self._check_slots(st, quota, now)
+        try:
+            with self._lock:
+                st = self._tenants.setdefault(tenant_id, _TenantState())
+                _trim(st, now)
+                self._check_slots(st, quota, now)
+        except RateLimited as exc:
+            self._refused_alone(tenant_id, quota, exc)
+            raise
 
     def count_request(self, tenant_id: str, quota: QuotaView) -> None:
         # This server's window only: such requests write no ledger row, so servers sharing a
@@ -176,11 +187,21 @@ class InProcessQuotaStore:
         if quota.rpm is None:
             return  # nothing could refuse it: not recorded (an unlimited flood grows no deque)
         now = self._clock()
-        with self._lock:
-            st = self._tenants.setdefault(tenant_id, _TenantState())
-            _trim(st, now)
-            self._check_slots(st, QuotaView(rpm=quota.rpm), now)
-            st.requests.append(now)
+        try:
+            with self._lock:
+                st = self._tenants.setdefault(tenant_id, _TenantState())
+                _trim(st, now)
+                self._check_slots(st, QuotaView(rpm=quota.rpm), now)
+                st.requests.append(now)
+        except RateLimited as exc:
+            self._refused_alone(tenant_id, quota, exc)
+            raise
+
+    def _refused_alone(self, scope: str, quota: QuotaView, exc: RateLimited) -> None:
+        """A refusal by a per-server check (no database transaction): its event row is the record."""
+        events: list[AlertEvent] = []
+        self._note_refusal(scope, quota, exc, self._wall(), None, events)
+        self._emit(events)
 
     def reserve(self, tenant_id: str, quota: QuotaView, tokens: int) -> Reservation:
         return self.reserve_group(tenant_id, quota, [tokens])[0]
@@ -195,18 +216,81 @@ class InProcessQuotaStore:
         wall = self._wall()
         start = period_start(quota.budget_period, wall) if quota.token_budget is not None else None
         limited = quota.rpm is not None or quota.tpm is not None or quota.token_budget is not None
+        events: list[AlertEvent] = []
         if self._shared is None or not limited:
-            return self._reserve(tenant_id, quota, tokens, wall, start, NO_OTHERS)
-        with self._shared.window(tenant_id, start) as win:  # a refusal raises: nothing is held
-            held = self._reserve(tenant_id, quota, tokens, wall, start, win.others)
-            for res in held:
-                win.hold(res.request_id, res.tokens)
+            try:
+                return self._alerting(tenant_id, quota, wall, start, events, self._reserve, tokens, NO_OTHERS)
+            finally:
+                self._emit(events)
+        win = None
+        try:
+            with self._shared.window(tenant_id, start) as win:  # a refusal raises: nothing is held
+                try:
+                    held = self._alerting(tenant_id, quota, wall, start, events, self._reserve, tokens, win.others)
+                finally:
+                    # written in the window's transaction, with the holds (or, refused, alone)
+                    win.alerts.extend(events)
+                for res in held:
+                    win.hold(res.request_id, res.tokens)
+        finally:
+            if events and not (win is not None and win.alerts_written):
+                self._emit(events)  # no database transaction took them (a key's scope, database down)
         for res in held:
             res.held_in_db = win.held  # False if the database failed: this server's counters decided
         return held
 
+    def _alerting(
+        self,
+        scope: str,
+        quota: QuotaView,
+        wall: datetime,
+        start: datetime | None,
+        events: list[AlertEvent],
+        reserve: Callable[..., list[Reservation]],
+        tokens: list[int],
+        ext: Others,
+    ) -> list[Reservation]:
+        """Run ``reserve``; a refusal adds its ``limit.refused`` event to ``events`` (once per window:
+        the clock minute for per-minute limits, the budget period for the token budget)."""
+        try:
+            return reserve(scope, quota, tokens, wall, start, ext, events)
+        except RateLimited as exc:
+            self._note_refusal(scope, quota, exc, wall, start, events)
+            raise
+
+    def _note_refusal(
+        self,
+        scope: str,
+        quota: QuotaView,
+        exc: RateLimited,
+        wall: datetime,
+        start: datetime | None,
+        events: list[AlertEvent],
+    ) -> None:
+        rule = getattr(exc, "limit_rule", None)
+        if self._alerts is None or rule is None:
+            return
+        name, limit, used = rule
+        if name == "token_budget" and start is not None:
+            window = (start, next_period(quota.budget_period, start))
+        else:
+            window = minute_window(wall)
+        unit = "tokens" if name in ("tpm", "token_budget") else "requests"
+        events.append(self._alerts.refusal(scope, name, unit, limit, used, window))
+
+    def _emit(self, events: list[AlertEvent]) -> None:
+        if events and self._alerts is not None:
+            self._alerts.emitter.emit(events)
+
     def _reserve(
-        self, tenant_id: str, quota: QuotaView, group: list[int], wall: datetime, start: datetime | None, ext: Others
+        self,
+        tenant_id: str,
+        quota: QuotaView,
+        group: list[int],
+        wall: datetime,
+        start: datetime | None,
+        ext: Others,
+        events: list[AlertEvent],
     ) -> list[Reservation]:
         now = self._clock()
         tokens = sum(group)
@@ -236,6 +320,7 @@ class InProcessQuotaStore:
                         f"limit of {quota.tpm} tokens per minute; lower max_tokens or n",
                         WINDOW_S,
                         headers,
+                        rule=("tpm", quota.tpm, in_window + tokens),
                     )
                 if in_window + tokens > quota.tpm:
                     wait = st.tokens[0][0] + WINDOW_S - now if st.tokens else WINDOW_S
@@ -243,6 +328,7 @@ class InProcessQuotaStore:
                         f"rate limit reached: {quota.tpm} tokens per minute ({what} reserves {tokens}: {RULE})",
                         wait,
                         headers,
+                        rule=("tpm", quota.tpm, in_window + tokens),
                     )
             if start is not None and quota.token_budget is not None:
                 spent = ext.budget + st.budget_used + st.budget_reserved
@@ -254,8 +340,15 @@ class InProcessQuotaStore:
                         (next_period(quota.budget_period, start) - wall).total_seconds(),
                         headers,
                         code="insufficient_quota",
+                        rule=("token_budget", quota.token_budget, spent + tokens),
                     )
                 st.budget_reserved += tokens
+                if self._alerts is not None:
+                    used = spent + tokens
+                    window = (start, next_period(quota.budget_period, start))
+                    events.extend(
+                        self._alerts.crossings(tenant_id, "token_budget", "tokens", quota.token_budget, used, window)
+                    )
             entries = []
             for t in group:
                 entries.append([now, t])
@@ -324,10 +417,20 @@ class InProcessQuotaStore:
     ) -> None:
         headers = headers if headers is not None else _headers(quota, st, sum(e[1] for e in st.tokens), now)
         if quota.max_concurrent is not None and st.running + count > quota.max_concurrent:
-            raise _limited(f"too many concurrent requests (max_concurrent={quota.max_concurrent})", 1, headers)
+            raise _limited(
+                f"too many concurrent requests (max_concurrent={quota.max_concurrent})",
+                1,
+                headers,
+                rule=("max_concurrent", quota.max_concurrent, st.running + count),
+            )
         if quota.rpm is not None and len(st.requests) + other_requests + count > quota.rpm:
             wait = st.requests[0] + WINDOW_S - now if st.requests else 1.0
-            raise _limited(f"rate limit reached: {quota.rpm} requests per minute", wait, headers)
+            raise _limited(
+                f"rate limit reached: {quota.rpm} requests per minute",
+                wait,
+                headers,
+                rule=("rpm", quota.rpm, len(st.requests) + other_requests + count),
+            )
 
 
 def _trim(st: _TenantState, now: float) -> None:
@@ -352,5 +455,14 @@ def _headers(q: QuotaView, st: _TenantState, tokens: int, now: float, other_requ
     return h
 
 
-def _limited(message: str, wait_s: float, headers: dict[str, str], code: str = "rate_limit_exceeded") -> RateLimited:
-    return RateLimited(message, code=code, headers={**headers, "retry-after": str(max(1, math.ceil(wait_s)))})
+def _limited(
+    message: str,
+    wait_s: float,
+    headers: dict[str, str],
+    code: str = "rate_limit_exceeded",
+    *,
+    rule: tuple[str, int, int],
+) -> RateLimited:
+    exc = RateLimited(message, code=code, headers={**headers, "retry-after": str(max(1, math.ceil(wait_s)))})
+    exc.limit_rule = rule  # type: ignore[attr-defined]  # (rule, limit, used): the refusal's alert
+    return exc

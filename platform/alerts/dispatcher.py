@@ -1,0 +1,123 @@
+"""Delivers the outbox: a thread of the server process that, every ``dispatch_interval_s``, fans
+new events out to the matching webhooks, claims due deliveries under a lease, POSTs them signed
+(``signing.py``) and records each outcome.
+
+Delivery is at least once: a server killed after the receiver answered but before the outcome was
+written delivers the row again once the lease expires, under the same ``webhook-id`` (receivers
+dedupe by it, as Standard Webhooks asks). An outcome is never lost the other way: a row leaves
+``pending`` only by a 2xx (``delivered``) or by running out of attempts (``dead``)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.alerts import repository, signing
+from loraplex.platform.alerts.outbox import Outbox
+from loraplex.platform.alerts.urls import UnsafeUrl, check_url
+from loraplex.platform.db.base import utcnow
+from loraplex.platform.settings import AlertSettings
+
+log = logging.getLogger("loraplex.platform.alerts")
+
+
+def backoff_s(attempt: int, settings: AlertSettings, rand: random.Random | None = None) -> float:
+    """Wait after the ``attempt``-th failure: exponential, capped, half of it random (jitter), so
+    receivers coming back are not hit by every server's retries in the same second."""
+    full = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** max(0, attempt - 1))
+    return full / 2 + (rand or random).uniform(0, full / 2)
+
+
+class Dispatcher:
+    def __init__(self, sessions: sessionmaker[Session], outbox: Outbox, settings: AlertSettings) -> None:
+        self._sessions = sessions
+        self._outbox = outbox
+        self._settings = settings
+        self.owner = f"{uuid.uuid4().hex[:16]}"  # this process's lease name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client = httpx.Client(timeout=settings.delivery_timeout_s, follow_redirects=False)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="loraplex-alerts", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._client.close()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self._settings.dispatch_interval_s):
+            try:
+                self.run_once()
+            except Exception as exc:  # noqa: BLE001 - database down etc.: the next pass retries
+                # once per outage, not once per pass
+                (log.debug if failing else log.warning)(
+                    "alerts: dispatch pass failed (retrying every pass): %s",
+                    (str(exc).splitlines() or [repr(exc)])[0][:200],
+                )
+                failing = True
+                continue
+            if failing:
+                log.warning("alerts: dispatching again")
+            failing = False
+
+    def run_once(self) -> int:
+        """One pass; returns how many deliveries were attempted."""
+        s = self._settings
+        self._outbox.retry_pending()
+        with self._sessions() as session:
+            if not repository.work_waiting(session, utcnow()):
+                return 0
+        with self._sessions() as session:
+            repository.fan_out(session, utcnow(), s.batch_size)
+            session.commit()
+        with self._sessions() as session:
+            ids = repository.claim(session, self.owner, utcnow(), s.lease_s, s.batch_size)
+            session.commit()
+        if not ids:
+            return 0
+        with self._sessions() as session:
+            work = [(d.id, d.attempts, e.id, e.body, w.url, w.secret) for d, e, w in repository.claimed(session, ids)]
+        for delivery_id, attempts, event_id, body, url, secret in work:
+            if self._stop.is_set():
+                break  # the lease expires; another pass (or server) delivers it
+            ok, status, error = self._post(url, secret, event_id, body)
+            self._record(delivery_id, attempts, ok, status, error)
+        return len(work)
+
+    def _post(self, url: str, secret: str, event_id: str, body: str) -> tuple[bool, int | None, str | None]:
+        try:
+            check_url(url, self._settings)
+        except UnsafeUrl as exc:
+            return False, None, exc.message[:500]
+        headers = signing.headers(secret, event_id, int(time.time()), body)
+        try:
+            resp = self._client.post(url, content=body.encode(), headers=headers)
+        except httpx.HTTPError as exc:
+            return False, None, f"{type(exc).__name__}: {exc}"[:500]
+        if 200 <= resp.status_code < 300:
+            return True, resp.status_code, None
+        return False, resp.status_code, f"HTTP {resp.status_code}"
+
+    def _record(self, delivery_id: int, attempts: int, ok: bool, status: int | None, error: str | None) -> None:
+        now = utcnow()
+        retry_at: datetime | None = None
+        if not ok and attempts < self._settings.max_attempts:
+            retry_at = now + timedelta(seconds=backoff_s(attempts, self._settings))
+        with self._sessions() as session:
+            repository.finish(
+                session, delivery_id, self.owner, ok=ok, now=now, status=status, error=error, retry_at=retry_at
+            )
+            session.commit()
