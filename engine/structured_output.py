@@ -61,6 +61,18 @@ def _bounded_strings_as_patterns(node: Any) -> Any:
     return out
 
 
+def _structural_tag_fixed(node: Any) -> Any:
+    """The same rewrite inside a structural tag: every ``json_schema`` format's schema."""
+    if isinstance(node, list):
+        return [_structural_tag_fixed(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _structural_tag_fixed(v) for k, v in node.items() if k != "json_schema"}
+    if "json_schema" in node:
+        out["json_schema"] = _bounded_strings_as_patterns(node["json_schema"])
+    return out
+
+
 def _lower_priority() -> None:
     """Compilation threads run at a lower CPU priority (Linux: ``nice`` is per thread, and threads
     xgrammar starts from here inherit it): a tenant's grammar must not take the cores the engine
@@ -221,7 +233,9 @@ class StructuredOutputManager:
 
     def _compile_now(self, spec: StructuredOutputSpec) -> Any:
         compiler = self._get_compiler()
-        param = "response_format"
+        # A structural tag is what the platform builds from a request's tools (their parameters
+        # schemas, and the answer's schema beside them), so what it cannot compile is the tools'.
+        param = "tools" if spec.kind == "structural_tag" else "response_format"
         try:
             if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
@@ -235,6 +249,12 @@ class StructuredOutputManager:
                 return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.value)
+            if spec.kind == "structural_tag":
+                try:
+                    tag = json.loads(spec.value)
+                except ValueError as exc:
+                    raise InvalidRequestError(f"the structural tag is not valid JSON: {exc}", param=param) from None
+                return compiler.compile_structural_tag(json.dumps(_structural_tag_fixed(tag)))
             return compiler.compile_grammar(spec.value)
         except InvalidRequestError:
             raise
