@@ -13,8 +13,10 @@ built per tool-call format, whose tags are exactly the text the format's parser 
 - ``auto``: free text, and once a call has started it is a call to an offered tool whose arguments
   match its schema (Hermes: calls may follow text; Llama 3: the whole output is calls or text,
   as its parser reads it). After a call the model may end, write text or (parallel) call again.
-- ``auto`` beside an answer constraint (``response_format`` / ``guided_*``): a tool call OR the
-  constrained answer, as OpenAI does; neither free text nor both.
+- ``auto`` beside a JSON answer constraint (``response_format``, ``guided_json``): a tool call OR
+  the schema'd answer, as OpenAI does; neither free text nor both. (A raw-text constraint,
+  ``guided_regex`` / ``guided_grammar``, shapes the whole output, calls included, as in vLLM:
+  plan_tools uses it alone.)
 
 Formats without such a form (mistral, pythonic) return None: the caller keeps its JSON-array
 grammar for ``required`` and leaves ``auto`` unconstrained.
@@ -28,9 +30,9 @@ from typing import Any
 
 from loraplex.platform.inference.structured import Spec
 
-# Whitespace runs allowed inside JSON (arguments, answers): enough for ``{"city": "Paris"}`` and
-# a newline, never unbounded (a model free to emit whitespace can pad until max_tokens).
-MAX_WHITESPACE = 2
+# The longest whitespace run inside JSON (arguments, answers): ``{"city": "Paris"}`` as models
+# write it, never unbounded (a model free to emit whitespace can pad until max_tokens).
+MAX_WHITESPACE = 1
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,7 @@ def _answer(spec: Spec) -> dict[str, Any]:
         return _json({"type": "object"})
     if kind == "json_schema":
         return _json(json.loads(value))
-    if kind == "regex":
-        return {"type": "regex", "pattern": value}
-    return {"type": "grammar", "grammar": value}
+    raise ValueError(f"a {kind} answer is the whole output, not one beside tool calls")
 
 
 def tool_grammar(
@@ -111,8 +111,8 @@ def tool_grammar(
     answer: Spec | None = None,
 ) -> Spec | None:
     """The ``structural_tag`` spec for ``mode`` (auto | required) over ``functions`` (name ->
-    parameters schema) in ``parser``'s format, with ``answer`` the other constraint of an auto
-    request (None: free text); None where the format has no tagged form."""
+    parameters schema) in ``parser``'s format, with ``answer`` the JSON answer constraint of an auto
+    request (json_schema / json_object; None: free text); None where the format has no tagged form."""
     syntax = SYNTAX.get(parser)
     if syntax is None or not functions:
         return None

@@ -3,13 +3,15 @@ the output becomes ``message.tool_calls``.
 
 ``tool_choice``:
 - ``none``: plain text; tools are still shown to the template (the model knows they exist). An
-  answer constraint (``response_format``, ``guided_*``) applies as without tools.
+  answer constraint (``response_format``, ``guided_*``) applies as it does without tools.
 - ``auto`` (the default with tools): the template's own tool format; calls are read back by the
   served model's tool-call parser (``[openai] tool_call_parser``: hermes, llama3_json, mistral,
   pythonic), streaming as they are written. What names a tool the request did not offer is not a
   call: it stays text (``content``), as OpenAI never returns such a call. For hermes and
   llama3_json a grammar in that format (tool_grammar.py) makes every call the model starts a call
-  to an offered tool with valid arguments; beside an answer constraint it is a call OR the answer.
+  to an offered tool with valid arguments; beside a JSON answer constraint (``response_format``,
+  ``guided_json``) it is a call OR the answer. ``guided_regex`` / ``guided_grammar`` shape the
+  whole output, calls included (as in vLLM).
 - ``required``: calls only. hermes / llama3_json: one or more calls in the model's own format,
   which may end after every complete call (tool_grammar.py); other formats: a JSON array of one or
   more ``{"name": <one of the tools>, "arguments": <its parameters schema>}`` objects, ``name``
@@ -91,6 +93,9 @@ def plan_tools(body: ChatRequest, parser: str = "hermes", answer: Spec | None = 
         reader = get_parser(parser, frozenset(funcs))
     except ValueError as exc:
         raise BadRequest(str(exc), param="tools") from None
+    if mode == "auto" and answer is not None and answer[0] in ("regex", "grammar"):
+        # vLLM's guided_regex / guided_grammar describe the whole output text, calls included
+        return ToolPlan("auto", None, answer, template_tools, reader, parallel)
     tagged = tool_grammar(mode, params, parser, parallel, answer)
     if mode == "required":
         if tagged is not None:
