@@ -296,6 +296,41 @@ def test_pydantic_ai(live):
     assert partials and isinstance(final_output, Weather)
 
 
+def test_pydantic_ai_native_output_beside_a_tool(live):
+    """pydantic-ai's NativeOutput + a tool: the request carries ``tools`` and ``response_format``
+    (``tool_choice`` auto), and the answer is a tool call OR the schema'd JSON, as OpenAI answers
+    (the schema alone used to constrain it: the tool ran 0 times). Which one a random model picks
+    is its draw, so several seeded runs; the tool is offered until it has run once (pydantic-ai's
+    ``prepare``), so a random model cannot call it until the context is full. Every run ends with
+    a valid ``Weather``; in some the tool runs (its result sent back to the server), in others the
+    first answer is the JSON."""
+    from pydantic_ai import Agent, NativeOutput, RunContext, Tool
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.tools import ToolDefinition
+
+    async def until_it_ran(ctx: RunContext, tool: ToolDefinition) -> ToolDefinition | None:
+        return None if CALLS else tool
+
+    base_url, key, model_name = live
+    model = OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=key))
+    calls_per_run = []
+    for seed in range(16):  # stops once both answers were seen (seed 3 calls, on this machine)
+        CALLS.clear()
+        agent = Agent(
+            model,
+            output_type=NativeOutput(Weather),
+            tools=[Tool(get_weather, prepare=until_it_ran)],
+            model_settings={"max_tokens": 200, "temperature": 1.0, "seed": seed},
+        )
+        result = agent.run_sync("Weather in Paris?")
+        assert isinstance(result.output, Weather)
+        calls_per_run.append(len(CALLS))
+        if any(calls_per_run) and not all(calls_per_run):
+            break
+    assert any(calls_per_run) and not all(calls_per_run), calls_per_run  # a call, and the JSON answer
+
+
 # ---------------------------------------------------------------------------------------- openai-agents
 def test_openai_agents_default_responses_model(live):
     from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled
