@@ -20,8 +20,8 @@ from openai import AsyncOpenAI, OpenAI
 from transformers import AutoTokenizer
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME
-from loraplex.platform.demo.dataset import conversations
 from loraplex.platform.demo.chat_template import tool_call_text
+from loraplex.platform.demo.dataset import conversations
 from loraplex.platform.demo.tool_dataset import TIME, WEATHER
 from loraplex.platform.demo.train import prompt_text
 
