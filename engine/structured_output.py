@@ -73,6 +73,12 @@ def _structural_tag_fixed(node: Any) -> Any:
     return out
 
 
+def _param(spec: StructuredOutputSpec) -> str:
+    """The request field an error about ``spec`` names: a structural tag is what the platform
+    builds from a request's tools (their parameters schemas, the answer's schema beside them)."""
+    return "tools" if spec.kind == "structural_tag" else "response_format"
+
+
 def _lower_priority() -> None:
     """Compilation threads run at a lower CPU priority (Linux: ``nice`` is per thread, and threads
     xgrammar starts from here inherit it): a tenant's grammar must not take the cores the engine
@@ -136,7 +142,7 @@ class StructuredOutputManager:
             raise InvalidRequestError(
                 f"the {spec.kind.replace('_', ' ')} is {len(spec.value)} characters, more than the limit of "
                 f"{self._max_spec_bytes}",
-                param="response_format",
+                param=_param(spec),
             )
         deadline = time.monotonic() + self._timeout_s
         with self._slots:
@@ -147,7 +153,7 @@ class StructuredOutputManager:
                     raise BusyError(
                         f"this tenant already has {self._per_tenant} grammar compilation(s) running; "
                         "retry when they finish",
-                        param="response_format",
+                        param=_param(spec),
                         retry_after_s=1.0,
                     )
                 self._slots.wait(left)
@@ -168,7 +174,7 @@ class StructuredOutputManager:
             raise BusyError(
                 f"compiling the {spec.kind.replace('_', ' ')} took longer than {self._timeout_s:g} s; it goes on "
                 "(charged to this tenant) and a retry may find it compiled",
-                param="response_format",
+                param=_param(spec),
                 retry_after_s=self._timeout_s,
             ) from None
 
@@ -233,9 +239,7 @@ class StructuredOutputManager:
 
     def _compile_now(self, spec: StructuredOutputSpec) -> Any:
         compiler = self._get_compiler()
-        # A structural tag is what the platform builds from a request's tools (their parameters
-        # schemas, and the answer's schema beside them), so what it cannot compile is the tools'.
-        param = "tools" if spec.kind == "structural_tag" else "response_format"
+        param = _param(spec)
         try:
             if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)

@@ -12,6 +12,7 @@ import pytest
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
+from loraplex.engine import InvalidRequestError
 from loraplex.engine.sampling_params import StructuredOutputSpec
 from loraplex.engine.structured_output import StructuredOutputManager
 from loraplex.platform.demo.chat_template import tool_call_text
@@ -204,3 +205,16 @@ def test_identical_calls_stream_once(step):
         ("get_weather", {"city": "Paris"}),
         ("get_time", {"tz": "UTC"}),
     ]
+
+
+def test_a_tool_schema_the_grammar_cannot_compile_names_tools(demo_model_dir):
+    tok = AutoTokenizer.from_pretrained(str(demo_model_dir))
+    mgr = StructuredOutputManager(tok, len(tok), [tok.eos_token_id or 0], max_spec_bytes=4096)
+    bad = tool_grammar("auto", {"f": {"type": "foo"}}, "hermes", True)
+    with pytest.raises(InvalidRequestError) as err:
+        mgr.compile(StructuredOutputSpec(*bad))  # type: ignore[misc]
+    assert err.value.param == "tools" and "foo" in str(err.value)
+    big = tool_grammar("required", {f"t{i}": CITY for i in range(40)}, "hermes", True)
+    with pytest.raises(InvalidRequestError) as err:
+        mgr.compile(StructuredOutputSpec(*big))  # type: ignore[misc]
+    assert err.value.param == "tools" and "limit" in str(err.value)
