@@ -251,7 +251,7 @@ def test_required_tool_choice_ends_after_one_call(server, demo_key_with_adapters
     """``tool_choice: "required"`` on a one-tool question: exactly one call, and the answer ENDS
     there (the grammar, in the adapter's own Hermes form, lets it stop after every complete call;
     the JSON-array grammar it replaced made it repeat the call until max_tokens), with one tool
-    offered or two, streamed or not."""
+    offered or two, streamed or not; and openai-agents' handoff tool alone (the issue's 3 identical calls)."""
     url, _log = server
     client = OpenAI(base_url=url + "/v1", api_key=demo_key_with_adapters, timeout=180)
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir), local_files_only=True)
@@ -275,6 +275,29 @@ def test_required_tool_choice_ends_after_one_call(server, demo_key_with_adapters
         if calls[0].function.name != "get_weather" or city not in calls[0].function.arguments.lower():  # type: ignore[union-attr]
             wrong.append((question, calls[0]))
     assert len(wrong) <= 1, wrong  # the small adapter's choice of tool and city: at most one miss
+    # openai-agents' handoff, alone: the JSON-array grammar made the adapter write this call 3 times
+    handoff = {
+        "type": "function",
+        "function": {
+            "name": "transfer_to_weather_agent",
+            "description": "Handoff to the Weather agent to handle the request.",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False, "required": []},
+        },
+    }
+    one_handoff = len(tok.encode(tool_call_text("transfer_to_weather_agent", {}), add_special_tokens=False))
+    r = client.chat.completions.create(
+        model="tools",
+        messages=[
+            {"role": "system", "content": "You are a triage agent. Hand off weather questions to the weather agent."},
+            {"role": "user", "content": README_QUESTION},
+        ],
+        tools=[handoff],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=0,
+        max_tokens=200,
+    )
+    assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls or []) == 1
+    assert r.usage and r.usage.completion_tokens < 2 * one_handoff, r.usage
     stream = client.chat.completions.create(
         model="tools",
         messages=[{"role": "user", "content": README_QUESTION}],
