@@ -12,13 +12,15 @@ if TYPE_CHECKING:
     from .config import RequestLimits
 
 MAX_LOGPROBS = 20
-STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
+STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutputSpec:
     """What the output must match. ``value``: the JSON schema text (json_schema), a regex, an EBNF
-    grammar; empty for json_object (any JSON object). Frozen and hashable: it keys the grammar cache.
+    grammar, an xgrammar structural tag as JSON text (structural_tag: tagged regions such as tool
+    calls, each with its own schema, among free text or beside an answer's schema); empty for
+    json_object (any JSON object). Frozen and hashable: it keys the grammar cache.
 
     A JSON schema is compiled in the key order it was given (xgrammar writes properties in schema
     order: ``{reasoning, answer}`` reasons first). Equality and hashing use a canonical form that

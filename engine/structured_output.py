@@ -61,6 +61,24 @@ def _bounded_strings_as_patterns(node: Any) -> Any:
     return out
 
 
+def _structural_tag_fixed(node: Any) -> Any:
+    """The same rewrite inside a structural tag: every ``json_schema`` format's schema."""
+    if isinstance(node, list):
+        return [_structural_tag_fixed(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _structural_tag_fixed(v) for k, v in node.items() if k != "json_schema"}
+    if "json_schema" in node:
+        out["json_schema"] = _bounded_strings_as_patterns(node["json_schema"])
+    return out
+
+
+def _param(spec: StructuredOutputSpec) -> str:
+    """The request field an error about ``spec`` names: a structural tag is what the platform
+    builds from a request's tools (their parameters schemas, the answer's schema beside them)."""
+    return "tools" if spec.kind == "structural_tag" else "response_format"
+
+
 def _lower_priority() -> None:
     """Compilation threads run at a lower CPU priority (Linux: ``nice`` is per thread, and threads
     xgrammar starts from here inherit it): a tenant's grammar must not take the cores the engine
@@ -124,7 +142,7 @@ class StructuredOutputManager:
             raise InvalidRequestError(
                 f"the {spec.kind.replace('_', ' ')} is {len(spec.value)} characters, more than the limit of "
                 f"{self._max_spec_bytes}",
-                param="response_format",
+                param=_param(spec),
             )
         deadline = time.monotonic() + self._timeout_s
         with self._slots:
@@ -135,7 +153,7 @@ class StructuredOutputManager:
                     raise BusyError(
                         f"this tenant already has {self._per_tenant} grammar compilation(s) running; "
                         "retry when they finish",
-                        param="response_format",
+                        param=_param(spec),
                         retry_after_s=1.0,
                     )
                 self._slots.wait(left)
@@ -156,7 +174,7 @@ class StructuredOutputManager:
             raise BusyError(
                 f"compiling the {spec.kind.replace('_', ' ')} took longer than {self._timeout_s:g} s; it goes on "
                 "(charged to this tenant) and a retry may find it compiled",
-                param="response_format",
+                param=_param(spec),
                 retry_after_s=self._timeout_s,
             ) from None
 
@@ -221,7 +239,7 @@ class StructuredOutputManager:
 
     def _compile_now(self, spec: StructuredOutputSpec) -> Any:
         compiler = self._get_compiler()
-        param = "response_format"
+        param = _param(spec)
         try:
             if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
@@ -235,6 +253,12 @@ class StructuredOutputManager:
                 return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.value)
+            if spec.kind == "structural_tag":
+                try:
+                    tag = json.loads(spec.value)
+                except ValueError as exc:
+                    raise InvalidRequestError(f"the structural tag is not valid JSON: {exc}", param=param) from None
+                return compiler.compile_structural_tag(json.dumps(_structural_tag_fixed(tag)))
             return compiler.compile_grammar(spec.value)
         except InvalidRequestError:
             raise

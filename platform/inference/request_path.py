@@ -129,10 +129,8 @@ async def chat(body: ChatRequest, ctx: PlatformContext, tenant: TenantAuth, requ
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     settings = ctx.settings.openai
     chat_prompt.check_request(body, settings.trust_request_chat_template)
-    plan = plan_tools(body, settings.tool_call_parser)
-    spec = plan.spec or response_spec(body)
-    if plan.spec is not None and response_spec(body) is not None:
-        raise BadRequest("a required or named tool_choice cannot be combined with another output constraint")
+    plan = plan_tools(body, settings.tool_call_parser, response_spec(body))
+    spec = plan.spec  # tools and the answer's constraint together (tools.py)
     logprobs = body.sample_logprobs()
     template = chat_prompt.server_template(settings.chat_template, ctx.engine.model_dir)
 

@@ -2,29 +2,39 @@
 the output becomes ``message.tool_calls``.
 
 ``tool_choice``:
-- ``none``: plain text; tools are still shown to the template (the model knows they exist).
+- ``none``: plain text; tools are still shown to the template (the model knows they exist). An
+  answer constraint (``response_format``, ``guided_*``) applies as it does without tools.
 - ``auto`` (the default with tools): the template's own tool format; calls are read back by the
   served model's tool-call parser (``[openai] tool_call_parser``: hermes, llama3_json, mistral,
   pythonic), streaming as they are written. What names a tool the request did not offer is not a
-  call: it stays text (``content``), as OpenAI never returns such a call.
-- ``required``: the output is constrained to a JSON array of one or more ``{"name": <one of the
-  tools>, "arguments": <its parameters schema>}`` objects (one object when
-  ``parallel_tool_calls`` is false). ``name`` comes first, so the model picks the tool before it
-  writes the arguments.
+  call: it stays text (``content``), as OpenAI never returns such a call. For hermes and
+  llama3_json a grammar in that format (tool_grammar.py) makes every call the model starts a call
+  to an offered tool with valid arguments; beside a JSON answer constraint (``response_format``,
+  ``guided_json``) it is a call OR the answer. ``guided_regex`` / ``guided_grammar`` shape the
+  whole output, calls included (as in vLLM).
+- ``required``: calls only. hermes / llama3_json: one or more calls in the model's own format,
+  which may end after every complete call (tool_grammar.py); other formats: a JSON array of one or
+  more ``{"name": <one of the tools>, "arguments": <its parameters schema>}`` objects, ``name``
+  first so the model picks the tool before it writes the arguments. ``parallel_tool_calls: false``:
+  exactly one call. An answer constraint is ignored (the answer is the calls).
 - a named function: the output is constrained to that function's parameters schema; it IS the
   arguments, so they stream as they are generated (finish_reason ``stop``, as OpenAI answers).
+  An answer constraint is ignored, as with ``required``.
+
+Identical calls (same name, same arguments) repeated in one answer are read back once.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference.openai_schemas import ChatRequest, NamedToolChoice
 from loraplex.platform.inference.structured import Spec, schema_text
+from loraplex.platform.inference.tool_grammar import tool_grammar
 from loraplex.platform.inference.tool_parsers import (
     JsonCallsParser,
     NamedArgumentsParser,
@@ -56,49 +66,60 @@ class ToolCallOut:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def plan_tools(body: ChatRequest, parser: str = "hermes") -> ToolPlan:
+def plan_tools(body: ChatRequest, parser: str = "hermes", answer: Spec | None = None) -> ToolPlan:
+    """How ``body``'s tools shape the output; ``answer``: its other output constraint
+    (``response_format`` / ``guided_*``). The plan's ``spec`` is the request's whole constraint."""
     tools = body.tools or []
     choice = body.tool_choice
     if choice is not None and choice != "none" and not tools:
         raise BadRequest("tool_choice needs tools", param="tool_choice")
     if not tools:
-        return ToolPlan()
+        return ToolPlan(spec=answer)
     funcs = {t.function.name: t.function for t in tools}
+    params = {n: f.parameters or ANY_OBJECT for n, f in funcs.items()}
     template_tools = [t.model_dump(exclude_none=True) for t in tools]
     mode = "auto" if choice is None else ("named" if isinstance(choice, NamedToolChoice) else choice)
     parallel = body.parallel_tool_calls
-    if mode in ("required", "named") and body.response_format is not None and body.response_format.type != "text":
-        raise BadRequest(
-            "response_format cannot be combined with a required or named tool_choice", param="response_format"
-        )
     if mode == "named":
         assert isinstance(choice, NamedToolChoice)
         name = choice.function["name"]
         if name not in funcs:
             raise BadRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        spec = ("json_schema", schema_text(funcs[name].parameters or ANY_OBJECT, "tools"))
+        spec = ("json_schema", schema_text(params[name], "tools"))
         return ToolPlan("named", name, spec, template_tools, NamedArgumentsParser(name), False)
-    if mode == "required":
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": n}, "arguments": f.parameters or ANY_OBJECT},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for n, f in funcs.items()
-        ]
-        one = options[0] if len(options) == 1 else {"anyOf": options}
-        schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
-        spec = ("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
-        return ToolPlan("required", None, spec, template_tools, JsonCallsParser(), parallel)
     if mode == "none":
-        return ToolPlan("none", None, None, template_tools)
+        return ToolPlan("none", None, answer, template_tools)
     try:
         reader = get_parser(parser, frozenset(funcs))
     except ValueError as exc:
         raise BadRequest(str(exc), param="tools") from None
-    return ToolPlan("auto", None, None, template_tools, reader, parallel)
+    if mode == "auto" and answer is not None and answer[0] in ("regex", "grammar"):
+        # vLLM's guided_regex / guided_grammar describe the whole output text, calls included
+        return ToolPlan("auto", None, answer, template_tools, reader, parallel)
+    tagged = tool_grammar(mode, params, parser, parallel, answer)
+    if mode == "required":
+        if tagged is not None:
+            return ToolPlan("required", None, tagged, template_tools, reader, parallel)
+        return ToolPlan("required", None, _call_array(params, parallel), template_tools, JsonCallsParser(), parallel)
+    # auto: a format without a tagged form constrains only the answer (the calls are not constrained)
+    return ToolPlan("auto", None, tagged or answer, template_tools, reader, parallel)
+
+
+def _call_array(params: dict[str, Any], parallel: bool) -> Spec:
+    """``required`` for formats without a tagged form: a JSON array of calls (one object when
+    parallel calls are off), ``name`` first."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": n}, "arguments": p},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for n, p in params.items()
+    ]
+    one = options[0] if len(options) == 1 else {"anyOf": options}
+    schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+    return ("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
 
 def template_messages(body: ChatRequest, template: str) -> list[dict[str, Any]]:
@@ -151,8 +172,26 @@ def _loads_or_text(s: str) -> Any:
         return s
 
 
+def _same_arguments(a: str, b: str) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return a == b
+
+
 def _usable(plan: ToolPlan, calls: list[PartialCall]) -> list[PartialCall]:
-    return calls if plan.parallel else calls[:1]
+    """The calls a client gets: a repeat of an earlier call (same name, same arguments) is dropped
+    (a model that writes one call twice means it once, and an agent would run it twice); a call
+    that may still turn out to be one waits until it is complete before it streams."""
+    out: list[PartialCall] = []
+    for call in calls:
+        if call.name is not None and any(p.name == call.name for p in out):
+            if not call.done:
+                call = replace(call, streamable=False)
+            elif any(p.name == call.name and p.done and _same_arguments(p.args, call.args) for p in out):
+                continue
+        out.append(call)
+    return out if plan.parallel else out[:1]
 
 
 def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCallOut]]:

@@ -20,8 +20,9 @@ from openai import AsyncOpenAI, OpenAI
 from transformers import AutoTokenizer
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME
+from loraplex.platform.demo.chat_template import tool_call_text
 from loraplex.platform.demo.dataset import conversations
-from loraplex.platform.demo.tool_dataset import WEATHER
+from loraplex.platform.demo.tool_dataset import TIME, WEATHER
 from loraplex.platform.demo.train import prompt_text
 
 pytestmark = pytest.mark.slow  # a real `loraplex serve` process on the 135M demo model
@@ -244,6 +245,74 @@ def test_auto_tool_choice_calls_get_weather_and_answers_text_otherwise(server, d
             texts.append(choice.message.content)
     # At most one of the three questions no tool answers may still call the tool.
     assert len(texts) >= len(NOT_TOOL_QUESTIONS) - 1, texts
+
+
+def test_required_tool_choice_ends_after_one_call(server, demo_key_with_adapters, smollm2_dir):
+    """``tool_choice: "required"`` on a one-tool question: exactly one call, and the answer ENDS
+    there (the grammar, in the adapter's own Hermes form, lets it stop after every complete call;
+    the JSON-array grammar it replaced made it repeat the call until max_tokens), with one tool
+    offered or two, streamed or not; and openai-agents' handoff tool alone (the issue's 3 identical calls)."""
+    url, _log = server
+    client = OpenAI(base_url=url + "/v1", api_key=demo_key_with_adapters, timeout=180)
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir), local_files_only=True)
+    one_call = len(tok.encode(tool_call_text("get_weather", {"city": "Paris"}), add_special_tokens=False))
+    wrong = []
+    for (question, city), tools in zip(WEATHER_QUESTIONS, [[WEATHER], [WEATHER, TIME]] * 3):
+        r = client.chat.completions.create(
+            model="tools",
+            messages=[{"role": "user", "content": question}],
+            tools=tools,  # type: ignore[arg-type]
+            tool_choice="required",
+            temperature=0,
+            max_tokens=200,
+        )
+        choice = r.choices[0]
+        calls = choice.message.tool_calls or []
+        # ended by the model (not max_tokens), after what one call takes (not a second one, even
+        # an identical one the read-back would drop)
+        assert choice.finish_reason == "tool_calls" and len(calls) == 1, (question, choice)
+        assert r.usage and r.usage.completion_tokens < 2 * one_call, (question, r.usage)
+        if calls[0].function.name != "get_weather" or city not in calls[0].function.arguments.lower():  # type: ignore[union-attr]
+            wrong.append((question, calls[0]))
+    assert len(wrong) <= 1, wrong  # the small adapter's choice of tool and city: at most one miss
+    # openai-agents' handoff, alone: the JSON-array grammar made the adapter write this call 3 times
+    handoff = {
+        "type": "function",
+        "function": {
+            "name": "transfer_to_weather_agent",
+            "description": "Handoff to the Weather agent to handle the request.",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False, "required": []},
+        },
+    }
+    one_handoff = len(tok.encode(tool_call_text("transfer_to_weather_agent", {}), add_special_tokens=False))
+    r = client.chat.completions.create(
+        model="tools",
+        messages=[
+            {"role": "system", "content": "You are a triage agent. Hand off weather questions to the weather agent."},
+            {"role": "user", "content": README_QUESTION},
+        ],
+        tools=[handoff],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=0,
+        max_tokens=200,
+    )
+    assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls or []) == 1
+    assert r.usage and r.usage.completion_tokens < 2 * one_handoff, r.usage
+    stream = client.chat.completions.create(
+        model="tools",
+        messages=[{"role": "user", "content": README_QUESTION}],
+        tools=[WEATHER, TIME],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=0,
+        max_tokens=200,
+        stream=True,
+    )
+    indexes, reasons = set(), []
+    for chunk in stream:
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            indexes |= {d.index for d in c.delta.tool_calls or []}
+    assert indexes == {0} and reasons[-1] == "tool_calls"
 
 
 def test_readme_round_trip_call_then_result_then_text(server, demo_key_with_adapters):

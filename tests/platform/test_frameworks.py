@@ -87,8 +87,8 @@ def test_openai_sdk(live):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
     msgs: list = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.chat.completions.create(
-        model=model, messages=msgs, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=60
-    )
+        model=model, messages=msgs, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=200
+    )  # the call in the model's own (Hermes) format: a random model writes it in ~100 tokens
     call = first.choices[0].message.tool_calls[0]
     result = get_weather(**json.loads(call.function.arguments))
     msgs += [
@@ -237,7 +237,8 @@ def test_pydantic_ai(live):
     base_url, key, model_name = live
     provider = OpenAIProvider(base_url=base_url, api_key=key)
     chat_model = OpenAIChatModel(model_name, provider=provider)
-    settings = {"max_tokens": 80, "parallel_tool_calls": False}
+    # the output tool is a `required` call in the model's own (Hermes) format: ~100 random tokens
+    settings = {"max_tokens": 200, "parallel_tool_calls": False}
     out = Agent(chat_model, output_type=Weather, model_settings=settings).run_sync("Weather?").output  # type: ignore[arg-type]
     assert isinstance(out, Weather)
     responses_out = Agent(
@@ -293,6 +294,41 @@ def test_pydantic_ai(live):
 
     partials, final_output = asyncio.run(stream_with_tools())
     assert partials and isinstance(final_output, Weather)
+
+
+def test_pydantic_ai_native_output_beside_a_tool(live):
+    """pydantic-ai's NativeOutput + a tool: the request carries ``tools`` and ``response_format``
+    (``tool_choice`` auto), and the answer is a tool call OR the schema'd JSON, as OpenAI answers
+    (the schema alone used to constrain it: the tool ran 0 times). Which one a random model picks
+    is its draw, so several seeded runs; the tool is offered until it has run once (pydantic-ai's
+    ``prepare``), so a random model cannot call it until the context is full. Every run ends with
+    a valid ``Weather``; in some the tool runs (its result sent back to the server), in others the
+    first answer is the JSON."""
+    from pydantic_ai import Agent, NativeOutput, RunContext, Tool
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.tools import ToolDefinition
+
+    async def until_it_ran(ctx: RunContext, tool: ToolDefinition) -> ToolDefinition | None:
+        return None if CALLS else tool
+
+    base_url, key, model_name = live
+    model = OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=key))
+    calls_per_run = []
+    for seed in range(16):  # stops once both answers were seen (seed 3 calls, on this machine)
+        CALLS.clear()
+        agent = Agent(
+            model,
+            output_type=NativeOutput(Weather),
+            tools=[Tool(get_weather, prepare=until_it_ran)],
+            model_settings={"max_tokens": 200, "temperature": 1.0, "seed": seed},
+        )
+        result = agent.run_sync("Weather in Paris?")
+        assert isinstance(result.output, Weather)
+        calls_per_run.append(len(CALLS))
+        if any(calls_per_run) and not all(calls_per_run):
+            break
+    assert any(calls_per_run) and not all(calls_per_run), calls_per_run  # a call, and the JSON answer
 
 
 # ---------------------------------------------------------------------------------------- openai-agents

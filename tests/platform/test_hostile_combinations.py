@@ -19,8 +19,9 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-# What the grammar of a required call (parallel calls off) forces before the model writes the city.
-CALL_PREFIX = '{"name": "get_weather", "arguments": '
+# What the grammar of a required call (parallel calls off; the served parser's Hermes form) forces
+# before the model writes the city.
+CALL_PREFIX = '<tool_call>\n{"name": "get_weather", "arguments": '
 
 
 @pytest.fixture

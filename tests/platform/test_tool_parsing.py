@@ -29,7 +29,9 @@ def test_plans():
     assert plan_tools(_req(tools=TOOLS)).mode == "auto"
     named = plan_tools(_req(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "f"}}))
     assert named.mode == "named" and json.loads(named.spec[1]) == TOOLS[0]["function"]["parameters"]
-    req = plan_tools(_req(tools=TOOLS, tool_choice="required"))
+    # required: the served format's own calls (hermes); a format without that form: a JSON array
+    assert plan_tools(_req(tools=TOOLS, tool_choice="required")).spec[0] == "structural_tag"
+    req = plan_tools(_req(tools=TOOLS, tool_choice="required"), "mistral")
     options = json.loads(req.spec[1])["items"]["anyOf"]
     assert [o["properties"]["name"]["const"] for o in options] == ["f", "g"]
     with pytest.raises(BadRequest, match="not in tools"):
