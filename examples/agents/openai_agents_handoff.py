@@ -3,6 +3,8 @@ which calls its tool and answers."""
 
 from __future__ import annotations
 
+import json
+
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from common import API_KEY, BASE_URL, TOOLS_MODEL, weather_of
 from openai import AsyncOpenAI
@@ -16,7 +18,7 @@ calls: list[str] = []
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
     calls.append(city)
-    return str(weather_of(city))
+    return json.dumps(weather_of(city))
 
 
 weather_agent = Agent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from common import API_KEY, BASE_URL, TOOLS_MODEL, weather_of
@@ -16,7 +17,7 @@ model = OpenAIChatCompletionsModel(model=TOOLS_MODEL, openai_client=AsyncOpenAI(
 @function_tool
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
-    return str(weather_of(city))
+    return json.dumps(weather_of(city))
 
 
 async def main() -> None:
