@@ -109,6 +109,13 @@ def cases() -> list[dict[str, Any]]:
     return out
 
 
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return text  # a malformed call: never equal to an expected dict
+
+
 def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from loraplex.engine import SamplingParams
     from loraplex.platform.demo.encode import prompt_text
@@ -120,7 +127,7 @@ def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, 
     parser = get_parser("hermes")
     rows, tally = [], {k: [0, 0] for k in ("call", "text", "after_result", "after_result_value")}
     for case, out in zip(todo, outs, strict=True):
-        calls = [(c.name, json.loads(c.arguments or "{}")) for c in parser.scan(out.text, final=True).calls]
+        calls = [(c.name, _json(c.args)) for c in parser.scan(out.text, final=True).calls]
         if case["kind"] == "call":
             ok = calls[:1] == [case["expect"]]
             tally["call"][0] += ok

@@ -178,17 +178,21 @@ def examples(seed: int = 0) -> list[Example]:
         out.append((_start(rng) + [_user(question)], _offer(rng, []), answer))
     # Two calls, each after the previous result, then one answer.
     for i in range(6):
-        a, b = CITIES[(i * 3 + 1) % len(CITIES)], CITIES[(i * 3 + 5) % len(CITIES)]
-        (ra, _), (rb, _) = _weather(rng, i, a), _weather(rng, i + 4, b)
+        first, second = CITIES[(i * 3 + 1) % len(CITIES)], CITIES[(i * 3 + 5) % len(CITIES)]
+        (ra, _), (rb, _) = _weather(rng, i, first), _weather(rng, i + 4, second)
         da, db = _degrees(ra), _degrees(rb)
         messages = _start(rng) + [
-            _user(f"What's the weather in {a} and in {b}?" if i % 2 else f"Compare the weather in {a} and {b}."),
-            _call(f"call_a{i}", "get_weather", {"city": a}),
+            _user(
+                f"What's the weather in {first} and in {second}?"
+                if i % 2
+                else f"Compare the weather in {first} and {second}."
+            ),
+            _call(f"call_a{i}", "get_weather", {"city": first}),
             _result(f"call_a{i}", ra),
-            _call(f"call_b{i}", "get_weather", {"city": b}),
+            _call(f"call_b{i}", "get_weather", {"city": second}),
             _result(f"call_b{i}", rb),
         ]
-        out.append((messages, _offer(rng, [WEATHER]), f"It is {da} °C in {a} and {db} °C in {b}."))
+        out.append((messages, _offer(rng, [WEATHER]), f"It is {da} °C in {first} and {db} °C in {second}."))
     for i in range(3):
         city = CITIES[(i * 3 + 2) % len(CITIES)]
         (rw, _), (rt, _) = _weather(rng, i, city), _time(i + 3, city)
