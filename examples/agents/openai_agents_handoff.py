@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from common import API_KEY, BASE_URL, TOOLS_MODEL, weather_of
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)
+GREEDY = ModelSettings(temperature=0)  # the demo's answers are reproducible
 model = OpenAIChatCompletionsModel(model=TOOLS_MODEL, openai_client=AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY))
 calls: list[str] = []
 
@@ -22,13 +23,18 @@ def get_weather(city: str) -> str:
 
 
 weather_agent = Agent(
-    name="Weather agent", instructions="You are the weather agent. Use your tool.", tools=[get_weather], model=model
+    name="Weather agent",
+    instructions="You are the weather agent. Use your tool.",
+    tools=[get_weather],
+    model=model,
+    model_settings=GREEDY,
 )
 triage = Agent(
     name="Triage agent",
     instructions="You are a triage agent. Hand off to the right agent.",
     handoffs=[weather_agent],
     model=model,
+    model_settings=GREEDY,
 )
 result = Runner.run_sync(triage, "What's the weather in Oslo?")
 print("answered by:", result.last_agent.name)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from common import API_KEY, BASE_URL, TOOLS_MODEL, weather_of
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseTextDeltaEvent
 
 set_tracing_disabled(True)
+GREEDY = ModelSettings(temperature=0)  # the demo's answers are reproducible
 model = OpenAIChatCompletionsModel(model=TOOLS_MODEL, openai_client=AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY))
 
 
@@ -21,7 +22,13 @@ def get_weather(city: str) -> str:
 
 
 async def main() -> None:
-    agent = Agent(name="Assistant", instructions="You are a helpful assistant.", tools=[get_weather], model=model)
+    agent = Agent(
+        name="Assistant",
+        instructions="You are a helpful assistant.",
+        tools=[get_weather],
+        model=model,
+        model_settings=GREEDY,
+    )
     result = Runner.run_streamed(agent, "Is it sunny in Paris?")
     text, items = "", []
     async for event in result.stream_events():

@@ -16,7 +16,7 @@ class Report(BaseModel):
 
 
 model = OpenAIChatModel(TOOLS_MODEL, provider=OpenAIProvider(base_url=BASE_URL, api_key=API_KEY))
-agent = Agent(model, output_type=Report, system_prompt="Report the weather.")
+agent = Agent(model, output_type=Report, system_prompt="Report the weather.", model_settings={"temperature": 0})
 calls: list[str] = []
 
 
@@ -30,4 +30,3 @@ def get_weather(city: str) -> dict:
 result = agent.run_sync("Weather report for Paris, please.")
 print("tool calls:", calls)
 print("output:", repr(result.output))
-print("requests:", result.usage().requests)
