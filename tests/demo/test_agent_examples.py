@@ -7,6 +7,7 @@ model calls the tool again after the result."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def test_openai_agents_tool(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "openai_agents_tool.py")
     # Measured (greedy): the tool runs twice for Paris, then the answer from its result, within
     # openai-agents' default max_turns (10).
-    calls = eval(out.split("tool calls:")[1].splitlines()[0])  # the printed list of cities
+    calls = ast.literal_eval(out.split("tool calls:")[1].splitlines()[0].strip())  # the printed list
     assert calls and set(calls) == {"Paris"} and "18" in out.split("final:")[1], out
 
 
