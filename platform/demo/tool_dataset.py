@@ -160,11 +160,11 @@ def examples(seed: int = 0) -> list[Example]:
         result, answer = _weather(rng, i, city)
         messages = _start(rng) + [_user(ask.format(city)), _call(f"call_w{i}", "get_weather", {"city": city})]
         out.append((messages + [_result(f"call_w{i}", result)], _offer(rng, [WEATHER]), answer))
-    for i, ask in enumerate(TIME_ASKS * 2):
+    for i, ask in enumerate(TIME_ASKS * 4):  # the weather tool offered too: choose by the question
         city = CITIES[(i * 7 + 1) % len(CITIES)]
         result, answer = _time(i, city)
         messages = _start(rng) + [_user(ask.format(city)), _call(f"call_t{i}", "get_time", {"city": city})]
-        out.append((messages + [_result(f"call_t{i}", result)], _offer(rng, [TIME]), answer))
+        out.append((messages + [_result(f"call_t{i}", result)], _offer(rng, [TIME, WEATHER]), answer))
     for i in range(9):
         ask, name = MATH_ASKS[i % len(MATH_ASKS)]
         a, b = 3 + (i * 5) % 17, 2 + (i * 3) % 11
@@ -174,10 +174,10 @@ def examples(seed: int = 0) -> list[Example]:
         tool = MULTIPLY if name == "multiply" else ADD
         out.append((messages + [_result(f"call_m{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
     # No tool fits: a plain answer.
-    for question, answer in TEXT_ANSWERS:
+    for question, answer in TEXT_ANSWERS * 2:
         out.append((_start(rng) + [_user(question)], _offer(rng, []), answer))
     # Two calls, each after the previous result, then one answer.
-    for i in range(6):
+    for i in range(10):
         first, second = CITIES[(i * 3 + 1) % len(CITIES)], CITIES[(i * 3 + 5) % len(CITIES)]
         (ra, _), (rb, _) = _weather(rng, i, first), _weather(rng, i + 4, second)
         da, db = _degrees(ra), _degrees(rb)
@@ -221,7 +221,7 @@ def _handoffs(rng: random.Random) -> list[Example]:
     sees that call and its ``{"assistant": name}`` result, then does its own job."""
     out: list[Example] = []
     triage = "You are a triage agent. Hand off to the right agent."
-    for i in range(6):
+    for i in range(10):
         city = CITIES[(i * 7 + 3) % len(CITIES)]
         ask = WEATHER_ASKS[(i * 3) % len(WEATHER_ASKS)].format(city)
         tools = [WEATHER_AGENT, MATH_AGENT] if i % 2 else [MATH_AGENT, WEATHER_AGENT]
@@ -250,7 +250,7 @@ def _structured(rng: random.Random) -> list[Example]:
     """pydantic-ai's structured result: after the tool's result, the ``final_result`` output tool
     is called with the answer's fields (it ends the run; no answer text)."""
     out: list[Example] = []
-    for i in range(5):
+    for i in range(8):
         city = CITIES[(i * 3 + 4) % len(CITIES)]
         result, _ = _weather(rng, i + 2, city)
         ask = WEATHER_ASKS[(i * 7 + 1) % len(WEATHER_ASKS)].format(city)
