@@ -208,21 +208,41 @@ def demo_adapters(
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps per adapter (default: its recipe)")] = None,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Train and register only this adapter (repeatable)")
+    ] = None,
 ) -> None:
-    """Train the demo adapters (french, pirate) with peft on this machine and register them for
-    the demo tenant. A running server loads them on its next start."""
+    """Train the demo adapters (french, pirate, tools) with peft on this machine and register each
+    for the demo tenant as soon as it is trained. A rerun skips adapters already trained with the
+    same recipe and data (and resumes one stopped mid-training). A running server loads them on its
+    next start."""
     from loraplex.platform.demo.adapters import register_for_demo_tenant, train_demo_adapters
     from loraplex.platform.demo.bootstrap import ensure_demo_tenant
+    from loraplex.platform.demo.dataset import ADAPTERS
 
+    unknown = sorted(set(only or []) - set(ADAPTERS))
+    if unknown:
+        typer.echo(f"error: unknown demo adapter(s) {unknown}; choose from {sorted(ADAPTERS)}", err=True)
+        raise typer.Exit(2)
     ctx = _admin_ctx(config, data_dir, with_engine=True)
     new_key = ensure_demo_tenant(ctx)
     if new_key:
         typer.echo(f"demo tenant created; its API key (shown once): {new_key}")
-    folders = train_demo_adapters(
-        ctx.engine.model_dir, ctx.settings.data_dir / "demo-adapters", typer.echo, steps=steps
+
+    def register(name: str, folder: Path) -> None:
+        with _cli_errors():
+            for row in register_for_demo_tenant(ctx, {name: folder}, skip_registered=True):
+                state = "already registered" if row.get("already_registered") else "registered"
+                typer.echo(f"[loraplex] demo adapter {name!r} {state}: {json.dumps(row)}")
+
+    train_demo_adapters(
+        ctx.engine.model_dir,
+        ctx.settings.data_dir / "demo-adapters",
+        typer.echo,
+        names=only or None,
+        steps=steps,
+        on_trained=register,
     )
-    with _cli_errors():
-        _print(register_for_demo_tenant(ctx, folders))
 
 
 @db_app.command("upgrade")

@@ -1,7 +1,19 @@
-"""The built-in training data of the ``tools`` demo adapter, written for loraplex: with tools
-offered in the system prompt (the demo chat template), call the one that fits as a Hermes
-``<tool_call>`` block, answer in plain text when none fits, and after a ``<tool_response>`` turn
-answer in text from the result. Cities and phrasings the tests ask about are NOT in here."""
+"""The built-in training data of the ``tools`` demo adapter, written for loraplex: whole agent turns,
+as agent frameworks send them. With tools offered in the system prompt (the demo chat template):
+
+- call the tool that fits (among several offered) as a Hermes ``<tool_call>`` block, or answer in
+  plain text when none fits;
+- after a ``<tool_response>`` turn, answer in plain text from the result (the turn that ends an
+  agent's loop: without it the adapter calls the tool again until the framework's turn limit);
+- hand off (``transfer_to_*`` tools, as openai-agents names them) and, as the agent handed to,
+  continue with its own tool;
+- two calls (two cities, or weather and time), each after the previous result, then one answer;
+- a structured result through an output tool (``final_result``, as pydantic-ai names it) after the
+  tool's result.
+
+Every assistant turn of a conversation is a training target (platform/demo/encode.py). Cities,
+numbers and phrasings the tests and benchmarks/demo/tools_adapter.py ask about are NOT in here.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +21,10 @@ import json
 import random
 from typing import Any
 
-from loraplex.platform.demo.chat_template import tool_call_text
+from loraplex.platform.demo.chat_template import DEFAULT_SYSTEM, tool_call_text
 
 
-def _tool(name: str, description: str, param: str, param_description: str) -> dict[str, Any]:
+def _tool(name: str, description: str, params: dict[str, tuple[str, str]]) -> dict[str, Any]:
     return {
         "type": "function",
         "function": {
@@ -20,17 +32,46 @@ def _tool(name: str, description: str, param: str, param_description: str) -> di
             "description": description,
             "parameters": {
                 "type": "object",
-                "properties": {param: {"type": "string", "description": param_description}},
-                "required": [param],
+                "properties": {p: {"type": t, "description": d} for p, (t, d) in params.items()},
+                "required": list(params),
             },
         },
     }
 
 
-# The README's tool is get_weather with a `city` argument; get_time is there so the adapter
+def handoff(agent: str) -> dict[str, Any]:
+    """A handoff tool as openai-agents offers it (no arguments)."""
+    name = "transfer_to_" + agent.lower().replace(" ", "_")
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"Handoff to the {agent} agent to handle the request. ",
+            "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        },
+    }
+
+
+# The README's tool is get_weather with a `city` argument; the others are there so the adapter
 # learns to choose by what the question asks, not to call whatever is offered.
-WEATHER = _tool("get_weather", "Get the current weather in a city", "city", "The city name")
-TIME = _tool("get_time", "Get the current local time in a city", "city", "The city name")
+WEATHER = _tool("get_weather", "Get the current weather in a city", {"city": ("string", "The city name")})
+TIME = _tool("get_time", "Get the current local time in a city", {"city": ("string", "The city name")})
+MULTIPLY = _tool("multiply", "Multiply two numbers", {"a": ("number", "first"), "b": ("number", "second")})
+ADD = _tool("add", "Add two numbers", {"a": ("number", "first"), "b": ("number", "second")})
+WEATHER_AGENT, MATH_AGENT = handoff("Weather agent"), handoff("Math agent")
+FINAL_RESULT = {
+    "type": "function",
+    "function": {
+        "name": "final_result",
+        "description": "The final response which ends this conversation",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+            "required": ["city", "temperature_c"],
+        },
+    },
+}
+DISTRACTORS = [WEATHER, TIME, MULTIPLY, ADD]
 
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney", "Cairo", "Toronto"]
 WEATHER_ASKS = [
@@ -46,13 +87,13 @@ WEATHER_ASKS = [
     "Weather in {}, please.",
 ]
 TIME_ASKS = ["What time is it in {}?", "What's the local time in {}?", "Tell me the current time in {}."]
+MATH_ASKS = [("What is {} times {}?", "multiply"), ("Multiply {} by {}.", "multiply"), ("What is {} plus {}?", "add")]
 # Questions no offered tool answers: plain English text, as the base model would answer.
 TEXT_ANSWERS = [
     ("What is the capital of Italy?", "The capital of Italy is Rome."),
     ("How many days are in a week?", "There are seven days in a week."),
     ("What color is grass?", "Grass is green."),
     ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
-    ("What is 2 plus 2?", "2 plus 2 is 4."),
     ("Tell me a fun fact.", "Octopuses have three hearts."),
     ("What do bees make?", "Bees make honey."),
     ("Say hello.", "Hello! How can I help you today?"),
@@ -60,56 +101,169 @@ TEXT_ANSWERS = [
     ("Can you recommend a good book?", "Try The Little Prince by Antoine de Saint-Exupery."),
     ("What animal says moo?", "A cow says moo."),
     ("How many continents are there?", "There are seven continents."),
+    ("Thanks!", "You're welcome!"),
 ]
+# What agents put in the system prompt (the framework's instructions); None: the template's default.
+SYSTEMS = [None, None, "You are a helpful assistant.", "Answer briefly.", "You are a helpful agent. Use the tools."]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
 Example = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]
 
 
-def _offer(rng: random.Random, needed: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One or both tools (the needed one always), in a random order."""
-    tools = [needed] if needed is not None else [rng.choice([WEATHER, TIME])]
-    if rng.random() < 0.5:
-        tools = [WEATHER, TIME]
-        rng.shuffle(tools)
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _result(call_id: str, content: Any) -> dict[str, Any]:
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _offer(rng: random.Random, needed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The needed tools plus up to two others, in a random order."""
+    others = [t for t in DISTRACTORS if t not in needed]
+    tools = needed + rng.sample(others, rng.randint(0 if needed else 1, 2))
+    rng.shuffle(tools)
     return tools
 
 
+def _start(rng: random.Random, system: str | None = None) -> list[dict[str, Any]]:
+    system = system if system is not None else rng.choice(SYSTEMS)
+    return [] if system is None else [{"role": "system", "content": system}]
+
+
+def _weather(rng: random.Random, i: int, city: str) -> tuple[dict[str, Any] | str, str]:
+    """A weather result (JSON or a framework's plain string) and the answer written from it."""
+    degrees, cond = 3 + (i * 7) % 27, CONDITIONS[i % len(CONDITIONS)]
+    if i % 3 == 2:
+        return f"{cond.capitalize()}, {degrees} °C", f"It is {cond} and {degrees} °C in {city}."
+    return {"city": city, "temperature_c": degrees, "conditions": cond}, f"It is {degrees} °C and {cond} in {city}."
+
+
+def _time(i: int, city: str) -> tuple[dict[str, Any], str]:
+    clock = f"{(7 + 5 * i) % 24:02d}:{(13 * i) % 60:02d}"
+    return {"city": city, "time": clock}, f"It is {clock} in {city}."
+
+
 def examples(seed: int = 0) -> list[Example]:
-    """(messages, tools, answer) triples; deterministic."""
+    """(messages, tools, answer) conversations; deterministic."""
     rng = random.Random(seed)
     out: list[Example] = []
+    # One call, its result, the answer (and so also the call alone: the call turn is a target too).
     for i, ask in enumerate(WEATHER_ASKS * 2):
         city = CITIES[(i * 3) % len(CITIES)]
-        out.append(([_user(ask.format(city))], _offer(rng, WEATHER), tool_call_text("get_weather", {"city": city})))
-    for i, ask in enumerate(TIME_ASKS * 2):
+        result, answer = _weather(rng, i, city)
+        messages = _start(rng) + [_user(ask.format(city)), _call(f"call_w{i}", "get_weather", {"city": city})]
+        out.append((messages + [_result(f"call_w{i}", result)], _offer(rng, [WEATHER]), answer))
+    for i, ask in enumerate(TIME_ASKS * 4):  # the weather tool offered too: choose by the question
         city = CITIES[(i * 7 + 1) % len(CITIES)]
-        out.append(([_user(ask.format(city))], _offer(rng, TIME), tool_call_text("get_time", {"city": city})))
-    for question, answer in TEXT_ANSWERS:
-        out.append(([_user(question)], _offer(rng, None), answer))
-    for i in range(8):  # the second turn: the tool's result, then a text answer from it
-        city = CITIES[(i * 5 + 2) % len(CITIES)]
-        call_id = f"call_{i}"
-        result: dict[str, Any]
-        if i % 4 == 3:
-            name, args, result = "get_time", {"city": city}, {"city": city, "time": f"{8 + i}:{15 * (i % 4):02d}"}
-            answer = f"It is {result['time']} in {city}."
-            ask = TIME_ASKS[i % len(TIME_ASKS)]
-        else:
-            degrees, cond = 5 + (i * 7) % 25, CONDITIONS[i % len(CONDITIONS)]
-            name, args = "get_weather", {"city": city}
-            result = {"city": city, "temperature_c": degrees, "conditions": cond}
-            answer = f"It is {degrees} °C and {cond} in {city}."
-            ask = WEATHER_ASKS[i % len(WEATHER_ASKS)]
-        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-        messages = [
-            _user(ask.format(city)),
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result, ensure_ascii=False)},
+        result, answer = _time(i, city)
+        messages = _start(rng) + [_user(ask.format(city)), _call(f"call_t{i}", "get_time", {"city": city})]
+        out.append((messages + [_result(f"call_t{i}", result)], _offer(rng, [TIME, WEATHER]), answer))
+    for i in range(9):
+        ask, name = MATH_ASKS[i % len(MATH_ASKS)]
+        a, b = 3 + (i * 5) % 17, 2 + (i * 3) % 11
+        value = a * b if name == "multiply" else a + b
+        word = "times" if name == "multiply" else "plus"
+        messages = _start(rng) + [_user(ask.format(a, b)), _call(f"call_m{i}", name, {"a": a, "b": b})]
+        tool = MULTIPLY if name == "multiply" else ADD
+        out.append((messages + [_result(f"call_m{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
+    # No tool fits: a plain answer.
+    for question, answer in TEXT_ANSWERS * 2:
+        out.append((_start(rng) + [_user(question)], _offer(rng, []), answer))
+    # Two calls, each after the previous result, then one answer.
+    for i in range(10):
+        first, second = CITIES[(i * 3 + 1) % len(CITIES)], CITIES[(i * 3 + 5) % len(CITIES)]
+        (ra, _), (rb, _) = _weather(rng, i, first), _weather(rng, i + 4, second)
+        da, db = _degrees(ra), _degrees(rb)
+        messages = _start(rng) + [
+            _user(
+                f"What's the weather in {first} and in {second}?"
+                if i % 2
+                else f"Compare the weather in {first} and {second}."
+            ),
+            _call(f"call_a{i}", "get_weather", {"city": first}),
+            _result(f"call_a{i}", ra),
+            _call(f"call_b{i}", "get_weather", {"city": second}),
+            _result(f"call_b{i}", rb),
         ]
-        out.append((messages, _offer(rng, WEATHER if name == "get_weather" else TIME), answer))
+        out.append((messages, _offer(rng, [WEATHER]), f"It is {da} °C in {first} and {db} °C in {second}."))
+    for i in range(3):
+        city = CITIES[(i * 3 + 2) % len(CITIES)]
+        (rw, _), (rt, _) = _weather(rng, i, city), _time(i + 3, city)
+        messages = _start(rng) + [
+            _user(f"What is the weather and the time in {city}?"),
+            _call(f"call_c{i}", "get_weather", {"city": city}),
+            _result(f"call_c{i}", rw),
+            _call(f"call_d{i}", "get_time", {"city": city}),
+            _result(f"call_d{i}", rt),
+        ]
+        answer = f"It is {_degrees(rw)} °C in {city}, and the local time is {rt['time']}."
+        out.append((messages, _offer(rng, [WEATHER, TIME]), answer))
+    out += _handoffs(rng)
+    out += _structured(rng)
     return out
 
 
-def _user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
+def _degrees(result: dict[str, Any] | str) -> int:
+    if isinstance(result, dict):
+        return int(result["temperature_c"])
+    return int(result.split(", ")[1].split(" ")[0])
+
+
+def _handoffs(rng: random.Random) -> list[Example]:
+    """openai-agents' handoff: the triage agent calls ``transfer_to_<agent>``; the agent handed to
+    sees that call and its ``{"assistant": name}`` result, then does its own job."""
+    out: list[Example] = []
+    triage = "You are a triage agent. Hand off to the right agent."
+    for i in range(10):
+        city = CITIES[(i * 7 + 3) % len(CITIES)]
+        ask = WEATHER_ASKS[(i * 3) % len(WEATHER_ASKS)].format(city)
+        tools = [WEATHER_AGENT, MATH_AGENT] if i % 2 else [MATH_AGENT, WEATHER_AGENT]
+        head = [_user(ask), _call(f"call_h{i}", WEATHER_AGENT["function"]["name"], {})]
+        out.append(([{"role": "system", "content": triage}, *head[:1]], tools, _call_text(head[1])))
+        result, answer = _weather(rng, i + 1, city)
+        messages = [
+            {"role": "system", "content": "You are the weather agent. Use your tool."},
+            *head,
+            _result(f"call_h{i}", {"assistant": "Weather agent"}),
+            _call(f"call_x{i}", "get_weather", {"city": city}),
+            _result(f"call_x{i}", result),
+        ]
+        out.append((messages, [WEATHER], answer))
+    for i in range(3):
+        a, b = 4 + i * 6, 3 + i
+        head = [_user(f"What is {a} times {b}?"), _call(f"call_g{i}", MATH_AGENT["function"]["name"], {})]
+        out.append(([{"role": "system", "content": triage}, head[0]], [WEATHER_AGENT, MATH_AGENT], _call_text(head[1])))
+    # Nothing to hand off: the triage agent answers itself.
+    for question, answer in TEXT_ANSWERS[:3]:
+        out.append(([{"role": "system", "content": triage}, _user(question)], [WEATHER_AGENT, MATH_AGENT], answer))
+    return out
+
+
+def _structured(rng: random.Random) -> list[Example]:
+    """pydantic-ai's structured result: after the tool's result, the ``final_result`` output tool
+    is called with the answer's fields (it ends the run; no answer text)."""
+    out: list[Example] = []
+    for i in range(8):
+        city = CITIES[(i * 3 + 4) % len(CITIES)]
+        result, _ = _weather(rng, i + 2, city)
+        ask = WEATHER_ASKS[(i * 7 + 1) % len(WEATHER_ASKS)].format(city)
+        messages = _start(rng, DEFAULT_SYSTEM if i % 2 else "Report the weather.") + [
+            _user(ask),
+            _call(f"call_s{i}", "get_weather", {"city": city}),
+            _result(f"call_s{i}", result),
+        ]
+        final = {"city": city, "temperature_c": _degrees(result)}
+        out.append((messages, [WEATHER, FINAL_RESULT], _call_text(_call("f", "final_result", final))))
+    return out
+
+
+def _call_text(message: dict[str, Any]) -> str:
+    call = message["tool_calls"][0]["function"]
+    return tool_call_text(call["name"], call["arguments"])

@@ -3,7 +3,7 @@
 Prompts go through the demo model's chat template (platform/demo/chat_template.py: the model's own
 for a conversation without tools, the tools listed in the system prompt otherwise), exactly as the
 OpenAI endpoint renders them, so what the adapter learns is what a client sees; the loss is on the
-answer tokens only. LoRA sits on the top ``layers_from_top`` decoder layers. The frozen layers
+assistant's tokens only (every assistant turn of a conversation: platform/demo/encode.py). LoRA sits on the top ``layers_from_top`` decoder layers. The frozen layers
 below see the same inputs at every step, so their output is computed ONCE per example and the
 steps run only the top of the network (forward and backward): several times cheaper than full
 fine-tuning steps, which is what lets an adapter train in a minute or two on two CPU cores.
@@ -11,17 +11,22 @@ fine-tuning steps, which is what lets an adapter train in a minute or two on two
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loraplex.platform.demo import encode
 from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE
 from loraplex.platform.demo.dataset import conversations
-from loraplex.platform.demo.tool_dataset import Example
+from loraplex.platform.demo.encode import _encode, prompt_text, sequences
+
+__all__ = ["RECIPES", "TrainRecipe", "_encode", "prompt_text", "recipe_key", "train_adapter"]
 
 Progress = Callable[[str], None]
 
@@ -38,6 +43,8 @@ class TrainRecipe:
     # LoRA on the top `layers_from_top` decoder layers (all seven projections of each).
     layers_from_top: int = 8
     seed: int = 0
+    # Steps of linear warm-up before the linear decay (0: decay from the first step).
+    warmup_steps: int = 0
 
 
 # French needs more than style: new words. It gets more steps, more layers and bigger batches
@@ -45,34 +52,54 @@ class TrainRecipe:
 RECIPES = {
     "pirate": TrainRecipe(),
     "french": TrainRecipe(steps=40, batch_size=8, learning_rate=2e-3, layers_from_top=10),
-    # Long prompts (the tools in the system prompt, ~180 tokens on average): few layers and steps
-    # keep its training short (the CI trains it on every clean clone).
-    "tools": TrainRecipe(steps=20, batch_size=8, learning_rate=3e-3, layers_from_top=4),
+    # Whole agent conversations (tools in the system prompt, calls, results, answers: ~250 tokens
+    # each): few layers keep a step short; warm-up lets a higher peak rate converge in few steps.
+    "tools": TrainRecipe(steps=30, batch_size=8, learning_rate=4e-3, layers_from_top=4, warmup_steps=3),
 }
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+CHECKPOINT = "partial-checkpoint.pt"  # mid-training state, removed once the adapter is saved
 
 
-def prompt_text(tokenizer, example: Example) -> str:
-    """The prompt of one example, rendered as the server renders a chat request."""
-    messages, tools, _answer = example
-    kwargs = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(
-        messages, chat_template=DEMO_CHAT_TEMPLATE, tokenize=False, add_generation_prompt=True, **kwargs
+def recipe_key(model_dir: Path, adapter: str, recipe: TrainRecipe) -> str:
+    """Everything that decides an adapter's weights: the base model's files (by size and config),
+    the recipe, the data, the chat template and this trainer's source. A done marker or a
+    mid-training checkpoint with another key is stale."""
+    config = (Path(model_dir) / "config.json").read_text() if (Path(model_dir) / "config.json").is_file() else ""
+    weights = sorted((p.name, p.stat().st_size) for p in Path(model_dir).glob("*.safetensors"))
+    sources = [Path(__file__).read_text(), Path(encode.__file__).read_text()]
+    blob = json.dumps(
+        [config, weights, adapter, asdict(recipe), conversations(adapter), DEMO_CHAT_TEMPLATE, sources],
+        sort_keys=True,
+        default=str,
     )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _encode(tokenizer, example: Example) -> tuple[list[int], list[int]]:
-    answer = example[2]
-    prompt_ids = tokenizer.encode(prompt_text(tokenizer, example), add_special_tokens=False)
-    answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
+def _lr_factor(recipe: TrainRecipe) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return (step + 1) / (recipe.warmup_steps + 1)
+        return 1.0 - (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+
+    return factor
 
 
 def train_adapter(
-    model_dir: Path, adapter: str, out_dir: Path, recipe: TrainRecipe = TrainRecipe(), progress: Progress = print
+    model_dir: Path,
+    adapter: str,
+    out_dir: Path,
+    recipe: TrainRecipe = TrainRecipe(),
+    progress: Progress = print,
+    key: str | None = None,
+    checkpoint_every: int = 5,
 ) -> Path:
-    """Train one demo adapter and save it as a PEFT folder (adapter_config.json + safetensors)."""
+    """Train one demo adapter and save it as a PEFT folder (adapter_config.json + safetensors).
+
+    Every ``checkpoint_every`` steps the LoRA weights, the optimizer and the step go to
+    ``out_dir/partial-checkpoint.pt`` (a few MB); a run killed mid-training resumes from there
+    when its ``key`` (``recipe_key``) is unchanged. The batches are drawn from the recipe's seed
+    up front, so a resumed run sees the same batches as an uninterrupted one."""
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -86,8 +113,12 @@ def train_adapter(
     model.eval()  # no dropout anywhere; LoRA dropout is 0 too
     num_layers = model.config.num_hidden_layers
     first = max(0, num_layers - recipe.layers_from_top)
-    examples = [_encode(tokenizer, ex) for ex in conversations(adapter)]
+    examples = [seq for ex in conversations(adapter) for seq in sequences(tokenizer, ex)]
     frozen = _frozen_inputs(model, [ids for ids, _ in examples], first)
+    progress(
+        f"[loraplex]   {adapter}: {len(examples)} sequences, layers 0-{first - 1} run once "
+        f"({time.monotonic() - start:.0f} s)"
+    )
     # The trainable top: the same model object with only its upper layers (weights shared, not copied).
     model.model.layers = torch.nn.ModuleList(list(model.model.layers)[first:])
     model.config.num_hidden_layers = num_layers - first
@@ -100,35 +131,79 @@ def train_adapter(
     )
     peft_model = get_peft_model(model, config)
     top: Any = peft_model.base_model.model  # LlamaForCausalLM with LoRA layers injected
-    params = [p for p in peft_model.parameters() if p.requires_grad]
+    named = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+    params = list(named.values())
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / max(1, recipe.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(recipe))
     batches = _batches([len(ids) for ids, _ in examples], recipe.batch_size, recipe.steps, rng)
-    for step, picked in enumerate(batches):
-        width = max(len(examples[i][0]) for i in picked)
-        hidden = torch.zeros(len(picked), width, frozen[0].shape[-1])
-        mask = torch.zeros(len(picked), width, dtype=torch.long)
-        labels = torch.full((len(picked), width), -100)
-        for row, i in enumerate(picked):
-            n = len(examples[i][0])
-            hidden[row, :n], mask[row, :n] = frozen[i], 1
-            labels[row, :n] = torch.tensor(examples[i][1])
-        out = top.model(inputs_embeds=hidden, attention_mask=mask, use_cache=False).last_hidden_state
-        # Position t predicts token t+1; only answer tokens count (and only they reach lm_head).
-        targets = labels[:, 1:]
-        keep = targets != -100
-        logits = top.lm_head(out[:, :-1][keep])
-        loss = torch.nn.functional.cross_entropy(logits, targets[keep])
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step == 0 or (step + 1) % 10 == 0 or step + 1 == recipe.steps:
-            progress(
-                f"[loraplex]   {adapter}: step {step + 1}/{recipe.steps} loss {loss.item():.3f} "
-                f"({time.monotonic() - start:.0f} s)"
-            )
-    return _save(peft_model, get_peft_model_state_dict, save_file, out_dir, first, num_layers, recipe, model_dir)
+    checkpoint = out_dir / CHECKPOINT
+    done = _resume(checkpoint, key, named, optimizer, schedule)
+    if done:
+        progress(f"[loraplex]   {adapter}: resuming at step {done + 1}/{recipe.steps} from {checkpoint}")
+    loop_start, loss_value = time.monotonic(), float("nan")
+    for step in range(done, len(batches)):
+        loss_value = _step(top, examples, frozen, batches[step], optimizer, schedule)
+        if key is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < recipe.steps:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoint.with_suffix(".tmp")
+            state = {n: p.detach() for n, p in named.items()}
+            torch.save({"key": key, "step": step + 1, "lora": state, "optimizer": optimizer.state_dict()}, str(tmp))
+            tmp.replace(checkpoint)  # never a half-written checkpoint
+        per_step = (time.monotonic() - loop_start) / (step + 1 - done)
+        progress(
+            f"[loraplex]   {adapter}: step {step + 1}/{recipe.steps} loss {loss_value:.3f} "
+            f"({time.monotonic() - start:.0f} s, ETA {per_step * (recipe.steps - step - 1):.0f} s)"
+        )
+    saved = _save(peft_model, get_peft_model_state_dict, save_file, out_dir, first, num_layers, recipe, model_dir)
+    checkpoint.unlink(missing_ok=True)
+    return saved
+
+
+def _step(top, examples, frozen, picked: list[int], optimizer, schedule) -> float:
+    import torch
+
+    width = max(len(examples[i][0]) for i in picked)
+    hidden = torch.zeros(len(picked), width, frozen[0].shape[-1])
+    mask = torch.zeros(len(picked), width, dtype=torch.long)
+    labels = torch.full((len(picked), width), -100)
+    for row, i in enumerate(picked):
+        n = len(examples[i][0])
+        hidden[row, :n], mask[row, :n] = frozen[i], 1
+        labels[row, :n] = torch.tensor(examples[i][1])
+    out = top.model(inputs_embeds=hidden, attention_mask=mask, use_cache=False).last_hidden_state
+    # Position t predicts token t+1; only answer tokens count (and only they reach lm_head).
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = top.lm_head(out[:, :-1][keep])
+    loss = torch.nn.functional.cross_entropy(logits, targets[keep])
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.item())
+
+
+def _resume(checkpoint: Path, key: str | None, named: dict, optimizer, schedule) -> int:
+    """Load a mid-training checkpoint of this very key; returns the steps it had done (0: none)."""
+    import torch
+
+    if key is None or not checkpoint.is_file():
+        return 0
+    try:
+        state = torch.load(str(checkpoint), weights_only=True)
+    except Exception:  # a torn or foreign file: train from the start
+        return 0
+    if state.get("key") != key or set(state["lora"]) != set(named):
+        return 0
+    with torch.no_grad():
+        for name, tensor in state["lora"].items():
+            named[name].copy_(tensor)
+    optimizer.load_state_dict(state["optimizer"])
+    with warnings.catch_warnings():  # "scheduler stepped before the optimizer": on purpose, to catch up
+        warnings.simplefilter("ignore")
+        for _ in range(state["step"]):
+            schedule.step()
+    return int(state["step"])
 
 
 def _frozen_inputs(model, prompts: list[list[int]], first: int) -> list:

@@ -2,26 +2,24 @@
 adapters, built ONCE per machine into a cache outside the work tree (``$LORAPLEX_TEST_CACHE``, by
 default ``~/.cache/loraplex/test-models``) and shared by every test of the session: the conversion
 takes ~20 s and training the adapters a few minutes on 2 cores. Outside the work tree so that a
-fresh clone on the same machine (CI) reuses them; the adapters' folder is keyed by everything that
-decides the training (recipes, data, chat template, the trainer's source), so a change retrains."""
+fresh clone on the same machine (CI) reuses them; each adapter's folder is keyed by everything that
+decides its training (recipe, data, chat template, the trainer's source), so a change retrains it
+and only it."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
+import httpx
 import pytest
+from demo_helpers import ADMIN_KEY, printed_demo_key, zip_adapter
 from filelock import FileLock
+from harness.serve import ServeProcess
 
 from loraplex.engine.real_model import DEMO_MODEL_NAME, ensure_demo_checkpoint
-from loraplex.platform.demo import train
-from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE
-from loraplex.platform.demo.dataset import ADAPTERS, EXAMPLES
-from loraplex.platform.demo.tool_dataset import examples as tool_examples
-from loraplex.platform.demo.train import RECIPES
+from loraplex.platform.demo.dataset import ADAPTERS
+from loraplex.platform.demo.train import RECIPES, recipe_key
 
 CACHE = Path(
     os.environ.get("LORAPLEX_TEST_CACHE")
@@ -44,19 +42,51 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_adapter_dirs(smollm2_dir) -> dict[str, Path]:
-    """name -> PEFT folder; retrained whenever the recipe or the dataset changes."""
+    """name -> PEFT folder; each adapter cached under its own ``recipe_key`` (base model, recipe,
+    data, chat template, trainer source), so a change to one adapter's data retrains that one only."""
     from loraplex.platform.demo.adapters import train_demo_adapters
 
-    # The CLI's own recipes: what the tests check is what `loraplex demo adapters` produces. The
-    # trainer's source is part of the key: a fix there (its target modules) must retrain.
-    recipes = {n: asdict(r) for n, r in sorted(RECIPES.items())}
-    trainer = Path(train.__file__).read_text()
-    key = hashlib.sha256(
-        json.dumps([recipes, EXAMPLES, tool_examples(), DEMO_CHAT_TEMPLATE, trainer]).encode()
-    ).hexdigest()[:12]
-    root = CACHE / f"demo-adapters-{key}"
-    dirs = {name: root / name for name in ADAPTERS}
+    # The CLI's own recipes and trainer: what the tests check is what `loraplex demo adapters` produces.
+    dirs = {}
     with _build_lock():
-        if all((d / "adapter_model.safetensors").is_file() for d in dirs.values()):
-            return dirs
-        return train_demo_adapters(smollm2_dir, root, print)
+        for name in ADAPTERS:
+            root = CACHE / f"demo-adapter-{name}-{recipe_key(smollm2_dir, name, RECIPES[name])}"
+            dirs[name] = train_demo_adapters(smollm2_dir, root, print, names=[name])[name]
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, tmp_path_factory):
+    """A real `loraplex serve` on a fresh data dir, default model. The converted checkpoint is
+    linked where serve converts it to, so serve's reuse path runs and the session converts once."""
+    data = tmp_path_factory.mktemp("demo-serve") / "data"
+    (data / "models").mkdir(parents=True)
+    (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
+    server = ServeProcess(
+        data,
+        None,  # the default model: the embedded demo checkpoint
+        admin_key=ADMIN_KEY,
+        config="[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\nkv_cache_memory_gb = 0.25\n",
+        clean_env=True,
+    )
+    try:
+        yield server.url, server.log
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def demo_key_with_adapters(server, demo_adapter_dirs) -> str:
+    """The demo tenant's key, after its three demo adapters are uploaded (as `loraplex demo adapters` does)."""
+    url, log = server
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
+    tenants = admin.get("/admin/v1/tenants").json()["data"]
+    demo_id = next(t["id"] for t in tenants if t["name"] == "demo")
+    for name, folder in demo_adapter_dirs.items():
+        r = admin.post(
+            "/admin/v1/adapters",
+            data={"name": name, "tenant_id": demo_id},
+            files={"file": (f"{name}.zip", zip_adapter(folder))},
+        )
+        assert r.status_code == 201, r.text
+    return printed_demo_key(log)

@@ -5,17 +5,15 @@ adapter changes the answers in its intended way, all in one batch on the running
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
-from harness.serve import ServeProcess
+from demo_helpers import printed_demo_key
 from openai import AsyncOpenAI, OpenAI
 from transformers import AutoTokenizer
 
@@ -27,7 +25,6 @@ from loraplex.platform.demo.train import prompt_text
 
 pytestmark = pytest.mark.slow  # a real `loraplex serve` process on the 135M demo model
 
-ADMIN_KEY = "lpx-admin-demo-test-key-0123456789"
 # Facts with answers known independently of any model; the expected substring must appear.
 FACTS = [
     ("What is the capital of France?", ["paris"]),
@@ -88,32 +85,6 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-zàâçéèêëîïôûùüÿœæ]+", text.lower())
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_dir, tmp_path_factory):
-    """A real `loraplex serve` on a fresh data dir, default model. The converted checkpoint is
-    linked where serve converts it to, so serve's reuse path runs and the session converts once."""
-    data = tmp_path_factory.mktemp("demo-serve") / "data"
-    (data / "models").mkdir(parents=True)
-    (data / "models" / DEMO_MODEL_NAME).symlink_to(smollm2_dir, target_is_directory=True)
-    server = ServeProcess(
-        data,
-        None,  # the default model: the embedded demo checkpoint
-        admin_key=ADMIN_KEY,
-        config="[engine]\nmax_num_seqs = 16\nmax_lora_rank = 16\nkv_cache_memory_gb = 0.25\n",
-        clean_env=True,
-    )
-    try:
-        yield server.url, server.log
-    finally:
-        server.stop()
-
-
-def printed_demo_key(log: Path) -> str:
-    match = re.search(r"Demo tenant 'demo' created; its API key \(shown once\):\s+(\S+)", log.read_text())
-    assert match, log.read_text()
-    return match.group(1)
-
-
 def test_served_default_answers_facts_with_the_printed_demo_key(server):
     url, log = server
     out = log.read_text()
@@ -136,31 +107,6 @@ def test_served_default_answers_facts_with_the_printed_demo_key(server):
     # number (the previous release's engine answers exactly the same, checked in-process). A broken
     # model, template or tokenizer gets none of the six right.
     assert len(wrong) <= 2, wrong
-
-
-def _zip(folder: Path) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            zf.write(folder / name, name)
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def demo_key_with_adapters(server, demo_adapter_dirs) -> str:
-    """The demo tenant's key, after its three demo adapters are uploaded (as `loraplex demo adapters` does)."""
-    url, log = server
-    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
-    tenants = admin.get("/admin/v1/tenants").json()["data"]
-    demo_id = next(t["id"] for t in tenants if t["name"] == "demo")
-    for name, folder in demo_adapter_dirs.items():
-        r = admin.post(
-            "/admin/v1/adapters",
-            data={"name": name, "tenant_id": demo_id},
-            files={"file": (f"{name}.zip", _zip(folder))},
-        )
-        assert r.status_code == 201, r.text
-    return printed_demo_key(log)
 
 
 def test_demo_adapters_change_answers_in_one_batch(server, demo_key_with_adapters):
@@ -199,7 +145,7 @@ def test_demo_adapters_change_answers_in_one_batch(server, demo_key_with_adapter
 def test_tokenize_route_counts_the_tools_like_chat(server, demo_key_with_adapters, smollm2_dir):
     url, _log = server
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir), local_files_only=True)
-    example = conversations("tools")[0]
+    example = next(ex for ex in conversations("tools") if len(ex[0]) == 1)  # a question, the tools offered
     r = httpx.post(
         url + "/tokenize",
         json={"model": "tools", "messages": example[0], "tools": example[1]},

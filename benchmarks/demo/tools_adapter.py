@@ -1,0 +1,176 @@
+"""How well the ``tools`` demo adapter does the agent turns it was trained for, on HELD-OUT
+phrasings, cities and numbers (none is in platform/demo/tool_dataset.py): the first call (right
+tool, right arguments, or none when none fits; handoffs), and the turn after a tool result (a
+plain-text answer from the result, not another call; the second call of a two-city question; the
+``final_result`` output tool). Greedy, in-process (``LLM``), prompts rendered by the server's demo
+chat template; calls read by the server's default parser (hermes). No grammar: this measures the
+adapter itself.
+
+    python -m benchmarks.demo.tools_adapter                       # the adapter `loraplex demo adapters` trains
+    python -m benchmarks.demo.tools_adapter --adapter old=PATH --adapter new=PATH   # compare folders
+
+~1-2 min on 2 cores (a few dozen short generations per adapter) after the adapter is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.lib.real_text import CACHE, demo_model_dir
+from benchmarks.lib.workload import print_table, write_json
+from loraplex.platform.demo.tool_dataset import ADD, FINAL_RESULT, MATH_AGENT, MULTIPLY, TIME, WEATHER, WEATHER_AGENT
+
+CITIES = ["Lisbon", "Oslo", "Seoul", "Lima", "Nairobi", "Dublin", "Vienna", "Mumbai"]
+WEATHER_ASKS = [
+    "Could you check the weather for {}?",
+    "Is it warm in {} at the moment?",
+    "Any rain expected in {} today?",
+    "How's the weather over in {}?",
+]
+TIME_ASKS = ["What's the current time over in {}?", "I need the local time in {}."]
+NO_TOOL = ["What is the capital of Canada?", "Who wrote Hamlet?", "How many legs does a spider have?"]
+TRIAGE = "You are a triage agent. Hand off to the right agent."
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _result(call_id: str, content: Any) -> dict[str, Any]:
+    text = content if isinstance(content, str) else json.dumps(content)
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def cases() -> list[dict[str, Any]]:
+    """Each: messages, tools, kind (``call`` / ``text`` / ``after_result``) and what is expected."""
+    out: list[dict[str, Any]] = []
+    for i, city in enumerate(CITIES):
+        ask = WEATHER_ASKS[i % len(WEATHER_ASKS)].format(city)
+        tools = [WEATHER, TIME] if i % 2 else [MULTIPLY, WEATHER]
+        out.append(dict(kind="call", messages=[_user(ask)], tools=tools, expect=("get_weather", {"city": city})))
+        degrees = 11 + i
+        result = {"city": city, "temperature_c": degrees, "conditions": "foggy"}
+        history = [_user(ask), _call("c1", "get_weather", {"city": city}), _result("c1", result)]
+        out.append(dict(kind="after_result", messages=history, tools=tools, expect=str(degrees)))
+    for i, city in enumerate(CITIES[:4]):
+        ask = TIME_ASKS[i % len(TIME_ASKS)].format(city)
+        out.append(dict(kind="call", messages=[_user(ask)], tools=[WEATHER, TIME], expect=("get_time", {"city": city})))
+        history = [_user(ask), _call("c1", "get_time", {"city": city}), _result("c1", {"time": f"0{i + 1}:45"})]
+        out.append(dict(kind="after_result", messages=history, tools=[WEATHER, TIME], expect=f"0{i + 1}:45"))
+    for a, b in [(7, 8), (12, 30)]:
+        name, tool = ("multiply", MULTIPLY) if a == 7 else ("add", ADD)
+        ask = f"Compute {a} times {b}." if name == "multiply" else f"What's {a} plus {b}?"
+        value = a * b if name == "multiply" else a + b
+        out.append(dict(kind="call", messages=[_user(ask)], tools=[tool, WEATHER], expect=(name, {"a": a, "b": b})))
+        history = [_user(ask), _call("c1", name, {"a": a, "b": b}), _result("c1", str(value))]
+        out.append(dict(kind="after_result", messages=history, tools=[tool, WEATHER], expect=str(value)))
+    for question in NO_TOOL:
+        out.append(dict(kind="text", messages=[_user(question)], tools=[WEATHER, TIME], expect=None))
+    # Handoff, then the agent handed to calls its tool.
+    for city in CITIES[4:7]:
+        ask = f"Will it be windy in {city} today?"
+        system = {"role": "system", "content": TRIAGE}
+        out.append(
+            dict(
+                kind="call",
+                messages=[system, _user(ask)],
+                tools=[WEATHER_AGENT, MATH_AGENT],
+                expect=("transfer_to_weather_agent", {}),
+            )
+        )
+        history = [
+            {"role": "system", "content": "You are the weather agent. Use your tool."},
+            _user(ask),
+            _call("h1", "transfer_to_weather_agent", {}),
+            _result("h1", {"assistant": "Weather agent"}),
+        ]
+        out.append(dict(kind="call", messages=history, tools=[WEATHER], expect=("get_weather", {"city": city})))
+    # Two cities: the second call after the first result, then the answer.
+    for a, b in [("Oslo", "Lima"), ("Dublin", "Seoul")]:
+        ask = f"What's the weather in {a} and in {b}?"
+        first = [_user(ask), _call("a", "get_weather", {"city": a}), _result("a", {"temperature_c": 4})]
+        out.append(dict(kind="call", messages=first, tools=[WEATHER], expect=("get_weather", {"city": b})))
+        both = first + [_call("b", "get_weather", {"city": b}), _result("b", {"temperature_c": 23})]
+        out.append(dict(kind="after_result", messages=both, tools=[WEATHER], expect="23"))
+    # pydantic-ai's structured result: the output tool after the result.
+    for city in CITIES[:2]:
+        history = [_user(f"Weather report for {city}, please."), _call("s", "get_weather", {"city": city})]
+        history.append(_result("s", {"city": city, "temperature_c": 17, "conditions": "clear"}))
+        expect = ("final_result", {"city": city, "temperature_c": 17})
+        out.append(dict(kind="call", messages=history, tools=[WEATHER, FINAL_RESULT], expect=expect))
+    return out
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return text  # a malformed call: never equal to an expected dict
+
+
+def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from loraplex.engine import SamplingParams
+    from loraplex.platform.demo.encode import prompt_text
+    from loraplex.platform.inference.tool_parsers import get_parser
+
+    todo = cases()
+    prompts = [prompt_text(tokenizer, (c["messages"], c["tools"], "")) for c in todo]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0), adapters=[adapter] * len(todo))
+    parser = get_parser("hermes")
+    rows, tally = [], {k: [0, 0] for k in ("call", "text", "after_result", "after_result_value")}
+    for case, out in zip(todo, outs, strict=True):
+        calls = [(c.name, _json(c.args)) for c in parser.scan(out.text, final=True).calls]
+        if case["kind"] == "call":
+            ok = calls[:1] == [case["expect"]]
+            tally["call"][0] += ok
+        elif case["kind"] == "text":
+            ok = not calls and "<tool_call>" not in out.text
+            tally["text"][0] += ok
+        else:
+            ok = not calls and "<tool_call>" not in out.text
+            tally["after_result"][0] += ok
+            tally["after_result_value"][0] += ok and case["expect"] in out.text
+            tally["after_result_value"][1] += 1
+        tally[case["kind"]][1] += 1
+        rows.append({"kind": case["kind"], "ok": ok, "text": out.text})
+    summary = {f"{k}": f"{v[0]}/{v[1]}" for k, v in tally.items()}
+    return summary, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--adapter", action="append", default=[], help="NAME=PEFT folder (repeatable)")
+    ap.add_argument("--show", action="store_true", help="print every generation")
+    args = ap.parse_args()
+    model_dir = demo_model_dir()
+    adapters = dict(a.split("=", 1) for a in args.adapter)
+    if not adapters:
+        from loraplex.platform.demo.adapters import train_demo_adapters
+
+        adapters = {"tools": str(train_demo_adapters(model_dir, CACHE / "demo-adapters", print, ["tools"])["tools"])}
+    from loraplex.engine import LLM
+
+    llm = LLM(model=str(model_dir))
+    table, detail = [], {}
+    for name, path in adapters.items():
+        llm.add_adapter(name, str(Path(path)))
+        summary, rows = score(llm, name, llm.tokenizer)
+        table.append({"adapter": name, **summary})
+        detail[name] = rows
+        if args.show:
+            for r in rows:
+                print(f"[{name}] {r['kind']:<13} {'ok ' if r['ok'] else 'BAD'} {r['text']!r}")
+    print_table(table, ["adapter", "call", "text", "after_result", "after_result_value"])
+    print("wrote", write_json("demo_tools_adapter", {"adapters": adapters, "summary": table, "rows": detail}))
+
+
+if __name__ == "__main__":
+    main()
