@@ -97,7 +97,7 @@ def main() -> None:
         per_store=8,
         queued_per_store=8,
     )
-    ctx.sources = ServedReferences(resolver, lambda: ctx.engine)
+    ctx.sources = ServedReferences(resolver, ctx.engine)
     client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
     model = ctx.engine.model_name
 
