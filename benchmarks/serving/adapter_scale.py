@@ -193,7 +193,7 @@ def main() -> None:
 
         def sample() -> None:
             while not sampling.wait(0.2):
-                lora = node_ctx.gateway.stats().get("lora", {})
+                lora = node_ctx.engine.stats().get("lora", {})
                 peaks["host_bytes"] = max(peaks["host_bytes"], int(lora.get("cpu_cached_bytes", 0)))
                 peaks["disk_bytes"] = max(peaks["disk_bytes"], node_ctx.sources.resolver.cache.used_bytes)
 
@@ -201,7 +201,7 @@ def main() -> None:
         sampler.start()
 
         def counters() -> dict:
-            lora = node_ctx.gateway.stats().get("lora", {})
+            lora = node_ctx.engine.stats().get("lora", {})
             res = node_ctx.sources.resolver.stats()
             keys = (
                 "slot_hits",
@@ -217,7 +217,7 @@ def main() -> None:
                 "downloads": res["downloads"],
                 "disk_cache_hits": res["cache_hits"],
                 "disk_evictions": res["disk_cache"]["evictions"],
-                "engine_errors": int(node_ctx.gateway.stats().get("counters", {}).get("errors", 0)),
+                "engine_errors": int(node_ctx.engine.stats().get("counters", {}).get("errors", 0)),
             }
 
         def run(models: list[str], n: int, seed: int) -> dict:
@@ -254,7 +254,7 @@ def main() -> None:
             }
 
         small = names[:8]
-        asyncio.run(drive(node.url, key, [node_ctx.gateway.model_name], [1.0], 32, args.in_flight, 0))  # warm-up
+        asyncio.run(drive(node.url, key, [node_ctx.engine.model_name], [1.0], 32, args.in_flight, 0))  # warm-up
         rows = []
         rows.append(("8 adapters (before)", run(small, args.small_requests, seed=1)))
         rows.append((f"{args.adapters} adapters", run(names, args.requests, seed=2)))
