@@ -70,8 +70,11 @@ def test_openai_agents_streamed(server, demo_key_with_adapters):
     reason="measured with the committed tools adapter: pydantic-ai asks tool_choice=required for its final_result "
     "output tool, and the adapter calls get_weather again instead of final_result until pydantic-ai's 50-request "
     "limit (UsageLimitExceeded); the adapter trained on the earlier 79-conversation mix (commit 9131c44) called "
-    "final_result and the example printed Report(city='Paris', temperature_c=18)",
+    "final_result and the example printed Report(city='Paris', temperature_c=18); NativeOutput instead "
+    "loops the same way (the adapter never learned a JSON answer after a tool result). Not run: the loop to "
+    "pydantic-ai's limit cost 134 s of every suite run; run it by hand with --runxfail",
     strict=False,
+    run=False,
 )
 def test_pydantic_ai_tool_and_structured_result(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "pydantic_ai_structured.py")
