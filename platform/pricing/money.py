@@ -12,7 +12,8 @@ RATE_DECIMALS = 6  # a rate is given to at most a millionth of the currency per 
 COST_DECIMALS = 12  # tokens x (10^-6 / 10^6 tokens): a cost is exact in units of 10^-12
 MAX_RATE_MICROS = 10**6 * 10**RATE_DECIMALS  # one million currency units per million tokens
 
-_DECIMAL = re.compile(r"^(\d{1,7})(?:\.(\d{1,6}))?$")
+# ASCII digits only: Python's \d also matches other scripts' digits ("١٢" would be 12).
+_DECIMAL = re.compile(r"^([0-9]{1,7})(?:\.([0-9]{1,6}))?$")
 
 
 def parse_rate(text: str, param: str) -> int:

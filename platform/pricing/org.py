@@ -67,7 +67,8 @@ def page_of(
 
 def _cursor(page: str, start: int, end: int, width: int) -> int:
     value = page.removeprefix("page_")
-    if not value.isdigit() or len(value) > 12:
+    # isdigit() alone is true of "²", which int() refuses: ASCII digits only, as next_page writes them
+    if not (value.isascii() and value.isdigit()) or len(value) > 12:
         raise BadRequest("page is not a cursor this endpoint returned (next_page)", param="page")
     at = int(value)
     if not start <= at < end or (at - start) % width:
@@ -87,7 +88,8 @@ def _rows(session: Session, tenant_id: str, p: Page, group_by: tuple[str, ...], 
         changes,
         tenant_id=tenant_id,
         since=datetime.fromtimestamp(p.first, timezone.utc),
-        until=datetime.fromtimestamp(page_end, timezone.utc),
+        # end_time may be MAX_TIME + 1 (year 10000), which no datetime holds: no upper bound then
+        until=datetime.fromtimestamp(page_end, timezone.utc) if page_end <= MAX_TIME else None,
         **filters,
     )
 

@@ -55,7 +55,10 @@ def create_price(session: Session, actor: Actor, body: PriceCreate, *, now: date
             f"the price book is in {others[0]}: every price must use one currency (got {currency})",
             param="currency",
         )
-    effective = now if body.effective_from is None else body.effective_from.astimezone(timezone.utc)
+    try:
+        effective = now if body.effective_from is None else body.effective_from.astimezone(timezone.utc)
+    except OverflowError:  # year 9999 at -05:00 has no UTC equivalent a datetime holds
+        raise BadRequest("effective_from is out of range once converted to UTC", param="effective_from") from None
     # Records already served keep the price they were served at: a price may start now or later,
     # never earlier (that would rewrite the cost of history).
     if effective < now - timedelta(seconds=1):
