@@ -149,3 +149,17 @@ def test_webhook_huge_secret_and_many(client):
 def teardown_module(module):
     with open("/tmp/h3-probes.log", "a") as f:
         f.write("\n".join(LOG) + "\n")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[64:ff9b::a9fe:a9fe]/", "http://[64:ff9b::7f00:1]/", "http://[::127.0.0.1]/", "http://[2002:a9fe:a9fe::1]/"]
+)
+def test_webhook_ipv6_carrying_private_ipv4_refused(url):
+    """NAT64 / IPv4-compatible / 6to4 addresses carry an IPv4 address a gateway delivers to; Python
+    calls 64:ff9b::a9fe:a9fe global, so the check looks at the IPv4 address inside."""
+    from loraplex.platform.alerts.urls import UnsafeUrl, check_url
+    from loraplex.platform.settings import AlertSettings
+
+    with pytest.raises(UnsafeUrl):
+        check_url(url, AlertSettings())
+    check_url("http://[64:ff9b::5db8:d822]/", AlertSettings())  # a public IPv4 behind NAT64 stays allowed
