@@ -25,8 +25,26 @@ def _price(client, **body):
     return client.post("/admin/v1/prices", json=base, headers=H)
 
 
-RATES = ["1e9", "NaN", "-0", "0.0000001", "9" * 10000, "\u0661\u0662", " 0.15 ", "0.15\n", "+1", "1_000",
-         "0x10", "Infinity", "1.", ".5", "\u00b2", "1000000", "1000000.000001", "00000001"]
+RATES = [
+    "1e9",
+    "NaN",
+    "-0",
+    "0.0000001",
+    "9" * 10000,
+    "\u0661\u0662",
+    " 0.15 ",
+    "0.15\n",
+    "+1",
+    "1_000",
+    "0x10",
+    "Infinity",
+    "1.",
+    ".5",
+    "\u00b2",
+    "1000000",
+    "1000000.000001",
+    "00000001",
+]
 
 
 @pytest.mark.parametrize("rate", RATES)
@@ -35,8 +53,16 @@ def test_price_rates(client, rate):
     assert r.status_code < 500
 
 
-DATES = ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+01:00", "2030-01-01T00:00:00",
-         "garbage", "1970-01-01T00:00:00Z", "2030-01-01T00:00:00+23:59", "275760-09-13T00:00:00Z"]
+DATES = [
+    "9999-12-31T23:59:59Z",
+    "9999-12-31T23:59:59-05:00",
+    "0001-01-01T00:00:00+01:00",
+    "2030-01-01T00:00:00",
+    "garbage",
+    "1970-01-01T00:00:00Z",
+    "2030-01-01T00:00:00+23:59",
+    "275760-09-13T00:00:00Z",
+]
 
 
 @pytest.mark.parametrize("at", DATES)
@@ -53,8 +79,10 @@ MODELS = ["a\x00b", "\ud800", "x" * 10000, "   ", "*", "../../etc", "a" * 255]
 @pytest.mark.parametrize("model", MODELS)
 def test_price_model_names(client, model):
     raw = json.dumps({"model": model, "input_per_mtok": "1", "output_per_mtok": "2"})
-    r = _rec(f"price model {model[:12]!r}", client.post("/admin/v1/prices", content=raw,
-                                                          headers={**H, "content-type": "application/json"}))
+    r = _rec(
+        f"price model {model[:12]!r}",
+        client.post("/admin/v1/prices", content=raw, headers={**H, "content-type": "application/json"}),
+    )
     assert r.status_code < 500
     q = quote(model, safe="", errors="surrogatepass")  # a lone surrogate as its (invalid) UTF-8 bytes
     r = _rec(f"list prices model={model[:12]!r}", client.get(f"/admin/v1/prices?model={q}", headers=H))
@@ -73,10 +101,17 @@ def test_currency_mismatch(client):
 
 SPEND_Q = [
     {"start": "2030-01-02T00:00:00Z", "end": "2030-01-01T00:00:00Z"},
-    {"start": "-1"}, {"start": str(2**63)}, {"start": "9999-12-31T23:59:59-05:00"},
-    {"start": "0001-01-01T00:00:00+01:00"}, {"start": "2030-01-01T00:00:00"},
-    {"group_by": "garbage"}, {"group_by": "project"}, {"tenant_id": "ten_missing"},
-    {"tenant_id": "\x00"}, {"tenant_id": "x" * 10000}, {"group_by": ["day"] * 1000},
+    {"start": "-1"},
+    {"start": str(2**63)},
+    {"start": "9999-12-31T23:59:59-05:00"},
+    {"start": "0001-01-01T00:00:00+01:00"},
+    {"start": "2030-01-01T00:00:00"},
+    {"group_by": "garbage"},
+    {"group_by": "project"},
+    {"tenant_id": "ten_missing"},
+    {"tenant_id": "\x00"},
+    {"tenant_id": "x" * 10000},
+    {"group_by": ["day"] * 1000},
 ]
 
 
@@ -88,15 +123,24 @@ def test_spend_params(client, q, path):
 
 
 ORG_Q = [
-    {"start_time": "100", "end_time": "50"}, {"start_time": "-1"}, {"start_time": str(2**63)},
-    {"start_time": "0", "bucket_width": "garbage"}, {"start_time": "0", "limit": "0"},
-    {"start_time": "0", "limit": str(10**9)}, {"start_time": "0", "page": "page_\u00b2"},
-    {"start_time": "0", "page": "page_\u0661"}, {"start_time": "0", "page": "forged"},
-    {"start_time": "0", "page": "page_999999999999"}, {"start_time": "0", "group_by": ["model"] * 1000},
-    {"start_time": "0", "group_by": "line_item"}, {"start_time": "0", "bucket_width": "1m", "limit": "1440"},
-    {"start_time": "253402300799"}, {"start_time": "253402300800"},
+    {"start_time": "100", "end_time": "50"},
+    {"start_time": "-1"},
+    {"start_time": str(2**63)},
+    {"start_time": "0", "bucket_width": "garbage"},
+    {"start_time": "0", "limit": "0"},
+    {"start_time": "0", "limit": str(10**9)},
+    {"start_time": "0", "page": "page_\u00b2"},
+    {"start_time": "0", "page": "page_\u0661"},
+    {"start_time": "0", "page": "forged"},
+    {"start_time": "0", "page": "page_999999999999"},
+    {"start_time": "0", "group_by": ["model"] * 1000},
+    {"start_time": "0", "group_by": "line_item"},
+    {"start_time": "0", "bucket_width": "1m", "limit": "1440"},
+    {"start_time": "253402300799"},
+    {"start_time": "253402300800"},
     {"start_time": "0", "end_time": "253402300800", "bucket_width": "1m", "page": "page_253402300740"},
-    {"start_time": "0", "api_key_ids": "x" * 20000}, {"start_time": "0", "models": ",".join(["m"] * 5000)},
+    {"start_time": "0", "api_key_ids": "x" * 20000},
+    {"start_time": "0", "models": ",".join(["m"] * 5000)},
 ]
 
 
@@ -121,12 +165,28 @@ def test_org_cross_tenant(client):
             assert b_key_id not in r.text
 
 
-WEBHOOK_URLS = ["http://127.0.0.1/", "http://169.254.169.254/latest/", "http://[::1]/", "http://2130706433/",
-                "http://localhost./", "http://0x7f.1/", "http://127.1/", "http://[::ffff:127.0.0.1]/",
-                "http://[::ffff:a9fe:a9fe]/", "http://0.0.0.0/", "http://[fe80::1%25eth0]/",
-                "http://[64:ff9b::7f00:1]/", "http://[::127.0.0.1]/", "file:///etc/passwd",
-                "http://user:pw@example.com/", "http://example.com:99999/", "http://[::1/", "http://\x00/",
-                "http://%31%32%37.0.0.1/", "gopher://127.0.0.1/"]
+WEBHOOK_URLS = [
+    "http://127.0.0.1/",
+    "http://169.254.169.254/latest/",
+    "http://[::1]/",
+    "http://2130706433/",
+    "http://localhost./",
+    "http://0x7f.1/",
+    "http://127.1/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::ffff:a9fe:a9fe]/",
+    "http://0.0.0.0/",
+    "http://[fe80::1%25eth0]/",
+    "http://[64:ff9b::7f00:1]/",
+    "http://[::127.0.0.1]/",
+    "file:///etc/passwd",
+    "http://user:pw@example.com/",
+    "http://example.com:99999/",
+    "http://[::1/",
+    "http://\x00/",
+    "http://%31%32%37.0.0.1/",
+    "gopher://127.0.0.1/",
+]
 
 
 @pytest.mark.parametrize("url", WEBHOOK_URLS)
@@ -136,9 +196,10 @@ def test_webhook_ssrf(client, url):
 
 
 def test_webhook_huge_secret_and_many(client):
-    r = _rec("webhook secret 1MB", client.post("/admin/v1/webhooks",
-                                               json={"url": "https://93.184.216.34/", "secret": "s" * 10**6},
-                                               headers=H))
+    r = _rec(
+        "webhook secret 1MB",
+        client.post("/admin/v1/webhooks", json={"url": "https://93.184.216.34/", "secret": "s" * 10**6}, headers=H),
+    )
     assert r.status_code < 500
     r = _rec("alerts events limit=0", client.get("/admin/v1/alerts/events", params={"limit": 0}, headers=H))
     assert r.status_code < 500
@@ -152,7 +213,13 @@ def teardown_module(module):
 
 
 @pytest.mark.parametrize(
-    "url", ["http://[64:ff9b::a9fe:a9fe]/", "http://[64:ff9b::7f00:1]/", "http://[::127.0.0.1]/", "http://[2002:a9fe:a9fe::1]/"]
+    "url",
+    [
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://[64:ff9b::7f00:1]/",
+        "http://[::127.0.0.1]/",
+        "http://[2002:a9fe:a9fe::1]/",
+    ],
 )
 def test_webhook_ipv6_carrying_private_ipv4_refused(url):
     """NAT64 / IPv4-compatible / 6to4 addresses carry an IPv4 address a gateway delivers to; Python

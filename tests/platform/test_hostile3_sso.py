@@ -6,7 +6,7 @@ import httpx
 import pytest
 from harness.oidc import OIDCProvider
 from platform_helpers import admin_headers
-from sso_helpers import USERS, authorize, begin, page_headers, sign_in, sso_server
+from sso_helpers import USERS, authorize, page_headers, sign_in, sso_server
 
 pytestmark = pytest.mark.slow
 LOG: list[str] = []
@@ -34,7 +34,10 @@ def test_callback_forgeries_and_open_redirect(srv):
     u = f"{srv.url}/admin/sso"
     with httpx.Client(timeout=30) as b:
         assert _rec("callback no cookie", b.get(f"{u}/callback", params={"state": "x", "code": "y"})).status_code in (
-            400, 401, 403)
+            400,
+            401,
+            403,
+        )
         b.cookies.set("lpx_admin_login", "A" * 8000, path="/admin/sso")
         assert _rec("callback 8 KB garbage login cookie", b.get(f"{u}/callback?state=x&code=y")).status_code < 500
         b.cookies.clear()
@@ -58,10 +61,16 @@ def test_csrf_across_sessions_and_origin_null(srv):
     ha, hv = page_headers(a, srv), page_headers(v, srv)
     url = f"{srv.url}/admin/v1/tenants"
     assert _rec("alice POST with vera's CSRF token", a.post(url, json={"name": "x"}, headers=hv)).status_code == 403
-    assert _rec("alice POST Origin null", a.post(url, json={"name": "x"},
-                                                 headers={**ha, "origin": "null"})).status_code == 403
-    assert _rec("alice POST Origin evil", a.post(url, json={"name": "x"},
-                                                 headers={**ha, "origin": "https://evil.example"})).status_code == 403
+    assert (
+        _rec("alice POST Origin null", a.post(url, json={"name": "x"}, headers={**ha, "origin": "null"})).status_code
+        == 403
+    )
+    assert (
+        _rec(
+            "alice POST Origin evil", a.post(url, json={"name": "x"}, headers={**ha, "origin": "https://evil.example"})
+        ).status_code
+        == 403
+    )
     hb = {"x-csrf-token": ha["x-csrf-token"], "referer": "https://evil.example/admin/"}
     assert _rec("alice POST no Origin, evil Referer", a.post(url, json={"name": "x"}, headers=hb)).status_code == 403
     assert _rec("alice POST right headers", a.post(url, json={"name": "x"}, headers=ha)).status_code == 201
@@ -94,18 +103,28 @@ def test_tenant_admin_reaching_another_tenant(srv):
     t = sign_in(srv, "tom")
     h = page_headers(t, srv)
     b = f"{srv.url}/admin/v1"
-    qs = [f"tenant_id={other}&tenant_id={acme}", f"tenant_id={acme}&tenant_id={other}", f"tenant_id={acme}%00",
-          f"Tenant_Id={other}", f"tenant_id={acme}&tenant_id[]={other}"]
+    qs = [
+        f"tenant_id={other}&tenant_id={acme}",
+        f"tenant_id={acme}&tenant_id={other}",
+        f"tenant_id={acme}%00",
+        f"Tenant_Id={other}",
+        f"tenant_id={acme}&tenant_id[]={other}",
+    ]
     for q in qs:
         for path in ("/spend", "/spend/export", "/usage", "/usage/export", "/adapters"):
             r = _rec(f"tom GET {path}?{q}", t.get(f"{b}{path}?{q}"))
             assert r.status_code < 500
             assert other not in r.text or r.status_code == 403
-    for m, path, body in [("GET", f"/tenants/{acme}/../{other}", None), ("GET", f"/tenants/{acme}%2F..%2F{other}", None),
-                          ("POST", f"/tenants/{acme}/keys", {"name": "k", "tenant_id": other}),
-                          ("PUT", f"/keys/{own_key}/scope", {"models": ["*"], "tenant_id": other}),
-                          ("GET", "/prices", None), ("GET", "/alerts/events", None), ("GET", "/webhooks", None),
-                          ("GET", f"/alerts/events?tenant_id={acme}", None)]:
+    for m, path, body in [
+        ("GET", f"/tenants/{acme}/../{other}", None),
+        ("GET", f"/tenants/{acme}%2F..%2F{other}", None),
+        ("POST", f"/tenants/{acme}/keys", {"name": "k", "tenant_id": other}),
+        ("PUT", f"/keys/{own_key}/scope", {"models": ["*"], "tenant_id": other}),
+        ("GET", "/prices", None),
+        ("GET", "/alerts/events", None),
+        ("GET", "/webhooks", None),
+        ("GET", f"/alerts/events?tenant_id={acme}", None),
+    ]:
         r = _rec(f"tom {m} {path} {body}", t.request(m, f"{b}{path}", json=body, headers=h))
         assert r.status_code < 500
 
