@@ -2,6 +2,11 @@
 new events out to the matching webhooks, claims due deliveries under a lease, POSTs them signed
 (``signing.py``) and records each outcome.
 
+The deliveries of a pass run concurrently (at most ``batch_size``), each under one deadline for the
+whole exchange (``delivery_timeout_s``: connect, send, headers and body together), so a receiver
+that sleeps or trickles its answer a byte at a time costs only its own delivery that long: it never
+holds the others (the hostile round: a trickling receiver held the one dispatcher thread forever).
+
 Delivery is at least once: a server killed after the receiver answered but before the outcome was
 written delivers the row again once the lease expires, under the same ``webhook-id`` (receivers
 dedupe by it, as Standard Webhooks asks). An outcome is never lost the other way: a row leaves
@@ -9,6 +14,7 @@ dedupe by it, as Standard Webhooks asks). An outcome is never lost the other way
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -43,7 +49,6 @@ class Dispatcher:
         self.owner = f"{uuid.uuid4().hex[:16]}"  # this process's lease name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client = httpx.Client(timeout=settings.delivery_timeout_s, follow_redirects=False)
 
     def start(self) -> None:
         if self._thread is None:
@@ -54,7 +59,6 @@ class Dispatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._client.close()
 
     def _run(self) -> None:
         failing = False
@@ -90,21 +94,45 @@ class Dispatcher:
             return 0
         with self._sessions() as session:
             work = [(d.id, d.attempts, e.id, e.body, w.url, w.secret) for d, e, w in repository.claimed(session, ids)]
-        for delivery_id, attempts, event_id, body, url, secret in work:
-            if self._stop.is_set():
-                break  # the lease expires; another pass (or server) delivers it
-            ok, status, error = self._post(url, secret, event_id, body)
-            self._record(delivery_id, attempts, ok, status, error)
+        asyncio.run(self._deliver_all(work))
         return len(work)
 
-    def _post(self, url: str, secret: str, event_id: str, body: str) -> tuple[bool, int | None, str | None]:
+    async def _deliver_all(self, work: list[tuple[int, int, str, str, str, str]]) -> None:
+        async with httpx.AsyncClient(timeout=self._settings.delivery_timeout_s, follow_redirects=False) as client:
+            outcomes = await asyncio.gather(*(self._deliver_one(client, *w) for w in work), return_exceptions=True)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:  # e.g. the database went away while recording: the pass logs it
+            raise failed
+
+    async def _deliver_one(
+        self,
+        client: httpx.AsyncClient,
+        delivery_id: int,
+        attempts: int,
+        event_id: str,
+        body: str,
+        url: str,
+        secret: str,
+    ) -> None:
+        if self._stop.is_set():
+            return  # the lease expires; another pass (or server) delivers it
+        deadline = self._settings.delivery_timeout_s
         try:
-            check_url(url, self._settings)
+            ok, status, error = await asyncio.wait_for(self._post(client, url, secret, event_id, body), deadline)
+        except TimeoutError:
+            ok, status, error = False, None, f"no whole answer within delivery_timeout_s ({deadline:g} s)"
+        await asyncio.to_thread(self._record, delivery_id, attempts, ok, status, error)
+
+    async def _post(
+        self, client: httpx.AsyncClient, url: str, secret: str, event_id: str, body: str
+    ) -> tuple[bool, int | None, str | None]:
+        try:
+            await asyncio.to_thread(check_url, url, self._settings)  # resolves the host: off the loop
         except UnsafeUrl as exc:
             return False, None, exc.message[:500]
         headers = signing.headers(secret, event_id, int(time.time()), body)
         try:
-            resp = self._client.post(url, content=body.encode(), headers=headers)
+            resp = await client.post(url, content=body.encode(), headers=headers)
         except httpx.HTTPError as exc:
             return False, None, f"{type(exc).__name__}: {exc}"[:500]
         if 200 <= resp.status_code < 300:
