@@ -299,11 +299,6 @@ def banned_by_bad_words(index: BadWordsIndex, token_ids: Seq[int], start: int) -
             if lasts:
                 banned.update(lasts)
     return banned
-    for rest, last in by_prev.get(token_ids[end - 1], ()):
-        k = len(rest)
-        if end - 1 - k >= start and all(token_ids[end - 1 - k + i] == rest[i] for i in range(k)):
-            banned.add(last)
-    return banned
 
 
 _BIAS_CACHE_ATTR = "_logit_bias_cache"
