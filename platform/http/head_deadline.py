@@ -16,7 +16,12 @@ The head's size is bounded the same way: uvicorn's httptools parser buffers a re
 header of any length (it never refuses one), so a client streaming one endless header would grow
 the process by its bandwidth for the whole deadline. Bytes received while a head is expected (no
 request yet, the last one's body complete, pipelined or not) are counted, and a head that is not
-complete after ``max_head_bytes`` is answered 431 (when no response is under way) and closed."""
+complete after ``max_head_bytes`` is answered 431 (when no response is under way) and closed.
+
+The close lingers (as nginx's ``lingering_close`` does): closing a socket whose receive buffer
+still holds the client's unread bytes makes the kernel answer with a reset, and a client still
+sending its header can lose the 431 to it. So the write side is shut first and what the client
+goes on sending is dropped unread, for at most ``LINGER_BYTES`` or ``LINGER_S``, then closed."""
 
 from __future__ import annotations
 
@@ -38,6 +43,10 @@ _TOO_LARGE_BODY = (
 )
 
 
+LINGER_BYTES = 256 * 1024  # dropped after the 431 before the close, so the reset cannot overtake it
+LINGER_S = 2.0
+
+
 class RequestHeadDeadline(asyncio.Protocol):
     timeout_s: float = 10.0
     max_head_bytes: int = 64 * 1024
@@ -52,6 +61,7 @@ class RequestHeadDeadline(asyncio.Protocol):
         self.closed_idle = False
         self._head_bytes = 0  # received since a head was last expected
         self._refusing = False
+        self._lingered = 0  # bytes dropped after the 431
 
     @classmethod
     def with_timeout(cls, timeout_s: float, max_head_bytes: int = 64 * 1024) -> type[RequestHeadDeadline]:
@@ -89,7 +99,10 @@ class RequestHeadDeadline(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refusing:
-            return  # an oversize head: the rest of it is dropped unread
+            self._lingered += len(data)  # an oversize head: the rest of it is dropped unread
+            if self._lingered > LINGER_BYTES and self._transport is not None:
+                self._transport.close()
+            return
         while data:
             transport = self._transport
             if transport is None or transport.is_closing():
@@ -120,9 +133,16 @@ class RequestHeadDeadline(asyncio.Protocol):
             self._loop.call_later(0.05, self._refuse_head)
             return
         transport.write(_TOO_LARGE % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))  # type: ignore[attr-defined]
-        transport.close()
+        if not transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.close()
+            return
+        transport.write_eof()  # type: ignore[attr-defined]
+        transport.resume_reading()  # type: ignore[attr-defined]
+        self._loop.call_later(LINGER_S, transport.close)
 
     def eof_received(self) -> bool | None:
+        if self._refusing:
+            return False  # the client stopped sending after the 431: close now
         return self.inner.eof_received()
 
     def pause_writing(self) -> None:
