@@ -61,7 +61,7 @@ class RequestHeadDeadline(asyncio.Protocol):
         self.closed_idle = False
         self._head_bytes = 0  # received since a head was last expected
         self._refusing = False
-        self._lingered = 0  # bytes dropped after the 431
+        self._lingered = -1  # bytes dropped after the 431 (-1: not answered yet)
 
     @classmethod
     def with_timeout(cls, timeout_s: float, max_head_bytes: int = 64 * 1024) -> type[RequestHeadDeadline]:
@@ -99,7 +99,9 @@ class RequestHeadDeadline(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refusing:
-            self._lingered += len(data)  # an oversize head: the rest of it is dropped unread
+            if self._lingered < 0:
+                return  # an oversize head: the rest of it is dropped unread until the 431 is out
+            self._lingered += len(data)
             if self._lingered > LINGER_BYTES and self._transport is not None:
                 self._transport.close()
             return
@@ -137,12 +139,13 @@ class RequestHeadDeadline(asyncio.Protocol):
             transport.close()
             return
         transport.write_eof()  # type: ignore[attr-defined]
+        self._lingered = 0
         transport.resume_reading()  # type: ignore[attr-defined]
         self._loop.call_later(LINGER_S, transport.close)
 
     def eof_received(self) -> bool | None:
-        if self._refusing:
-            return False  # the client stopped sending after the 431: close now
+        if self._refusing:  # the client stopped sending: close once the 431 is out
+            return self._lingered < 0
         return self.inner.eof_received()
 
     def pause_writing(self) -> None:
