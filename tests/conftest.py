@@ -34,6 +34,41 @@ if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _share_httpx_default_tls_context() -> None:
+    """Every ``httpx.Client()`` with default verification builds a new TLS context and parses
+    certifi's ~150 CA certificates into it: ~30 ms of CPU each, and the suite makes thousands (each
+    test's openai client, its admin ``httpx.Client``, every one-shot ``httpx.post``, and the S3
+    source's client in every ``build_context``) although every test talks plain http on loopback.
+    Here they share one such context, built once per process; it is the same configuration httpx
+    would build (a client passing ``verify=...`` or ``cert=...`` still gets its own), so a handshake,
+    where one happens, verifies exactly as before. The one thing httpcore changes on a context is
+    its ALPN list, at each handshake, and nothing in the repository asks for HTTP/2, so every client
+    sets the same list."""
+    try:
+        import httpx._transports.default as transport
+    except ImportError:
+        return
+    build = getattr(transport, "create_ssl_context", None)
+    if build is None or getattr(build, "_loraplex_shared", False):
+        return
+    shared: dict[tuple[str, str], object] = {}
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is not True or cert is not None or not trust_env:
+            return build(verify=verify, cert=cert, trust_env=trust_env)
+        # the CA bundle httpx reads: certifi's, or the one SSL_CERT_FILE / SSL_CERT_DIR name
+        where = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+        if where not in shared:
+            shared[where] = build(verify=verify, cert=cert, trust_env=trust_env)
+        return shared[where]
+
+    create_ssl_context._loraplex_shared = True  # type: ignore[attr-defined]
+    transport.create_ssl_context = create_ssl_context
+
+
+_share_httpx_default_tls_context()
+
+
 # A test that starts a process, a cluster or a browser through these fixtures is slow whatever its
 # module says (modules that start them otherwise carry ``pytestmark = pytest.mark.slow``).
 SLOW_FIXTURES = frozenset({"serve_process", "private_postgres", "browser", "page", "signed_in", "cluster"})

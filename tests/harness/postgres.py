@@ -36,6 +36,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+# A throw-away server: no fsync, no full-page images. What these give up is only a committed
+# transaction surviving an operating-system crash or power loss, which no test can cause or checks.
+# Every commit is still written to the kernel before it returns (synchronous_commit stays on), so a
+# killed or immediately stopped server (the fault tests) loses nothing it acknowledged. Without them
+# each test's CREATE DATABASE ... TEMPLATE plus DROP DATABASE took ~470 ms of fsync waits on this
+# machine's disk instead of ~170 ms, in every test that runs on PostgreSQL.
+DURABILITY = "-c fsync=off -c full_page_writes=off"
+
+
 class PostgresServer:
     """A PostgreSQL server of our own, with one database (``database``) ready at ``url``."""
 
@@ -49,7 +58,8 @@ class PostgresServer:
         self.database = database
         shutil.chown(self.dir, "postgres")
         self.port = port or free_port()
-        self._pg("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres")
+        # --no-sync: see DURABILITY (initdb otherwise fsyncs every file it wrote, seconds on a busy disk)
+        self._pg("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres", "--no-sync")
         self.start()
         subprocess.run(
             [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-qc"]
@@ -70,7 +80,7 @@ class PostgresServer:
         )
 
     def start(self) -> None:
-        opts = f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1"
+        opts = f"-k {self.dir} -p {self.port} -c listen_addresses=127.0.0.1 {DURABILITY}"
         self._pg("pg_ctl", "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w", "-o", opts, "start")
 
     def stop(self, mode: str = "immediate") -> None:

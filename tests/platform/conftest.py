@@ -129,6 +129,19 @@ def client(platform) -> TestClient:
     return platform.client
 
 
+@pytest.fixture(scope="module")
+def module_client(module_db_url, demo_engine, tmp_path_factory) -> TestClient:
+    """``client`` shared by the tests of one module and backend (one app, one database): for probes
+    whose oracle is only the answer to their own request (hostile parameters: never a 5xx), where a
+    fresh app and database per case cost more than the probe. Each probe then also meets a database
+    that every earlier probe wrote to, as on a real server. Tests whose oracle is the server's state
+    (a price book's currency, who can read what) keep ``client``."""
+    settings = make_settings(tmp_path_factory.mktemp("module-app"), module_db_url)
+    ctx, _ = build_context(settings, demo_engine, upgrade_db=False)
+    with TestClient(create_app(ctx, owns_engine=False), raise_server_exceptions=False) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def adapter_dirs(demo_model_dir, tmp_path_factory) -> dict[str, Path]:
     """Real PEFT adapters: two on the demo model, one on a different base model."""

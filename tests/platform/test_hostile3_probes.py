@@ -1,5 +1,11 @@
 """Hostile probes of the price book, spend, the organization usage/costs endpoints and the webhook
-API (hostile3 review). Each probe: bad input is a 4xx with an OpenAI-style body, never a 5xx."""
+API (hostile3 review). Each probe: bad input is a 4xx with an OpenAI-style body, never a 5xx.
+
+The parametrized probes share one app and database per backend (``module_client``): their oracle is
+the status of their own request, and none of their inputs repeats a price's model and start or a
+tenant's name, so an earlier probe cannot turn a later one into a 409 before the code it probes.
+The two tests whose oracle is the state (the book's one currency, what tenant A can read of B) get
+a fresh app each (``client``)."""
 
 from __future__ import annotations
 
@@ -48,7 +54,8 @@ RATES = [
 
 
 @pytest.mark.parametrize("rate", RATES)
-def test_price_rates(client, rate):
+def test_price_rates(module_client, rate):
+    client = module_client
     r = _rec(f"price rate {rate[:20]!r}", _price(client, input_per_mtok=rate))
     assert r.status_code < 500
 
@@ -66,7 +73,8 @@ DATES = [
 
 
 @pytest.mark.parametrize("at", DATES)
-def test_price_effective_from(client, at):
+def test_price_effective_from(module_client, at):
+    client = module_client
     r = _rec(f"price effective_from {at!r}", _price(client, effective_from=at))
     assert r.status_code < 500
     r = _rec(f"spend after price {at!r}", client.get("/admin/v1/spend", headers=H))
@@ -77,7 +85,8 @@ MODELS = ["a\x00b", "\ud800", "x" * 10000, "   ", "*", "../../etc", "a" * 255]
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_price_model_names(client, model):
+def test_price_model_names(module_client, model):
+    client = module_client
     raw = json.dumps({"model": model, "input_per_mtok": "1", "output_per_mtok": "2"})
     r = _rec(
         f"price model {model[:12]!r}",
@@ -117,9 +126,16 @@ SPEND_Q = [
 
 @pytest.mark.parametrize("q", SPEND_Q, ids=range(len(SPEND_Q)))
 @pytest.mark.parametrize("path", ["/admin/v1/spend", "/admin/v1/spend/export"])
-def test_spend_params(client, q, path):
+def test_spend_params(module_client, q, path):
+    client = module_client
     r = _rec(f"GET {path} {str(q)[:60]}", client.get(path, params=q, headers=H))
     assert r.status_code < 500
+
+
+@pytest.fixture(scope="module")
+def org_probe_key(module_client):
+    """The key the organization probes read with (one tenant per module: names are unique)."""
+    return tenant_key(module_client, tenant(module_client, "orgprobe"))
 
 
 ORG_Q = [
@@ -146,8 +162,8 @@ ORG_Q = [
 
 @pytest.mark.parametrize("q", ORG_Q, ids=range(len(ORG_Q)))
 @pytest.mark.parametrize("path", ["/v1/organization/usage/completions", "/v1/organization/costs"])
-def test_org_params(client, q, path):
-    key = tenant_key(client, tenant(client, "orgprobe"))
+def test_org_params(module_client, org_probe_key, q, path):
+    client, key = module_client, org_probe_key
     r = _rec(f"GET {path} {str(q)[:70]}", client.get(path, params=q, headers={"Authorization": f"Bearer {key}"}))
     assert r.status_code < 500
 
@@ -190,12 +206,14 @@ WEBHOOK_URLS = [
 
 
 @pytest.mark.parametrize("url", WEBHOOK_URLS)
-def test_webhook_ssrf(client, url):
+def test_webhook_ssrf(module_client, url):
+    client = module_client
     r = _rec(f"webhook {url!r}", client.post("/admin/v1/webhooks", json={"url": url, "secret": "s" * 32}, headers=H))
     assert r.status_code < 500
 
 
-def test_webhook_huge_secret_and_many(client):
+def test_webhook_huge_secret_and_many(module_client):
+    client = module_client
     r = _rec(
         "webhook secret 1MB",
         client.post("/admin/v1/webhooks", json={"url": "https://93.184.216.34/", "secret": "s" * 10**6}, headers=H),
