@@ -427,12 +427,13 @@ class ChatMessage(NullIsDefault):
     tool_call_id: str | None = None
 
 
-# OpenAI's rule for a function's name (its API answers 400 to anything else). Held here because a
-# name is spliced into the chat template and the tool grammar: "</tool_call>", quotes, braces or a
-# NUL in a name are what the hostile rounds sent. Rust's regex (pydantic's) anchors ``$`` at the
-# very end, so "a\n" does not slip through as Python's ``re.match`` would let it.
+# OpenAI's rule for a function's name, ``^[a-zA-Z0-9_-]{1,64}$`` (its API answers 400 to anything
+# else: over 64 characters as ``string_above_max_length``, other characters as ``invalid_value``).
+# Held here because a name is spliced into the chat template and the tool grammar: "</tool_call>",
+# quotes, braces or a NUL in a name are what the hostile rounds sent. Rust's regex (pydantic's)
+# anchors ``$`` at the very end, so "a\n" does not slip through as Python's ``re.match`` lets it.
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
 
 class FunctionDef(NullIsDefault):

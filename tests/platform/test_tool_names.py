@@ -23,7 +23,10 @@ def test_bad_tool_name_is_400_naming_the_param(module_tenant_setup, name):
         client.chat.completions.create(model="bot", messages=USER, max_tokens=2, tools=[fn("ok"), fn(name)])
     err = info.value.body
     assert err["param"] == "tools[1].function.name", err
-    assert err["code"] == "invalid_value" and "^[a-zA-Z0-9_-]{1,64}$" in err["message"], err
+    if len(name) > 64:  # OpenAI's own code for this one
+        assert err["code"] == "string_above_max_length", err
+    elif name:
+        assert err["code"] == "invalid_value" and "^[a-zA-Z0-9_-]+$" in err["message"], err
 
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(
