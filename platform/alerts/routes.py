@@ -18,7 +18,9 @@ router = APIRouter(tags=["alerts"])
 @router.post("/webhooks", response_model=WebhookOut, status_code=201)
 def create_webhook(body: WebhookIn, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> WebhookOut:
     """Register a receiver; its secret is stored for signing and never shown again."""
-    return WebhookOut.model_validate(service.create_webhook(session, ctx.settings.alerts, actor, body))
+    return WebhookOut.model_validate(
+        service.create_webhook(session, ctx.settings.alerts, actor, body, ctx.webhook_resolver)
+    )
 
 
 @router.get("/webhooks", response_model=WebhookList)
