@@ -71,17 +71,19 @@ class PlatformContext:
         )
         if metrics is not None:
             metrics.watch_platform(self._metric_stats)
+        alerts = None
+        if self.settings.alerts.enabled:
+            # a scale-out's ingress delivers too: its control plane writes the events to the same
+            # outbox (cluster/control.py), and every ingress's dispatcher claims from it
+            self.outbox = Outbox(self.sessions)
+            self.alert_dispatcher = Dispatcher(
+                self.sessions, self.outbox, self.settings.alerts, lambda host: self.webhook_resolver(host)
+            )
+            alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
         if quota_store is not None:
             self.quotas = quota_store
         else:
             # what other servers on this database admitted, read and added to under a per-tenant lock
-            alerts = None
-            if self.settings.alerts.enabled:
-                self.outbox = Outbox(self.sessions)
-                self.alert_dispatcher = Dispatcher(
-                    self.sessions, self.outbox, self.settings.alerts, lambda host: self.webhook_resolver(host)
-                )
-                alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
             shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
             self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
 
