@@ -5,6 +5,8 @@ replicas on a real local Ray) delivering to a real receiver once per event."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import uuid
 from collections import Counter
@@ -22,6 +24,7 @@ from loraplex.platform.cluster.control import ControlConfig, ControlPlane
 from loraplex.platform.cluster.messages import Hold, Refusal, ReserveItem
 from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.errors import RateLimited
+from loraplex.platform.pricing.money import cost_text
 from loraplex.platform.quotas.store import QuotaView
 
 # budget 100: 60 (50 %), +30 (80 %), +30 refused, a key's rpm of 1: one admitted, two refused
@@ -117,6 +120,8 @@ def test_replicas_deliver_the_control_planes_events_once(demo_model_dir, tmp_pat
         tid, key = new_tenant(url, "alerted", quota={"token_budget": 400}, timeout=180)
         r = httpx.post(f"{url}/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET}, headers=H, timeout=180)
         assert r.status_code == 201, r.text
+        price = {"model": "*", "input_per_mtok": "0.3", "output_per_mtok": "1.2"}
+        assert httpx.post(f"{url}/admin/v1/prices", json=price, headers=H, timeout=180).status_code == 201
         body = {"model": "demo", "prompt": [5, 6, 7, 8], "max_tokens": 96, "temperature": 0, "ignore_eos": True}
 
         async def burst(n: int) -> list[int]:  # spread over both ingress replicas
@@ -142,6 +147,18 @@ def test_replicas_deliver_the_control_planes_events_once(demo_model_dir, tmp_pat
         ids = receiver.accepted_ids()
         assert Counter(ids) == {i: 1 for i in set(ids)} and len(set(ids)) == 4, receiver.all()
         assert all(r["verified"] and r["body"]["data"]["tenant_id"] == tid for r in receiver.all())
+
+        # money across the two ingresses: one spend line per admitted request, at the exact cost
+        def lines() -> list[dict] | None:
+            r = httpx.get(f"{url}/admin/v1/spend/export", params={"tenant_id": tid}, headers=H, timeout=180)
+            got = list(csv.DictReader(io.StringIO(r.text)))
+            return got if len(got) >= 4 and all(g["status"] != "running" for g in got) else None
+
+        spent = wait_for(lines, timeout=180, what="the four records closed")
+        assert len(spent) == 4 and len({g["request_id"] for g in spent}) == 4, spent
+        for g in spent:
+            units = int(g["prompt_tokens"]) * 300_000 + int(g["completion_tokens"]) * 1_200_000
+            assert g["cost"] == cost_text(units) and int(g["completion_tokens"]) == 96, g
     finally:
         cluster.stop()
         receiver.stop()

@@ -189,3 +189,83 @@ def test_kill9_mid_stream_with_prices_budget_and_webhook(backend, request, tmp_p
     finally:
         again.stop()
         receiver.stop()
+
+
+def test_postgres_stopped_mid_stream_with_prices_and_alerts(tmp_path, demo_model_dir, private_postgres, serve_process):
+    """PostgreSQL stopped while a priced stream runs and restarted after it ended: the stream is
+    on record once at its exact cost (its final record spooled through the outage), requests in
+    the outage are 503s (never billed, never a 500), and the alerts raised before it are delivered."""
+    pg = private_postgres
+    receiver = Receiver()
+    env = {
+        "LORAPLEX_DATABASE_URL": pg.url,
+        "LORAPLEX_AUTH__KEY_CACHE_TTL_S": "60",
+        "LORAPLEX_ALERTS__ALLOWED_HOSTS": '["127.0.0.1"]',
+        "LORAPLEX_ALERTS__DISPATCH_INTERVAL_S": "0.2",
+        "LORAPLEX_ALERTS__BACKOFF_BASE_S": "0.2",
+        "LORAPLEX_ALERTS__BACKOFF_MAX_S": "1",
+    }
+    server = serve_process(tmp_path / "data", demo_model_dir, env=env)
+    try:
+        tid, key = new_tenant(server.url, "outage", quota={"token_budget": 1000, "budget_period": "day"})
+        base = httpx.get(server.url + "/v1/models", headers=auth(key), timeout=60).json()["data"][0]["id"]
+        _price(server.url, base, "0.3", "1.2")
+        r = httpx.post(server.url + "/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET}, headers=H)
+        assert r.status_code == 201, r.text
+        results: list = []
+        going = threading.Event()
+        release = threading.Event()
+
+        def hold(res) -> None:  # 4 + 600 of 1000 reserved: the 50 % threshold is on record
+            going.set()
+            if res.chunks == 5:
+                release.wait(120)  # the database goes down while this stream is mid-way
+
+        t = threading.Thread(
+            target=lambda: results.append(
+                stream(
+                    server.url,
+                    key,
+                    base,
+                    prompt=[5, 6, 7, 8],
+                    max_tokens=600,
+                    ignore_eos=True,
+                    on_chunk=hold,
+                    timeout=180,
+                )
+            )
+        )
+        t.start()
+        wait_for(going.is_set, timeout=120, what="the stream under way")
+        pg.stop("immediate")
+        wait_for(lambda: httpx.get(server.url + "/ready", timeout=30).status_code == 503, what="/ready to see it")
+        release.set()
+        t.join(180)
+        refused = httpx.post(
+            server.url + "/v1/completions",
+            json={"model": base, "prompt": "hi", "max_tokens": 2},
+            headers=auth(key),
+            timeout=60,
+        )
+        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+        pg.start()
+        wait_for(
+            lambda: (
+                (j := httpx.get(server.url + "/ready", timeout=30).json())["status"] == "ready" and not j["usage_spool"]
+            ),
+            timeout=60,
+            what="ready again, the spool replayed",
+        )
+        done = results[0]
+        assert done.done and done.usage["completion_tokens"] == 600, done
+        rows = usage_rows(server.url, tid)
+        assert list(rows) == [done.request_id], rows
+        export = _export(server.url, tid)
+        assert [line["request_id"] for line in export] == [done.request_id]
+        assert export[0]["cost"] == cost_text(done.usage["prompt_tokens"] * 300_000 + 600 * 1_200_000)
+        events = httpx.get(server.url + "/admin/v1/alerts/events", params={"tenant_id": tid}, headers=H).json()["data"]
+        assert [(e["type"], e["data"]["threshold_percent"]) for e in events] == [("limit.threshold", 50)]
+        wait_for(lambda: set(receiver.accepted_ids()) == {events[0]["id"]}, timeout=60, what="the event delivered")
+    finally:
+        server.stop()
+        receiver.stop()
