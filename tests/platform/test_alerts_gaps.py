@@ -236,3 +236,30 @@ def test_retention_sweeps_finished_rows_and_closed_windows(alert_servers, receiv
         assert (
             s.scalar(select(func.count()).select_from(AlertEventRow).where(AlertEventRow.kind == "limit.refused")) == 1
         )
+
+
+def test_pinned_target_keeps_the_name_for_host_and_sni():
+    from loraplex.platform.alerts.urls import UnsafeUrl, pinned_target
+    from loraplex.platform.settings import AlertSettings
+
+    s = AlertSettings()
+    t = pinned_target("https://hooks.example.com:8443/a/b?c=d#frag", s, lambda host: ["93.184.216.34"])
+    assert (t.url, t.host_header, t.sni_hostname) == (
+        "https://93.184.216.34:8443/a/b?c=d",
+        "hooks.example.com:8443",
+        "hooks.example.com",
+    )
+    t = pinned_target(
+        "http://hooks.example.com/x", s, lambda host: ["2606:2800:220:1:248:1893:25c8:1946", "93.184.216.34"]
+    )
+    assert (t.url, t.host_header, t.sni_hostname) == (
+        "http://[2606:2800:220:1:248:1893:25c8:1946]/x",
+        "hooks.example.com",
+        None,
+    )
+    for answers in (["127.0.0.1"], ["93.184.216.34", "169.254.169.254"], ["64:ff9b::a9fe:a9fe"], [], ["::1"]):
+        with pytest.raises(UnsafeUrl):
+            pinned_target("http://hooks.example.com/x", s, lambda host, a=answers: a)
+    allowed = AlertSettings(allowed_hosts=["hooks.internal"])  # allowed: not checked, still pinned
+    t = pinned_target("http://hooks.internal:9/x", allowed, lambda host: ["10.0.0.5"])
+    assert t.url == "http://10.0.0.5:9/x" and t.host_header == "hooks.internal:9"
