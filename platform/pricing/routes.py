@@ -10,11 +10,11 @@ from fastapi import APIRouter, status
 from fastapi.responses import StreamingResponse
 
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.pricing import repository, service
 from loraplex.platform.pricing.schemas import PriceCreate, PriceList, PriceOut, SpendGroupBy, SpendReport
 from loraplex.platform.tenants.service import get_tenant
+from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.usage.routes import Since, Until
 
 router = APIRouter(tags=["pricing"])

@@ -12,9 +12,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, AwareDatetime
 
 from loraplex.platform.db.session import unit_of_work
-from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.usage import service
+from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.usage.schemas import GroupBy, UsageReport
 
 router = APIRouter(tags=["usage"])

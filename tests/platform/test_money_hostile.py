@@ -15,9 +15,33 @@ from platform_helpers import admin_headers, tenant
 
 H = admin_headers()
 BAD_DECIMALS = [
-    "NaN", "nan", "Infinity", "-Infinity", "-0", "-1", "1e3", "1E-3", "0x10", "1_000", "1,5", "١٢", "²",
-    "1.", ".5", ".", "", " ", "0.0000001", "10000000", "99999999999999999999999999", "1\x00", "1\n2",
-    "+1", "0b1", "１", "1" * 33,
+    "NaN",
+    "nan",
+    "Infinity",
+    "-Infinity",
+    "-0",
+    "-1",
+    "1e3",
+    "1E-3",
+    "0x10",
+    "1_000",
+    "1,5",
+    "١٢",
+    "²",
+    "1.",
+    ".5",
+    ".",
+    "",
+    " ",
+    "0.0000001",
+    "10000000",
+    "99999999999999999999999999",
+    "1\x00",
+    "1\n2",
+    "+1",
+    "0b1",
+    "１",
+    "1" * 33,
 ]
 BAD_JSON_DECIMALS = [None, 1.5, 1, True, [], {}, float("1e308")]
 BAD_CURRENCIES = ["US$", "", "EURO", "€€€", "ＵＳＤ", "U\nS", "U S", "123", "US", None, 5]
@@ -65,8 +89,21 @@ def test_tampered_cursors_and_windows_never_500(client):
     auth = {"Authorization": f"Bearer {key}"}
     s = int(time.time()) - 10 * 86400
     pages = [
-        "page_-1", "page_1e3", "page_99999999999999", "page_", "page_ 1", "PAGE_1", "page_1.5", f"page_{s}x",
-        f"page_{s + 1}", f"page_{s - 86400}", "page_%00", "page_\u0661", "null", "page_" + "9" * 5000, f"page_{s}_x",
+        "page_-1",
+        "page_1e3",
+        "page_99999999999999",
+        "page_",
+        "page_ 1",
+        "PAGE_1",
+        "page_1.5",
+        f"page_{s}x",
+        f"page_{s + 1}",
+        f"page_{s - 86400}",
+        "page_%00",
+        "page_\u0661",
+        "null",
+        "page_" + "9" * 5000,
+        f"page_{s}_x",
     ]
     for path in ("/v1/organization/usage/completions", "/v1/organization/costs"):
         for page in pages:
