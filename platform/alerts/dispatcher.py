@@ -160,6 +160,9 @@ class Dispatcher:
             ok, status, error = await asyncio.wait_for(self._post(client, url, secret, event_id, body), deadline)
         except TimeoutError:
             ok, status, error = False, None, f"no whole answer within delivery_timeout_s ({deadline:g} s)"
+        except Exception as exc:  # noqa: BLE001 - e.g. a stored secret that cannot sign: a failed
+            # attempt (retried, then dead), never an exception that leaves the row pending forever
+            ok, status, error = False, None, f"{type(exc).__name__}: {exc}"[:500]
         await asyncio.to_thread(self._record, delivery_id, attempts, ok, status, error)
 
     async def _post(

@@ -263,3 +263,32 @@ def test_pinned_target_keeps_the_name_for_host_and_sni():
     allowed = AlertSettings(allowed_hosts=["hooks.internal"])  # allowed: not checked, still pinned
     t = pinned_target("http://hooks.internal:9/x", allowed, lambda host: ["10.0.0.5"])
     assert t.url == "http://10.0.0.5:9/x" and t.host_header == "hooks.internal:9"
+
+
+def test_an_unsignable_secret_is_refused_and_an_old_one_goes_dead(alert_servers, receiver):
+    """whsec_ secrets that are not base64 of 16+ bytes are a 422; one stored before that check
+    (written here straight into the table) fails its attempts and goes dead, and the other
+    webhook's delivery of the same event is not held up by it."""
+    from loraplex.platform.alerts.models import AlertWebhook
+
+    srv = alert_servers(max_attempts=2)
+    with admin(srv) as c:
+        for bad in ("whsec_" + "a" * 17, "whsec_" + "!" * 16, "whsec_" + "QUFB" * 3):  # 17 chars / empty key / 9 bytes
+            r = c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": bad})
+            assert r.status_code == 422 and r.json()["error"]["param"] == "secret", r.text
+        assert c.post("/admin/v1/webhooks", json={"url": receiver.url, "secret": SECRET}).status_code == 201
+    with srv.ctx.sessions() as s:
+        s.add(AlertWebhook(id="whk_old", url=receiver.url, secret="whsec_" + "a" * 17, events=[], tenant_id=None))
+        s.commit()
+    srv.ctx.outbox.emit([_event("ten_x")])
+    with admin(srv) as c:
+
+        def settled() -> list | None:
+            events = c.get("/admin/v1/alerts/events").json()["data"]
+            ds = {d["webhook_id"]: d for d in events[0]["deliveries"]} if events else {}
+            return ds if ds.get("whk_old", {}).get("state") == "dead" and len(ds) == 2 else None
+
+        ds = wait_for(settled, timeout=60, what="the unsignable delivery dead")
+    assert ds["whk_old"]["attempts"] == 2 and "base64" in ds["whk_old"]["last_error"].lower(), ds
+    assert [d["state"] for w, d in ds.items() if w != "whk_old"] == ["delivered"]
+    assert len(receiver.accepted_ids()) == 1
