@@ -4,6 +4,7 @@ import json
 
 from sqlalchemy.orm import Session
 
+from loraplex.platform.admin.sso.redact import url_origin
 from loraplex.platform.alerts import repository
 from loraplex.platform.alerts.models import AlertWebhook
 from loraplex.platform.alerts.schemas import AlertEventOut, DeliveryOut, WebhookIn
@@ -17,7 +18,10 @@ from loraplex.platform.tenants.service import get_tenant
 
 
 def _public(hook: AlertWebhook) -> dict:
-    return {"id": hook.id, "url": hook.url, "events": list(hook.events or []), "tenant_id": hook.tenant_id}
+    """What the audit log keeps: the URL's origin only (a viewer reads the audit log, and a
+    receiver's path is often its credential)."""
+    url = url_origin(hook.url)
+    return {"id": hook.id, "url": url, "events": list(hook.events or []), "tenant_id": hook.tenant_id}
 
 
 def create_webhook(

@@ -72,3 +72,24 @@ def test_tenant_admin_sees_no_other_tenant_ids(tmp_path, db_url, provider, good_
         assert sorted(full["theirs"]["granted_tenant_ids"]) == sorted([acme, third])
     finally:
         srv.stop()
+
+
+def test_a_viewer_never_sees_a_webhook_urls_path(tmp_path, db_url, provider, demo_engine):
+    """Slack/Discord/Teams incoming-webhook URLs carry their credential in the path: the operator
+    admin sees it whole, a viewer (and the audit log every viewer reads) the origin only."""
+    srv = _server(tmp_path, db_url, provider.issuer, demo_engine)
+    try:
+        srv.ctx.settings.alerts.allowed_hosts = ["127.0.0.1"]
+        url = "http://127.0.0.1:9/services/T0ABC/B0DEF/SeCrEtPaTh?token=also-secret"
+        admin = httpx.Client(base_url=f"{srv.url}/admin/v1", headers=admin_headers(), timeout=60)
+        r = admin.post("/webhooks", json={"url": url, "secret": "x" * 32})
+        assert r.status_code == 201, r.text
+        assert [h["url"] for h in admin.get("/webhooks").json()["data"]] == [url]
+        vera = sign_in(srv, "vera")
+        seen = vera.get(f"{srv.url}/admin/v1/webhooks")
+        assert seen.status_code == 200 and [h["url"] for h in seen.json()["data"]] == ["http://127.0.0.1:9/…"]
+        audit = vera.get(f"{srv.url}/admin/v1/audit", params={"action": "webhook.create"})
+        assert audit.status_code == 200 and audit.json()["data"], audit.text
+        assert "SeCrEtPaTh" not in audit.text and "also-secret" not in audit.text
+    finally:
+        srv.stop()
