@@ -15,6 +15,7 @@ from loraplex.platform.adapters.store import AdapterStore
 from loraplex.platform.alerts.dispatcher import Dispatcher
 from loraplex.platform.alerts.limits import LimitAlerts
 from loraplex.platform.alerts.outbox import Outbox
+from loraplex.platform.alerts.urls import Resolver, system_resolver
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
 from loraplex.platform.db.session import make_db_engine, make_session_factory
@@ -53,6 +54,9 @@ class PlatformContext:
     # (started with the HTTP app's lifespan). None with alerts.enabled = false.
     outbox: Outbox | None = field(init=False, default=None)
     alert_dispatcher: Dispatcher | None = field(init=False, default=None)
+    # How webhook hosts are resolved (registration check and delivery, alerts/urls.py): a seam the
+    # tests answer as an attacker's DNS server would (DNS rebinding).
+    webhook_resolver: Resolver = field(default=system_resolver)
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
@@ -67,15 +71,19 @@ class PlatformContext:
         )
         if metrics is not None:
             metrics.watch_platform(self._metric_stats)
+        alerts = None
+        if self.settings.alerts.enabled:
+            # a scale-out's ingress delivers too: its control plane writes the events to the same
+            # outbox (cluster/control.py), and every ingress's dispatcher claims from it
+            self.outbox = Outbox(self.sessions)
+            self.alert_dispatcher = Dispatcher(
+                self.sessions, self.outbox, self.settings.alerts, lambda host: self.webhook_resolver(host)
+            )
+            alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
         if quota_store is not None:
             self.quotas = quota_store
         else:
             # what other servers on this database admitted, read and added to under a per-tenant lock
-            alerts = None
-            if self.settings.alerts.enabled:
-                self.outbox = Outbox(self.sessions)
-                self.alert_dispatcher = Dispatcher(self.sessions, self.outbox, self.settings.alerts)
-                alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
             shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
             self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
 

@@ -249,6 +249,15 @@ class AlertSettings(_Table):
     # A claimed delivery belongs to its server this long; a server killed mid-delivery loses it then.
     lease_s: float = Field(60.0, gt=0)
     batch_size: int = Field(50, ge=1, le=1000)
+    # Caps (422 beyond them, docs/limits.md): webhooks scoped to one tenant, webhooks for every
+    # tenant (tenant_id null), and the webhooks one event goes to (the operator's + its tenant's).
+    max_webhooks_per_tenant: int = Field(10, ge=0, le=10_000)
+    max_operator_webhooks: int = Field(20, ge=0, le=10_000)
+    max_fanout_per_event: int = Field(25, ge=1, le=10_000)
+    # Retention: delivered and dead deliveries, and events with none left whose window has
+    # closed, are deleted once older than this (0 keeps them forever); swept this often.
+    retention_days: float = Field(30.0, ge=0, le=36_500)
+    sweep_interval_s: float = Field(3600.0, gt=0)
     # SSRF: webhook URLs whose host resolves to a private, loopback or link-local address are
     # refused unless the host is listed here (or allow_private_hosts is set).
     allowed_hosts: list[str] = Field(default_factory=list)

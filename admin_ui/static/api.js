@@ -165,6 +165,8 @@ export const api = {
   spendExport: (query) => download("/spend/export", query),
   engine: () => request("GET", "/engine"),
   audit: (query) => request("GET", "/audit", { query }),
+  webhooks: () => request("GET", "/webhooks"),
+  alertEvents: (query) => request("GET", "/alerts/events", { query }),
 };
 
 /** All tenants (the list is paged by the server). */

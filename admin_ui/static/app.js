@@ -1,5 +1,5 @@
 // Entry point: sign-in gate, hash router (#/tenants, #/tenants/<id>, #/adapters, #/usage, #/engine,
-// #/audit) and the page frame. Each view module exports `render(main, params) -> cleanup?`.
+// #/audit, #/alerts) and the page frame. Each view module exports `render(main, params) -> cleanup?`.
 import { clearKey, getKey, loadSsoSession, sso, ssoLogout } from "./api.js";
 import { clearError } from "./dom.js";
 import * as signin from "./views/signin.js";
@@ -10,6 +10,7 @@ import * as usage from "./views/usage.js";
 import * as spend from "./views/spend.js";
 import * as engine from "./views/engine.js";
 import * as audit from "./views/audit.js";
+import * as alerts from "./views/alerts.js";
 
 const ROUTES = [
   [/^\/tenants$/, tenants],
@@ -19,6 +20,7 @@ const ROUTES = [
   [/^\/spend$/, spend],
   [/^\/engine$/, engine],
   [/^\/audit$/, audit],
+  [/^\/alerts$/, alerts],
 ];
 
 let cleanup = null;

@@ -14,6 +14,7 @@ from loraplex.platform.adapters import references, service
 from loraplex.platform.adapters.models import Adapter
 from loraplex.platform.adapters.schemas import AdapterList, AdapterOut, GrantIn, GrantOut, RegisterByReference
 from loraplex.platform.adapters.upload_stream import StagedUpload, stage_multipart
+from loraplex.platform.admin.sso import redact
 from loraplex.platform.auth.admin import Actor
 from loraplex.platform.context import PlatformContext
 from loraplex.platform.db.session import unit_of_work
@@ -133,19 +134,20 @@ def _store_upload(ctx: PlatformContext, actor: Actor, form: UploadForm, archive:
 @router.get("", response_model=AdapterList)
 def list_adapters(
     session: SessionDep,
-    _actor: AdminDep,
+    actor: AdminDep,
     tenant_id: Annotated[str | None, Query(description="Only adapters this tenant may use")] = None,
     include_superseded: bool = False,
 ) -> AdapterList:
     rows = service.list_adapters(session, tenant_id=tenant_id, include_superseded=include_superseded)
     grants = service.granted_tenant_ids(session, rows)
-    return AdapterList(data=[_out(a, grants[a.id]) for a in rows])
+    # a tenant admin sees its own tenant's id only (shared adapters are other tenants' too)
+    return AdapterList(data=[redact.adapter_for(actor, _out(a, grants[a.id])) for a in rows])
 
 
 @router.get("/{adapter_id}", response_model=AdapterOut)
-def get_adapter(adapter_id: str, session: SessionDep, _actor: AdminDep) -> AdapterOut:
+def get_adapter(adapter_id: str, session: SessionDep, actor: AdminDep) -> AdapterOut:
     adapter = service.get_adapter(session, adapter_id)
-    return _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id])
+    return redact.adapter_for(actor, _out(adapter, service.granted_tenant_ids(session, [adapter])[adapter.id]))
 
 
 @router.post("/{adapter_id}/refresh", response_model=AdapterOut)

@@ -27,11 +27,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.alerts import repository, signing
 from loraplex.platform.alerts.outbox import Outbox
-from loraplex.platform.alerts.urls import UnsafeUrl, check_url
+from loraplex.platform.alerts.urls import Resolver, UnsafeUrl, pinned_target, system_resolver
 from loraplex.platform.db.base import utcnow
 from loraplex.platform.settings import AlertSettings
 
 log = logging.getLogger("loraplex.platform.alerts")
+_SWEEP_BATCH = 500  # rows per transaction
+_SWEEP_MAX_BATCHES = 100  # per sweep; the rest waits for the next one
 
 
 def backoff_s(attempt: int, settings: AlertSettings, rand: random.Random | None = None) -> float:
@@ -42,13 +44,21 @@ def backoff_s(attempt: int, settings: AlertSettings, rand: random.Random | None 
 
 
 class Dispatcher:
-    def __init__(self, sessions: sessionmaker[Session], outbox: Outbox, settings: AlertSettings) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        outbox: Outbox,
+        settings: AlertSettings,
+        resolver: Resolver = system_resolver,
+    ) -> None:
         self._sessions = sessions
         self._outbox = outbox
         self._settings = settings
+        self._resolver = resolver
         self.owner = f"{uuid.uuid4().hex[:16]}"  # this process's lease name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_sweep: float | None = None  # monotonic; None: sweep on the first pass
 
     def start(self) -> None:
         if self._thread is None:
@@ -76,6 +86,35 @@ class Dispatcher:
             if failing:
                 log.warning("alerts: dispatching again")
             failing = False
+            self._maybe_sweep()
+
+    def _maybe_sweep(self) -> None:
+        s = self._settings
+        now = time.monotonic()
+        if s.retention_days <= 0 or (self._last_sweep is not None and now - self._last_sweep < s.sweep_interval_s):
+            return
+        self._last_sweep = now  # a failed sweep waits for the next interval too (it logs)
+        try:
+            self.sweep_once()
+        except Exception as exc:  # noqa: BLE001 - database down: the next interval retries
+            log.warning("alerts: retention sweep failed: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
+
+    def sweep_once(self, now: datetime | None = None) -> tuple[int, int]:
+        """Delete finished deliveries and closed-window events older than ``alerts.retention_days``
+        (repository.sweep), a batch per transaction so no lock is held long; returns the counts."""
+        now = now or utcnow()
+        cutoff = now - timedelta(days=self._settings.retention_days)
+        total = [0, 0]
+        for _ in range(_SWEEP_MAX_BATCHES):
+            with self._sessions() as session:
+                got = repository.sweep(session, cutoff, now, _SWEEP_BATCH)
+                session.commit()
+            total = [total[0] + got[0], total[1] + got[1]]
+            if max(got) < _SWEEP_BATCH:
+                break
+        if any(total):
+            log.info("alerts: retention swept %d deliveries and %d events", *total)
+        return total[0], total[1]
 
     def run_once(self) -> int:
         """One pass; returns how many deliveries were attempted."""
@@ -85,7 +124,7 @@ class Dispatcher:
             if not repository.work_waiting(session, utcnow()):
                 return 0
         with self._sessions() as session:
-            repository.fan_out(session, utcnow(), s.batch_size)
+            repository.fan_out(session, utcnow(), s.batch_size, s.max_fanout_per_event)
             session.commit()
         with self._sessions() as session:
             ids = repository.claim(session, self.owner, utcnow(), s.lease_s, s.batch_size)
@@ -121,18 +160,26 @@ class Dispatcher:
             ok, status, error = await asyncio.wait_for(self._post(client, url, secret, event_id, body), deadline)
         except TimeoutError:
             ok, status, error = False, None, f"no whole answer within delivery_timeout_s ({deadline:g} s)"
+        except Exception as exc:  # noqa: BLE001 - e.g. a stored secret that cannot sign: a failed
+            # attempt (retried, then dead), never an exception that leaves the row pending forever
+            ok, status, error = False, None, f"{type(exc).__name__}: {exc}"[:500]
         await asyncio.to_thread(self._record, delivery_id, attempts, ok, status, error)
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, secret: str, event_id: str, body: str
     ) -> tuple[bool, int | None, str | None]:
-        try:
-            await asyncio.to_thread(check_url, url, self._settings)  # resolves the host: off the loop
+        try:  # resolves the host once (off the loop), checks, and pins the address checked
+            target = await asyncio.to_thread(pinned_target, url, self._settings, self._resolver)
         except UnsafeUrl as exc:
             return False, None, exc.message[:500]
-        headers = signing.headers(secret, event_id, int(time.time()), body)
-        try:
-            resp = await client.post(url, content=body.encode(), headers=headers)
+        headers = signing.headers(secret, event_id, int(time.time()), body) | {"host": target.host_header}
+        try:  # to the pinned address: the connection never resolves the name again (DNS rebinding)
+            resp = await client.post(
+                target.url,
+                content=body.encode(),
+                headers=headers,
+                extensions={"sni_hostname": target.sni_hostname} if target.sni_hostname else None,
+            )
         except httpx.HTTPError as exc:
             return False, None, f"{type(exc).__name__}: {exc}"[:500]
         if 200 <= resp.status_code < 300:

@@ -7,9 +7,11 @@ two statements)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Select, delete, or_, select, update
+from sqlalchemy import Select, delete, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -40,8 +42,10 @@ def work_waiting(session: Session, now: datetime) -> bool:
     return session.scalar(unfanned) is not None or session.scalar(due) is not None
 
 
-def fan_out(session: Session, now: datetime, limit: int) -> int:
-    """Create the deliveries of events not yet fanned out, for the webhooks matching them now."""
+def fan_out(session: Session, now: datetime, limit: int, max_per_event: int) -> int:
+    """Create the deliveries of events not yet fanned out, for the webhooks matching them now: at
+    most ``max_per_event`` per event, the oldest webhooks first (registration refuses a webhook
+    past the cap; this holds it too when the setting was lowered after registration)."""
     candidates = _skip_locked(
         session,
         select(AlertEventRow.id)
@@ -61,14 +65,15 @@ def fan_out(session: Session, now: datetime, limit: int) -> int:
     if not ids:
         return 0
     events = list(session.scalars(select(AlertEventRow).where(AlertEventRow.id.in_(ids))))
-    hooks = list(session.scalars(select(AlertWebhook)))
+    hooks = list(session.scalars(select(AlertWebhook).order_by(AlertWebhook.created_at, AlertWebhook.id)))
     made = 0
     for event in events:
-        for hook in hooks:
-            if hook.tenant_id is not None and hook.tenant_id != event.tenant_id:
-                continue
-            if hook.events and event.kind not in hook.events:
-                continue
+        matching = [
+            h
+            for h in hooks
+            if (h.tenant_id is None or h.tenant_id == event.tenant_id) and (not h.events or event.kind in h.events)
+        ]
+        for hook in matching[:max_per_event]:
             session.add(AlertDelivery(event_id=event.id, webhook_id=hook.id, state=PENDING, next_attempt_at=now))
             made += 1
     return made
@@ -139,6 +144,51 @@ def finish(
     return bool(getattr(result, "rowcount", 0))
 
 
+def sweep(session: Session, cutoff: datetime, now: datetime, batch: int) -> tuple[int, int]:
+    """Retention: delete up to ``batch`` finished deliveries (delivered or dead) older than
+    ``cutoff``, then up to ``batch`` events older than ``cutoff`` with no delivery left. An event
+    is kept while its window is open, whatever its age: its row is the "once per window" record
+    (the unique dedupe key), and deleting it would let the same window fire again. Pending
+    deliveries are never touched. Returns (deliveries, events) deleted."""
+    finished_at = func.coalesce(AlertDelivery.delivered_at, AlertDelivery.next_attempt_at)
+    old = (
+        select(AlertDelivery.id)
+        .where(AlertDelivery.state.in_((DELIVERED, DEAD)), finished_at < cutoff)
+        .limit(batch)
+        .scalar_subquery()
+    )
+    gone = session.execute(
+        delete(AlertDelivery).where(AlertDelivery.id.in_(old)), execution_options={"synchronize_session": False}
+    )
+    deliveries = int(getattr(gone, "rowcount", 0) or 0)
+    candidates = session.execute(
+        select(AlertEventRow.id, AlertEventRow.body)
+        .where(
+            AlertEventRow.created_at < cutoff,
+            AlertEventRow.fanned_out.is_(True),
+            ~exists().where(AlertDelivery.event_id == AlertEventRow.id),
+        )
+        .order_by(AlertEventRow.created_at)
+        .limit(batch)
+    )
+    closed = [eid for eid, body in candidates if _window_end(body) <= now]
+    if not closed:
+        return deliveries, 0
+    gone = session.execute(
+        delete(AlertEventRow).where(AlertEventRow.id.in_(closed)), execution_options={"synchronize_session": False}
+    )
+    return deliveries, int(getattr(gone, "rowcount", 0) or 0)
+
+
+def _window_end(body: str) -> datetime:
+    """The end of an event's window, from its stored body; an unreadable one counts as open."""
+    try:
+        end = datetime.fromisoformat(json.loads(body)["data"]["window"]["end"])
+    except (ValueError, KeyError, TypeError):
+        return datetime.max.replace(tzinfo=UTC)
+    return end if end.tzinfo is not None else end.replace(tzinfo=UTC)
+
+
 def list_events(session: Session, limit: int, tenant_id: str | None, kind: str | None) -> list[AlertEventRow]:
     stmt = select(AlertEventRow).order_by(AlertEventRow.created_at.desc(), AlertEventRow.id).limit(limit)
     if tenant_id is not None:
@@ -154,6 +204,26 @@ def deliveries_of(session: Session, event_ids: list[str]) -> list[AlertDelivery]
     return list(
         session.scalars(select(AlertDelivery).where(AlertDelivery.event_id.in_(event_ids)).order_by(AlertDelivery.id))
     )
+
+
+def lock_webhooks(session: Session) -> None:
+    """Serialize webhook registrations (the caps are counted, then a row is added): PostgreSQL a
+    transaction-scoped advisory lock, SQLite the file's write lock taken by a write that changes
+    nothing. Registrations are rare; one lock for all of them is enough."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(_WEBHOOK_LOCK)))
+    else:
+        session.execute(update(AlertWebhook).where(AlertWebhook.id == "").values(url=AlertWebhook.url))
+
+
+_WEBHOOK_LOCK = int.from_bytes(hashlib.blake2b(b"loraplex-webhooks", digest_size=8).digest(), "big", signed=True)
+
+
+def webhook_counts(session: Session) -> tuple[int, dict[str, int]]:
+    """(operator-wide webhooks, i.e. tenant_id NULL; per tenant: that tenant's own webhooks)."""
+    rows = session.execute(select(AlertWebhook.tenant_id, func.count()).group_by(AlertWebhook.tenant_id))
+    counts = {tid: int(n) for tid, n in rows}
+    return counts.pop(None, 0), {str(k): v for k, v in counts.items()}
 
 
 def list_webhooks(session: Session) -> list[AlertWebhook]:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from loraplex.platform.admin.sso import redact
 from loraplex.platform.alerts import repository, service
 from loraplex.platform.alerts.events import AlertKind
 from loraplex.platform.alerts.schemas import AlertEventList, WebhookIn, WebhookList, WebhookOut
@@ -18,12 +19,16 @@ router = APIRouter(tags=["alerts"])
 @router.post("/webhooks", response_model=WebhookOut, status_code=201)
 def create_webhook(body: WebhookIn, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> WebhookOut:
     """Register a receiver; its secret is stored for signing and never shown again."""
-    return WebhookOut.model_validate(service.create_webhook(session, ctx.settings.alerts, actor, body))
+    return WebhookOut.model_validate(
+        service.create_webhook(session, ctx.settings.alerts, actor, body, ctx.webhook_resolver)
+    )
 
 
 @router.get("/webhooks", response_model=WebhookList)
-def list_webhooks(session: SessionDep, _actor: AdminDep) -> WebhookList:
-    return WebhookList(data=[WebhookOut.model_validate(h) for h in repository.list_webhooks(session)])
+def list_webhooks(session: SessionDep, actor: AdminDep) -> WebhookList:
+    """Every webhook; a viewer sees each URL's origin only (its path is often a credential)."""
+    hooks = [WebhookOut.model_validate(h) for h in repository.list_webhooks(session)]
+    return WebhookList(data=[h.model_copy(update={"url": redact.webhook_url_for(actor, h.url)}) for h in hooks])
 
 
 @router.delete("/webhooks/{webhook_id}", status_code=204)

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from loraplex.platform.alerts.events import AlertKind
 
@@ -17,6 +19,21 @@ class WebhookIn(BaseModel):
     secret: Annotated[str, Field(min_length=16, max_length=256)]
     events: list[AlertKind] = Field(default_factory=list, max_length=16)  # empty = every kind
     tenant_id: Annotated[str | None, Field(max_length=40)] = None  # only this tenant's events
+
+    @field_validator("secret")
+    @classmethod
+    def _signable(cls, v: str) -> str:
+        """A ``whsec_`` secret is the base64 of the key: refused here unless it decodes (strictly)
+        to 16+ bytes. Found by the hostile round: "whsec_" + 17 letters failed only at delivery
+        (a delivery that could never be signed), and "whsec_!!!..." signed with an EMPTY key."""
+        if v.startswith("whsec_"):
+            try:
+                key = base64.b64decode(v[len("whsec_") :], validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("a whsec_ secret must be the base64 of its key") from None
+            if len(key) < 16:
+                raise ValueError("a whsec_ secret's key must be at least 16 bytes") from None
+        return v
 
 
 class WebhookOut(BaseModel):

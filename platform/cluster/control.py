@@ -29,6 +29,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraplex.platform.alerts.limits import LimitAlerts
+from loraplex.platform.alerts.outbox import Outbox
+from loraplex.platform.alerts.queued import QueuedEmitter
 from loraplex.platform.cluster.engine_state import DesiredEngineState
 from loraplex.platform.cluster.liveness import RayIngressDirectory
 from loraplex.platform.cluster.messages import (
@@ -63,6 +66,8 @@ class ControlConfig:
     expected_ingresses: int = 0  # without Ray's list: the ingresses a restart waits for
     adopt_grace_s: float = 10.0  # ... for at most this long
     ingress_prefix: str | None = None  # Ray's actor names of the ingresses (liveness.py)
+    # limit alerts (platform/alerts): the thresholds; None = alerts off (no events recorded)
+    alert_thresholds: tuple[int, ...] | None = None
 
 
 class ControlPlane:
@@ -79,6 +84,12 @@ class ControlPlane:
         self.epoch = uuid.uuid4().hex  # a new instance (first start or restart) has a new epoch
         self.pid = os.getpid()
         self.started_at = time.time()  # wall clock: an operator (or a benchmark) compares it with a kill
+        self.alert_writer: QueuedEmitter | None = None
+        alerts = None
+        if config.alert_thresholds is not None:
+            # the ingresses' dispatchers deliver them: the outbox is the shared database
+            self.alert_writer = QueuedEmitter(Outbox(self._session_factory()))
+            alerts = LimitAlerts(self.alert_writer, tuple(config.alert_thresholds))
         self.holds = ReservationBook(
             self._tokens_since,
             RayIngressDirectory(config.ingress_prefix),
@@ -87,6 +98,7 @@ class ControlPlane:
             lease_s=config.ingress_lease_s,
             expected_ingresses=config.expected_ingresses,
             adopt_grace_s=config.adopt_grace_s,
+            alerts=alerts,
         )
         self.desired = (
             DesiredEngineState.from_database(self._session_factory(), Path(config.store_root))

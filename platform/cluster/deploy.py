@@ -184,6 +184,7 @@ def control_config(settings: Settings) -> ControlConfig:
         # a restarted instance admits new limited holds once this many ingresses handed theirs back
         expected_ingresses=cl.ingress_replicas,
         ingress_prefix=INGRESS_ACTOR_PREFIX,
+        alert_thresholds=tuple(settings.alerts.thresholds) if settings.alerts.enabled else None,
     )
 
 

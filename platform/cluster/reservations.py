@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from loraplex.platform.alerts.limits import LimitAlerts
 from loraplex.platform.cluster.liveness import IngressDirectory, Verdict
 from loraplex.platform.cluster.messages import HeldReservation, Hold, Refusal, ReserveAnswer, ReserveItem, Retry
 from loraplex.platform.errors import RateLimited
@@ -46,8 +47,11 @@ class ReservationBook:
         lease_s: float,
         expected_ingresses: int,
         adopt_grace_s: float,
+        alerts: LimitAlerts | None = None,
     ) -> None:
-        self._quotas = InProcessQuotaStore(tokens_since)
+        # ``alerts``: the same threshold/refusal events the local store raises (platform/alerts),
+        # through an emitter that never makes the actor wait on the database (alerts/queued.py)
+        self._quotas = InProcessQuotaStore(tokens_since, alerts=alerts)
         self._ingresses = ingresses
         self._epoch = epoch
         self._reservations: dict[str, Reservation] = {}

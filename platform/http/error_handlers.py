@@ -192,6 +192,12 @@ def openai_error(first: dict[str, Any], same: list[dict[str, Any]]) -> tuple[str
             f"but got a string with length {len(value)} instead.",
             "string_above_max_length",
         )
+    if kind == "string_pattern_mismatch":
+        return (
+            f"Invalid '{name}': string does not match pattern. Expected a string that matches the pattern "
+            f"'{ctx.get('pattern')}'.",
+            "invalid_value",
+        )
     if kind in ("literal_error", "enum"):
         return f"Invalid value for '{name}': {_short(value)}. {first.get('msg', '')}.", "invalid_value"
     return f"{name}: {first.get('msg', 'invalid value')}", "invalid_value"

@@ -13,6 +13,7 @@ name), once its prompt is tokenized and ``context_window.max_tokens_for`` has de
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -426,9 +427,18 @@ class ChatMessage(NullIsDefault):
     tool_call_id: str | None = None
 
 
+# OpenAI's rule for a function's name, ``^[a-zA-Z0-9_-]{1,64}$`` (its API answers 400 to anything
+# else: over 64 characters as ``string_above_max_length``, other characters as ``invalid_value``).
+# Held here because a name is spliced into the chat template and the tool grammar: "</tool_call>",
+# quotes, braces or a NUL in a name are what the hostile rounds sent. Rust's regex (pydantic's)
+# anchors ``$`` at the very end, so "a\n" does not slip through as Python's ``re.match`` lets it.
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+
+
 class FunctionDef(NullIsDefault):
     model_config = ConfigDict(extra="allow")
-    name: Annotated[str, Field(min_length=1, max_length=64)]
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -437,6 +447,9 @@ class FunctionDef(NullIsDefault):
 class Tool(BaseModel):
     type: Literal["function"]
     function: FunctionDef
+
+
+TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # TOOL_NAME_PATTERN for fullmatch (no "$" before a newline)
 
 
 class NamedToolChoice(BaseModel):
@@ -448,6 +461,8 @@ class NamedToolChoice(BaseModel):
     def _has_name(cls, v: dict[str, str]) -> dict[str, str]:
         if not v.get("name"):
             raise ValueError("tool_choice.function.name is required")
+        if not TOOL_NAME_RE.fullmatch(v["name"]):
+            raise ValueError(f"tool_choice.function.name must match the pattern '{TOOL_NAME_PATTERN}'")
         return v
 
 

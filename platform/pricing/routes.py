@@ -14,6 +14,7 @@ from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.pricing import repository, service
 from loraplex.platform.pricing.schemas import PriceCreate, PriceList, PriceOut, SpendGroupBy, SpendReport
 from loraplex.platform.tenants.service import get_tenant
+from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.usage.routes import Since, Until
 
 router = APIRouter(tags=["pricing"])
@@ -79,7 +80,7 @@ def export_spend(
             writer = csv.DictWriter(buf, fieldnames=service.EXPORT_FIELDS)
             writer.writeheader()
             for row in service.export_rows(s, tenant_id=tenant_id, start=start, end=end):
-                writer.writerow(row)
+                writer.writerow(safe_row(row))  # no spreadsheet formulas (csv_cells.py)
                 if buf.tell() > 64 * 1024:
                     yield buf.getvalue()
                     buf.seek(0)

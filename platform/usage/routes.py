@@ -14,6 +14,7 @@ from pydantic import AfterValidator, AwareDatetime
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.deps import AdminDep, ContextDep, SessionDep
 from loraplex.platform.usage import service
+from loraplex.platform.usage.csv_cells import safe_row
 from loraplex.platform.usage.schemas import GroupBy, UsageReport
 
 router = APIRouter(tags=["usage"])
@@ -88,7 +89,7 @@ def export_usage(
             writer = csv.DictWriter(buf, fieldnames=service.EXPORT_FIELDS)
             writer.writeheader()
             for row in rows:
-                writer.writerow(row)
+                writer.writerow(safe_row(row))  # no spreadsheet formulas (csv_cells.py)
                 if buf.tell() > 64 * 1024:
                     yield buf.getvalue()
                     buf.seek(0)

@@ -4,6 +4,7 @@ well-formed answer, never a 5xx or a hang (a request timing out is a finding).""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -188,6 +189,16 @@ def test_tool_probe(module_tenant_setup, name):
         summary = str(_stream_calls(text))
     LOG.append(f"{name} | {status} | {time.monotonic() - t0:.1f}s | {summary} {text[:160]}".replace("\n", " "))
     assert status != "TIMEOUT" and status < 500, text[:500]
+    # a name outside OpenAI's ^[a-zA-Z0-9_-]{1,64}$ (metacharacters, NUL, empty, 10k chars) is
+    # refused before it reaches the template or the grammar: a 400 that names it
+    odd = [
+        i
+        for i, t in enumerate(body.get("tools", []))
+        if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", t["function"]["name"])
+    ]
+    if odd:
+        assert status == 400, text[:500]
+        assert json.loads(text)["error"]["param"] == f"tools[{odd[0]}].function.name", text[:500]
     if status == 200 and not body.get("stream") and name != "nested depth 5000 (raw text)":
         j = json.loads(text)
         for ch in j["choices"]:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from loraplex.platform.errors import BadRequest
-from loraplex.platform.inference.openai_schemas import ChatRequest
+from loraplex.platform.inference.openai_schemas import TOOL_NAME_PATTERN, TOOL_NAME_RE, ChatRequest
 from loraplex.platform.inference.responses_api.schemas import ResponsesRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -98,6 +98,14 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
                 f"tools of type {t.get('type')!r} are not supported (function tools only)",
                 param=f"tools[{i}].type",
                 code="unsupported_parameter",
+            )
+        name = t.get("name")
+        if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
+            raise BadRequest(
+                f"Invalid 'tools[{i}].name': string does not match pattern. Expected a string that matches "
+                f"the pattern '{TOOL_NAME_PATTERN}'.",
+                param=f"tools[{i}].name",
+                code="invalid_value",
             )
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
