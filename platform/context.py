@@ -17,6 +17,8 @@ from loraplex.platform.alerts.limits import LimitAlerts
 from loraplex.platform.alerts.outbox import Outbox
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
+from loraplex.platform.budgets.wiring import build_budget_store
+from loraplex.platform.budgets.store import BudgetStore
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.inference.inflight import InflightRegistry
@@ -53,6 +55,7 @@ class PlatformContext:
     # (started with the HTTP app's lifespan). None with alerts.enabled = false.
     outbox: Outbox | None = field(init=False, default=None)
     alert_dispatcher: Dispatcher | None = field(init=False, default=None)
+    budgets: BudgetStore = field(init=False)  # budgets in currency (platform/budgets)
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
@@ -78,6 +81,7 @@ class PlatformContext:
                 alerts = LimitAlerts(self.outbox, tuple(self.settings.alerts.thresholds))
             shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
             self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
+        self.budgets = build_budget_store(self)
 
     def _metric_stats(self) -> dict:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
@@ -121,5 +125,6 @@ class PlatformContext:
         if self.alert_dispatcher is not None:
             self.alert_dispatcher.stop()
         self.sources.close()
+        self.budgets.close()
         self.ledger.close()
         self.db_engine.dispose()

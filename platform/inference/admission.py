@@ -51,6 +51,7 @@ class Prepared:
     admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
     user: str | None = None  # the OpenAI ``user`` field (logs and traces)
     http_request_id: str | None = None  # the x-request-id of the HTTP request it came in (usage record)
+    budget: Any = None  # its hold on the budgets in currency (platform/budgets), None: no budget applies
 
     @property
     def headers(self) -> dict[str, str]:
