@@ -162,7 +162,7 @@ class BudgetStore:
                     )
                     break
                 used = b.spent_units + b.reserved_units
-                if used + need > limit:
+                if used + max(need, 1) > limit:  # a free (unpriced) request too, once nothing is left
                     left = max(0, limit - used)
                     refusal = _refused(
                         b,
