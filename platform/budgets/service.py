@@ -51,9 +51,10 @@ def put_budget(
     before = out(b, now).model_dump(mode="json") if b is not None else None
     start = window_start(body.period, body.timezone, now)
     if b is None:
-        b = Budget(scope=scope, scope_id=scope_id, tenant_id=tenant_id, created_at=now, reserved_units=0)
+        spent = ledger_spend(session, scope, scope_id, start)  # before the add: a query autoflushes
+        b = Budget(scope=scope, scope_id=scope_id, tenant_id=tenant_id, created_at=now, window_start=start)
+        b.spent_units, b.reserved_units = spent, held_in(session, scope, scope_id, start)
         session.add(b)
-        b.spent_units = ledger_spend(session, scope, scope_id, start)
     elif (b.period, b.timezone) != (body.period, body.timezone) or b.window_start != start:
         # a new window: what the ledger charged in it so far, and the holds admitted in it
         b.spent_units = ledger_spend(session, scope, scope_id, start)
