@@ -17,8 +17,8 @@ from loraplex.platform.alerts.limits import LimitAlerts
 from loraplex.platform.alerts.outbox import Outbox
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
-from loraplex.platform.budgets.wiring import build_budget_store
 from loraplex.platform.budgets.store import BudgetStore
+from loraplex.platform.budgets.wiring import build_budget_store
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.inference.inflight import InflightRegistry

@@ -25,7 +25,11 @@ class BudgetAlerts:
     def crossings(self, b: Budget, used_units: int) -> list[AlertEvent]:
         """Every threshold reached by spent + held (the dedupe key keeps one event of each)."""
         limit = micros_to_units(b.amount_micros)
-        return [self._event(AlertKind.THRESHOLD, b, used_units, pct) for pct in self.thresholds if used_units * 100 >= pct * limit]
+        return [
+            self._event(AlertKind.THRESHOLD, b, used_units, pct)
+            for pct in self.thresholds
+            if used_units * 100 >= pct * limit
+        ]
 
     def refusal(self, b: Budget, used_units: int) -> AlertEvent:
         return self._event(AlertKind.REFUSED, b, used_units, None)

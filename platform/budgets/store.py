@@ -290,8 +290,7 @@ class BudgetStore:
                 )
             )
             records = {
-                r.request_id: r
-                for r in session.scalars(select(UsageRecord).where(UsageRecord.request_id.in_(orphans)))
+                r.request_id: r for r in session.scalars(select(UsageRecord).where(UsageRecord.request_id.in_(orphans)))
             }
         done = 0
         for rid in orphans:

@@ -162,7 +162,9 @@ class Generation:
         p = self.prep
         self.ctx.inflight.remove(p.request_id)
         self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
-        self.ctx.budgets.settle(p.budget, len(p.prompt_ids), self.cached, self.delivered)  # cost at the cached price too
+        self.ctx.budgets.settle(
+            p.budget, len(p.prompt_ids), self.cached, self.delivered
+        )  # cost at the cached price too
         now = time.monotonic()
         self.ctx.observer.finished(
             FinishedRequest(

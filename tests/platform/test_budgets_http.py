@@ -51,8 +51,34 @@ def test_put_get_delete_a_tenants_and_a_keys_budget(client):
 
 @pytest.mark.parametrize(
     "amount",
-    ["-1", "NaN", "nan", "Infinity", "1e3", "1E-2", "١٢", "１２", "1,000", " 1", "1 ", "+1", "0x10", "", ".5", "1.",
-     "1.0000001", "1000000.000001", "99999999", "9" * 400, 12, 12.5, None, True, [], {}],
+    [
+        "-1",
+        "NaN",
+        "nan",
+        "Infinity",
+        "1e3",
+        "1E-2",
+        "١٢",
+        "１２",
+        "1,000",
+        " 1",
+        "1 ",
+        "+1",
+        "0x10",
+        "",
+        ".5",
+        "1.",
+        "1.0000001",
+        "1000000.000001",
+        "99999999",
+        "9" * 400,
+        12,
+        12.5,
+        None,
+        True,
+        [],
+        {},
+    ],
 )
 def test_hostile_amounts_are_422_in_openais_shape(client, amount):
     tid, _ = _tenant_and_key(client)
@@ -63,7 +89,17 @@ def test_hostile_amounts_are_422_in_openais_shape(client, amount):
 
 
 @pytest.mark.parametrize(
-    "tz", ["Mars/Olympus", "../../etc/passwd", "/etc/localtime", "Europe/Paris\x00", "Éurope/Paris", "", "x" * 100, "posixrules"]
+    "tz",
+    [
+        "Mars/Olympus",
+        "../../etc/passwd",
+        "/etc/localtime",
+        "Europe/Paris\x00",
+        "Éurope/Paris",
+        "",
+        "x" * 100,
+        "posixrules",
+    ],
 )
 def test_unknown_timezones_are_422(client, tz):
     tid, _ = _tenant_and_key(client)

@@ -60,7 +60,9 @@ def test_kill9_holds_are_settled_from_the_ledger_by_the_next_server(
         assert admin.put(f"/admin/v1/tenants/{tid}/budget", json={"amount": "100"}).status_code == 200
     model = httpx.get(server.url + "/v1/models", headers=auth(key)).json()["data"][0]["id"]
     statuses: list[int] = []
-    threads = [threading.Thread(target=_stream, args=(server.url, key, model, i, statuses), daemon=True) for i in range(3)]
+    threads = [
+        threading.Thread(target=_stream, args=(server.url, key, model, i, statuses), daemon=True) for i in range(3)
+    ]
     for t in threads:
         t.start()
 

@@ -33,7 +33,9 @@ def _snapshot(engine) -> dict:
             "usage": sorted(
                 tuple(r) for r in conn.execute(text("SELECT request_id, tenant_id, prompt_tokens FROM usage_records"))
             ),
-            "prices": sorted(tuple(r) for r in conn.execute(text("SELECT id, model, output_micros_per_mtok FROM prices"))),
+            "prices": sorted(
+                tuple(r) for r in conn.execute(text("SELECT id, model, output_micros_per_mtok FROM prices"))
+            ),
         }
 
 

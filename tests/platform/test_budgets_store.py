@@ -112,7 +112,9 @@ def test_twenty_concurrent_requests_race_the_last_cent_on_two_servers(sessions):
     def one(i: int) -> None:
         go.wait()
         try:
-            t = servers[i % 2].reserve([("tenant", "ten_1"), ("key", f"key_{i}")], [Cost(f"r{i}", 1000, 1000)], None, "m")
+            t = servers[i % 2].reserve(
+                [("tenant", "ten_1"), ("key", f"key_{i}")], [Cost(f"r{i}", 1000, 1000)], None, "m"
+            )
             admitted.append(t)
         except BudgetExceeded as exc:
             refused.append(exc)
@@ -208,10 +210,25 @@ def test_a_request_that_could_never_fit_is_refused(sessions):
     ("period", "tz", "before", "after"),
     [
         # Tokyo's midnight is 15:00 UTC the day before
-        ("daily", "Asia/Tokyo", datetime(2026, 12, 6, 14, 59, tzinfo=timezone.utc), datetime(2026, 12, 6, 15, 0, tzinfo=timezone.utc)),
+        (
+            "daily",
+            "Asia/Tokyo",
+            datetime(2026, 12, 6, 14, 59, tzinfo=timezone.utc),
+            datetime(2026, 12, 6, 15, 0, tzinfo=timezone.utc),
+        ),
         # weeks start on Monday (2026-12-07) in New York (UTC-5)
-        ("weekly", "America/New_York", datetime(2026, 12, 7, 4, 59, tzinfo=timezone.utc), datetime(2026, 12, 7, 5, 0, tzinfo=timezone.utc)),
-        ("monthly", "Europe/Paris", datetime(2026, 12, 31, 22, 59, tzinfo=timezone.utc), datetime(2026, 12, 31, 23, 0, tzinfo=timezone.utc)),
+        (
+            "weekly",
+            "America/New_York",
+            datetime(2026, 12, 7, 4, 59, tzinfo=timezone.utc),
+            datetime(2026, 12, 7, 5, 0, tzinfo=timezone.utc),
+        ),
+        (
+            "monthly",
+            "Europe/Paris",
+            datetime(2026, 12, 31, 22, 59, tzinfo=timezone.utc),
+            datetime(2026, 12, 31, 23, 0, tzinfo=timezone.utc),
+        ),
     ],
 )
 def test_the_window_resets_at_the_period_boundary_in_the_budgets_timezone(sessions, period, tz, before, after):
@@ -266,8 +283,13 @@ def test_a_dead_servers_holds_are_settled_from_the_ledger_once(sessions):
     with sessions() as s:  # r1 served 50 tokens before the kill (its checkpointed record); r2 nothing
         s.add(
             UsageRecord(
-                request_id="r1", tenant_id="ten_1", prompt_tokens=1000, cached_tokens=200,
-                completion_tokens=50, status="interrupted", instance_id="inst_dead",
+                request_id="r1",
+                tenant_id="ten_1",
+                prompt_tokens=1000,
+                cached_tokens=200,
+                completion_tokens=50,
+                status="interrupted",
+                instance_id="inst_dead",
             )
         )
         s.commit()
