@@ -236,3 +236,34 @@ def test_twenty_concurrent_requests_never_spend_past_the_budget(live_factory):
     with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
         got = admin.get(f"/admin/v1/tenants/{tid}/budget").json()
     assert Decimal(got["spent"]) == spent and got["reserved"] == "0"
+
+
+@pytest.mark.slow
+def test_a_stream_the_client_leaves_is_settled_to_what_it_was_sent(live_factory):
+    live = live_factory()
+    tid, key = new_tenant(live.url, "acme")
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        admin.post("/admin/v1/prices", json=PRICE)
+        admin.put(f"/admin/v1/tenants/{tid}/budget", json={"amount": "100"})
+    body = {"model": live.ctx.engine.model_name, "prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", live.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r,
+    ):
+        assert r.status_code == 200
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 6:
+                break  # leave mid-stream
+
+    def settled() -> bool:
+        live.ctx.budgets.flush()
+        with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+            return admin.get(f"/admin/v1/tenants/{tid}/budget").json()["reserved"] == "0"
+
+    from harness.wait import wait_for
+
+    wait_for(settled, what="the abandoned stream settled", timeout=60, interval=0.1)
+    rows = _served(live, tid, key)
+    assert len(rows) == 1 and rows[0].status != "running" and rows[0].completion_tokens < 2000
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        assert Decimal(admin.get(f"/admin/v1/tenants/{tid}/budget").json()["spent"]) == _cost(rows)

@@ -320,3 +320,55 @@ def test_alerts_thresholds_and_one_refusal_per_window(sessions):
     assert all(":tenant:ten_1:budget:" in k for k in keys)
     assert sum(k.startswith("limit.refused") for k in keys) == 1
     assert '"unit":"USD"' in rows[0].body and '"rule":"budget"' in rows[0].body
+
+
+def test_postgres_stopped_admission_is_503_and_a_settle_waits_for_it(private_postgres):
+    """The database down: a budgeted admission is a 503 (money is not admitted on a guess), a
+    settle queued meanwhile is kept and lands once the database is back."""
+    from loraplex.platform.db import migrate
+    from loraplex.platform.errors import ServiceUnavailable
+
+    pg = private_postgres  # started
+    migrate.upgrade(pg.url)
+    engine = make_db_engine(pg.url)
+    sessions = make_session_factory(engine)
+    try:
+        _price(sessions)
+        _budget(sessions, "tenant", "ten_1", 1_000_000)
+        st = _store(sessions)
+        (t,) = st.reserve([("tenant", "ten_1")], [Cost("r1", 1000, 1000)], None, "m")
+        pg.stop()
+        engine.dispose()
+        with pytest.raises(ServiceUnavailable):
+            st.reserve([("tenant", "ten_1")], [Cost("r2", 1000, 1000)], None, "m")
+        st.settle(t, 1000, 0, 10)
+        assert not st.flush(timeout=2.5)  # held in the queue, retried
+        pg.start()
+        assert st.flush(timeout=120)
+        b = _row(sessions)
+        assert (b.reserved_units, b.spent_units) == (0, 1000 * IN + 10 * OUT)
+        st.close()
+    finally:
+        engine.dispose()
+
+
+def test_an_adapters_own_price_is_the_one_held(sessions):
+    _price(sessions)  # "*": $2 / $8
+    with sessions() as s:
+        s.add(
+            Price(
+                model="bot",
+                currency="USD",
+                input_micros_per_mtok=IN * 100,
+                cached_input_micros_per_mtok=CACHED,
+                output_micros_per_mtok=OUT * 100,
+                effective_from=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                created_by="t",
+            )
+        )
+        s.commit()
+    _budget(sessions, "tenant", "ten_1", (50 * WORST) // UNITS)
+    st = _store(sessions)
+    assert st.reserve([("tenant", "ten_1")], [Cost("base", 1000, 1000)], None, "m")[0].amount_units == WORST
+    with pytest.raises(BudgetExceeded):  # the adapter costs 100 x the base model
+        st.reserve([("tenant", "ten_1")], [Cost("ada", 1000, 1000)], "bot", "m")
