@@ -267,3 +267,12 @@ def test_a_stream_the_client_leaves_is_settled_to_what_it_was_sent(live_factory)
     assert len(rows) == 1 and rows[0].status != "running" and rows[0].completion_tokens < 2000
     with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
         assert Decimal(admin.get(f"/admin/v1/tenants/{tid}/budget").json()["spent"]) == _cost(rows)
+
+
+@pytest.mark.parametrize("sid", ["%00", "a%00b", "x" * 2000, "%F0%9F%92%A5", "..%2F..", "' OR 1=1 --"])
+def test_hostile_ids_are_404_never_500(client, sid):
+    for collection in ("tenants", "keys", "projects"):
+        r = client.put(f"/admin/v1/{collection}/{sid}/budget", json={"amount": "1"}, headers=H)
+        assert r.status_code in (400, 404), (collection, sid, r.status_code, r.text)
+        assert "error" in r.json()
+        assert client.get(f"/admin/v1/{collection}/{sid}/budget", headers=H).status_code in (400, 404)
