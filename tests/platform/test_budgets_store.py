@@ -372,3 +372,60 @@ def test_an_adapters_own_price_is_the_one_held(sessions):
     assert st.reserve([("tenant", "ten_1")], [Cost("base", 1000, 1000)], None, "m")[0].amount_units == WORST
     with pytest.raises(BudgetExceeded):  # the adapter costs 100 x the base model
         st.reserve([("tenant", "ten_1")], [Cost("ada", 1000, 1000)], "bot", "m")
+
+
+def test_a_request_cancelled_while_its_hold_is_taken_gives_it_back(sessions):
+    """The client leaves while the admission's worker thread takes the budget hold: once the
+    thread is done, the hold and the token reservation are given back (never left unowned)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from loraplex.platform.budgets import admission as budget_admission
+
+    _price(sessions)
+    _budget(sessions, "tenant", "ten_1", 1_000_000)
+    store = _store(sessions)
+    entered, proceed = threading.Event(), threading.Event()
+    real = store.reserve
+
+    def slow_reserve(*args, **kwargs):
+        entered.set()
+        proceed.wait(30)
+        return real(*args, **kwargs)
+
+    store.reserve = slow_reserve  # type: ignore[method-assign]
+    cancelled: list = []
+    ctx = SimpleNamespace(
+        budgets=store,
+        quotas=SimpleNamespace(cancel=cancelled.append),
+        engine=SimpleNamespace(model_name="m"),
+    )
+    prep = SimpleNamespace(
+        auth=SimpleNamespace(tenant_id="ten_1", key_id="key_1"),
+        request_id="r1",
+        prompt_ids=[1] * 1000,
+        params=SimpleNamespace(n=1, max_tokens=1000),
+        model="m",
+        reservation="token-hold",
+        budget=None,
+    )
+
+    async def main() -> None:
+        task = asyncio.ensure_future(budget_admission.reserve(ctx, SimpleNamespace(adapter=None), [prep]))
+        await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+        for _ in range(600):  # the thread finishes; its done-callback gives everything back
+            if cancelled:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert cancelled == ["token-hold"]
+    assert store.flush()
+    b = _row(sessions)
+    assert (b.reserved_units, b.spent_units) == (0, 0)
+    with sessions() as s:
+        assert s.scalar(select(func.count()).select_from(BudgetHold)) == 0
