@@ -366,7 +366,8 @@ def _period_word(period: str) -> str:
 
 
 def _refused(b: Budget, message: str, end: datetime | None, now: datetime) -> BudgetExceeded:
-    headers = {}
-    if end is not None:
-        headers["retry-after"] = str(max(1, int((end - now).total_seconds()) + 1))
-    return BudgetExceeded(message, headers=headers)
+    # Until the period ends (the official clients do not wait that long: no automatic retry); a
+    # "total" budget never ends, and the clients' own header says not to retry it at all.
+    if end is None:
+        return BudgetExceeded(message, headers={"x-should-retry": "false"})
+    return BudgetExceeded(message, headers={"retry-after": str(max(1, int((end - now).total_seconds()) + 1))})

@@ -276,3 +276,25 @@ def test_hostile_ids_are_404_never_500(client, sid):
         assert r.status_code in (400, 404), (collection, sid, r.status_code, r.text)
         assert "error" in r.json()
         assert client.get(f"/admin/v1/{collection}/{sid}/budget", headers=H).status_code in (400, 404)
+
+
+@pytest.mark.slow
+def test_the_official_client_does_not_retry_a_spent_budget(live_factory):
+    """openai's client retries a 429 twice by default; a spent budget answers with a Retry-After
+    past its patience (the period's end) or, for "total", x-should-retry: false: one request each."""
+    live = live_factory()
+    tid, key = new_tenant(live.url, "acme")
+    model = live.ctx.engine.model_name
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        admin.post("/admin/v1/prices", json=PRICE)
+        sent: list[str] = []
+        http = httpx.Client(event_hooks={"request": [lambda req: sent.append(req.url.path)]})
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key=key, http_client=http)  # default retries
+        for period in ("monthly", "total"):
+            admin.put(f"/admin/v1/tenants/{tid}/budget", json={"amount": "0.000001", "period": period})
+            sent.clear()
+            with pytest.raises(openai.RateLimitError) as e:
+                client.completions.create(model=model, prompt="x", max_tokens=5)
+            assert e.value.code == "insufficient_quota"
+            assert sent == ["/v1/completions"], (period, sent)
+        http.close()
