@@ -187,6 +187,13 @@ def test_served_requests_are_held_settled_and_refused_with_insufficient_quota(li
     assert len(_served(live, tid, key)) == len(rows)  # the refused ones were never served
     with unit_of_work(live.ctx.sessions) as s:
         assert s.scalars(select(BudgetHold)).first() is None  # nothing held after the refusals
+    # the three refusals are one limit.refused event of the window (rule "budget", unit "USD")
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        events = admin.get("/admin/v1/alerts/events").json()["data"]
+    budget = [e for e in events if e["data"]["rule"] == "budget" and e["tenant_id"] == tid]
+    assert [e["type"] for e in budget if e["type"] == "limit.refused"] == ["limit.refused"]
+    refused = next(e for e in budget if e["type"] == "limit.refused")["data"]
+    assert (refused["unit"], refused["limit"], refused["scope"]) == ("USD", 1_000_000, "tenant")
 
 
 @pytest.mark.slow

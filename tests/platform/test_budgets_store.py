@@ -429,3 +429,29 @@ def test_a_request_cancelled_while_its_hold_is_taken_gives_it_back(sessions):
     assert (b.reserved_units, b.spent_units) == (0, 0)
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(BudgetHold)) == 0
+
+
+def test_a_project_budget_is_enforced_with_its_own_alert_subject(sessions):
+    """Projects are merged separately; the store, the scopes and the alerts already take them."""
+    from types import SimpleNamespace
+
+    from loraplex.platform.budgets.owners import request_scopes
+
+    _price(sessions)
+    _budget(sessions, "tenant", "ten_1", 1_000_000)
+    _budget(sessions, "project", "prj_1", WORST // UNITS)
+    auth = SimpleNamespace(tenant_id="ten_1", key_id="key_1", project_id="prj_1")
+    scopes = request_scopes(auth)
+    assert scopes == [("key", "key_1"), ("project", "prj_1"), ("tenant", "ten_1")]
+    st = _store(sessions, alerts=BudgetAlerts(Outbox(sessions), (100,)))
+    st.reserve(scopes, [Cost("r1", 1000, 1000)], None, "m")
+    with pytest.raises(BudgetExceeded, match="project's budget"):
+        st.reserve(scopes, [Cost("r2", 1000, 1000)], None, "m")
+    with sessions() as s:
+        keys = sorted(s.scalars(select(AlertEventRow.dedupe_key)))
+        bodies = list(s.scalars(select(AlertEventRow.body)))
+    assert [k.split(":2026")[0] for k in keys] == [
+        "limit.refused:project:prj_1:budget",
+        "limit.threshold:project:prj_1:budget",
+    ]
+    assert all('"project_id":"prj_1"' in b and '"scope":"project"' in b for b in bodies)
