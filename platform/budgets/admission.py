@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.platform.budgets.models import Budget
 from loraplex.platform.budgets.owners import request_scopes
-from loraplex.platform.budgets.store import Cost
+from loraplex.platform.budgets.store import Cost, pk_in
 
 if TYPE_CHECKING:
     from loraplex.platform.inference.admission import Prepared, Target
@@ -38,9 +41,18 @@ def reserve_for(ctx, target: Target, preps: list[Prepared]) -> list[Prepared]:
     return preps
 
 
+def applies(session: Session, auth) -> bool:
+    """Whether any budget covers this request's key, project or tenant: read in the admission's
+    look-up transaction, so a request with none takes no extra thread or connection. (A budget set
+    between that read and the admission applies from the next request.)"""
+    return session.execute(select(Budget.scope).where(pk_in(request_scopes(auth))).limit(1)).first() is not None
+
+
 async def reserve(ctx, target: Target, preps: list[Prepared]) -> list[Prepared]:
     """``reserve_for`` in a worker thread. A request cancelled meanwhile (its client left) gives
     back what the thread holds once it is done: a hold is never left without an owner to settle it."""
+    if not getattr(target, "budgeted", True):
+        return preps
     work = asyncio.ensure_future(run_in_threadpool(reserve_for, ctx, target, preps))
     try:
         return await asyncio.shield(work)

@@ -81,7 +81,7 @@ class _Settle:
     attempts: int = field(default=0)
 
 
-def _pk(scopes: list[tuple[str, str]]):
+def pk_in(scopes: list[tuple[str, str]]):
     return or_(*(and_(Budget.scope == s, Budget.scope_id == i) for s, i in scopes))
 
 
@@ -119,7 +119,7 @@ class BudgetStore:
         now = self.clock()
         try:
             with self._sessions() as session:  # a plain read first: no write lock for the unbudgeted
-                present = sorted(session.execute(select(Budget.scope, Budget.scope_id).where(_pk(scopes))).all())
+                present = sorted(session.execute(select(Budget.scope, Budget.scope_id).where(pk_in(scopes))).all())
                 if not present:
                     return None
                 priced = price_for(session, adapter_name, base_model, now)
@@ -147,7 +147,7 @@ class BudgetStore:
                     .where(Budget.scope == scope, Budget.scope_id == sid)
                     .values(amount_micros=Budget.amount_micros)
                 )
-            rows = list(session.scalars(select(Budget).where(_pk(scopes)).order_by(Budget.scope, Budget.scope_id)))
+            rows = list(session.scalars(select(Budget).where(pk_in(scopes)).order_by(Budget.scope, Budget.scope_id)))
             for b in rows:
                 roll(b, now)
                 limit = micros_to_units(b.amount_micros)
@@ -253,7 +253,7 @@ class BudgetStore:
                     .where(Budget.scope == scope, Budget.scope_id == sid)
                     .values(amount_micros=Budget.amount_micros)
                 )
-            budgets = {(b.scope, b.scope_id): b for b in session.scalars(select(Budget).where(_pk(scopes)))}
+            budgets = {(b.scope, b.scope_id): b for b in session.scalars(select(Budget).where(pk_in(scopes)))}
             settled = 0
             for h in session.scalars(
                 select(BudgetHold).where(BudgetHold.request_id == request_id).order_by(BudgetHold.scope)
