@@ -41,18 +41,6 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)
-for sub in (
-    tenants,
-    keys,
-    quotas,
-    quota_consumption,
-    adapters,
-    usage,
-    usage_series,
-    pricing,
-    audit,
-    engine,
-    alerts,
-    budgets,
-):
+for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, pricing, audit, engine, alerts):
     router.include_router(sub)
+router.include_router(budgets)  # budgets in currency (tenants, keys, projects)

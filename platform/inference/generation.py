@@ -162,9 +162,8 @@ class Generation:
         p = self.prep
         self.ctx.inflight.remove(p.request_id)
         self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
-        self.ctx.budgets.settle(
-            p.budget, len(p.prompt_ids), self.cached, self.delivered
-        )  # cost at the cached price too
+        # its budget in currency: the cost of what was served, cached prompt tokens at the cached price
+        self.ctx.budgets.settle(p.budget, len(p.prompt_ids), self.cached, self.delivered)
         now = time.monotonic()
         self.ctx.observer.finished(
             FinishedRequest(
