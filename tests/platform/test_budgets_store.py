@@ -322,6 +322,7 @@ def test_alerts_thresholds_and_one_refusal_per_window(sessions):
     assert '"unit":"USD"' in rows[0].body and '"rule":"budget"' in rows[0].body
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped and started
 def test_postgres_stopped_admission_is_503_and_a_settle_waits_for_it(private_postgres):
     """The database down: a budgeted admission is a 503 (money is not admitted on a guess), a
     settle queued meanwhile is kept and lands once the database is back."""
