@@ -68,6 +68,7 @@ def build_context(
         log.warning("database unreachable at start; serving degraded until it answers: %s", _first_line(exc))
         ctx.db_ready = False
     ctx.ledger.start()
+    ctx.budgets.start()  # settles queued budget holds; and a dead server's, from the ledger
     if ctx.db_ready:
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, ctx.engine, ctx.store.root)

@@ -18,6 +18,8 @@ from loraplex.platform.alerts.outbox import Outbox
 from loraplex.platform.alerts.urls import Resolver, system_resolver
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.auth.tokens import KeyHasher
+from loraplex.platform.budgets.store import BudgetStore
+from loraplex.platform.budgets.wiring import build_budget_store
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_client import EngineClient, LocalEngineClient
 from loraplex.platform.inference.inflight import InflightRegistry
@@ -57,6 +59,7 @@ class PlatformContext:
     # How webhook hosts are resolved (registration check and delivery, alerts/urls.py): a seam the
     # tests answer as an attacker's DNS server would (DNS rebinding).
     webhook_resolver: Resolver = field(default=system_resolver)
+    budgets: BudgetStore = field(init=False)  # budgets in currency (platform/budgets)
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
@@ -86,6 +89,7 @@ class PlatformContext:
             # what other servers on this database admitted, read and added to under a per-tenant lock
             shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
             self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
+        self.budgets = build_budget_store(self)
 
     def _metric_stats(self) -> dict:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""
@@ -129,5 +133,6 @@ class PlatformContext:
         if self.alert_dispatcher is not None:
             self.alert_dispatcher.stop()
         self.sources.close()
+        self.budgets.close()
         self.ledger.close()
         self.db_engine.dispose()

@@ -10,6 +10,7 @@ from loraplex.platform.adapters.routes import router as adapters
 from loraplex.platform.admin.engine_routes import router as engine
 from loraplex.platform.alerts.routes import router as alerts
 from loraplex.platform.audit.routes import router as audit
+from loraplex.platform.budgets.routes import router as budgets
 from loraplex.platform.keys.routes import router as keys
 from loraplex.platform.pricing.routes import router as pricing
 from loraplex.platform.quotas.consumption import router as quota_consumption
@@ -42,3 +43,4 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)
 for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, pricing, audit, engine, alerts):
     router.include_router(sub)
+router.include_router(budgets)  # budgets in currency (tenants, keys, projects)

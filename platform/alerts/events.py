@@ -24,7 +24,7 @@ class AlertKind(StrEnum):
 @dataclass(frozen=True)
 class AlertEvent:
     kind: AlertKind
-    scope: str  # "tenant" or "key" (later "project")
+    scope: str  # "tenant", "key" or "project" (budgets)
     tenant_id: str | None
     key_id: str | None
     rule: str  # token_budget | tpm | rpm | max_concurrent (later: budget)
@@ -34,9 +34,12 @@ class AlertEvent:
     window_start: datetime
     window_end: datetime
     threshold_percent: int | None = None
+    project_id: str | None = None  # scope "project" (a project's budget)
 
     @property
     def subject(self) -> str:
+        if self.scope == "project":
+            return f"project:{self.project_id}"
         return f"key:{self.key_id}" if self.scope == "key" else f"tenant:{self.tenant_id}"
 
     @property
@@ -56,6 +59,7 @@ class AlertEvent:
             "used": self.used,
             "threshold_percent": self.threshold_percent,
             "window": {"start": self.window_start.isoformat(), "end": self.window_end.isoformat()},
+            **({"project_id": self.project_id} if self.scope == "project" else {}),
         }
 
 

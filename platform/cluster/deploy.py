@@ -67,6 +67,7 @@ class Ingress:
         ctx = PlatformContext.build(settings, client, quotas=quotas, inflight=inflight)
         client.start()
         ctx.ledger.start()  # recovery of a previous run's records is the driver's, done once
+        ctx.budgets.start()  # budget settles; a dead ingress's holds are settled by a live one
         with unit_of_work(ctx.sessions) as session:
             sync_all(session, client, ctx.store.root)  # idempotent: the same state from every ingress
         return create_app(ctx, owns_engine=False)

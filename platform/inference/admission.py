@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.auth import key_scopes
 from loraplex.platform.auth.key_cache import TenantAuth
+from loraplex.platform.budgets import admission as budget_admission
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import context_window
@@ -51,6 +52,7 @@ class Prepared:
     admission_s: float = 0.0  # model resolution, tokenization, grammar compilation, quota admission
     user: str | None = None  # the OpenAI ``user`` field (logs and traces)
     http_request_id: str | None = None  # the x-request-id of the HTTP request it came in (usage record)
+    budget: Any = None  # its hold on the budgets in currency (platform/budgets), None: no budget applies
 
     @property
     def headers(self) -> dict[str, str]:
@@ -119,6 +121,7 @@ class Target:
     adapter: Adapter | None
     quota: QuotaView
     timeout_s: float
+    budgeted: bool = False  # a budget in currency applies (platform/budgets): held after the quota
 
 
 def look_up(ctx, auth: TenantAuth, model: str) -> Target:
@@ -130,7 +133,8 @@ def look_up(ctx, auth: TenantAuth, model: str) -> Target:
         timeout_s = (
             q.max_generation_s if q and q.max_generation_s else None
         ) or ctx.settings.limits.generation_timeout_s
-    return Target(adapter, quota, float(timeout_s))
+        budgeted = budget_admission.applies(session, auth)
+    return Target(adapter, quota, float(timeout_s), budgeted)
 
 
 def precheck(ctx, auth: TenantAuth, target: Target, prompts: int) -> None:

@@ -72,6 +72,7 @@ async def start_all(ctx: PlatformContext, preps: list[Prepared], *, streaming: b
             g.finish("error")
         for p in preps[len(gens) + 1 :]:  # the refused one gave its own back (start)
             ctx.quotas.cancel(p.reservation)
+            ctx.budgets.release(p.budget)
         raise
     return gens
 
@@ -89,6 +90,7 @@ async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Gen
         await stream.open()  # a remote engine (Ray Serve): until a replica accepted it
     except BaseException as exc:
         ctx.quotas.cancel(prep.reservation)
+        ctx.budgets.release(prep.budget)
         if isinstance(exc, PlatformError) or not isinstance(exc, Exception):
             raise  # the engine already maps engine errors (4xx for bad requests, 503 for a dead engine)
         raise ServiceUnavailable(f"the engine cannot take requests: {exc}", headers={"retry-after": "5"}) from None
@@ -160,6 +162,8 @@ class Generation:
         p = self.prep
         self.ctx.inflight.remove(p.request_id)
         self.ctx.quotas.settle(p.reservation, len(p.prompt_ids) + self.delivered)
+        # its budget in currency: the cost of what was served, cached prompt tokens at the cached price
+        self.ctx.budgets.settle(p.budget, len(p.prompt_ids), self.cached, self.delivered)
         now = time.monotonic()
         self.ctx.observer.finished(
             FinishedRequest(

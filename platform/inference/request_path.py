@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.platform.budgets import admission as budget_admission
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import admission, chat_prompt, generation
 from loraplex.platform.inference import service as inference_service
@@ -62,6 +63,7 @@ async def _prepare_all(
         for texts, tokenize in prompts
     ]
     preps = admission.admit(ctx, tenant, model, endpoint, target, tokenized)
+    preps = await budget_admission.reserve(ctx, target, preps)  # budgets in currency (platform/budgets)
     for p in preps:
         p.user = body.user
         p.http_request_id = request_id

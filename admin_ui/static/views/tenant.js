@@ -3,6 +3,7 @@ import { api } from "../api.js";
 import { act, confirmDialog, field, fmtTime, h, localToIso, section, select, showError, showStatus, table } from "../dom.js";
 import { deleteTenant, tenantFields } from "./tenants.js";
 import { meter } from "../charts.js";
+import { budgetSection } from "./budget.js";
 
 export function render(main, { match, navigate }) {
   const [tenantId] = match;
@@ -28,6 +29,7 @@ export function render(main, { match, navigate }) {
       keysSection(t),
       quotaSection(t),
       consumptionSection(t),
+      budgetSection(t),
       adaptersSection(t),
       h("p", {}, h("a", { href: `#/usage?tenant_id=${encodeURIComponent(t.id)}` }, `Usage of ${t.name}`)),
     );

@@ -1,0 +1,1 @@
+"""Budgets in currency on tenants, projects and keys (docs/billing.md, "Budgets")."""
