@@ -136,6 +136,7 @@ class Generation:
             http_request_id=p.http_request_id,
             tenant_id=p.auth.tenant_id,
             api_key_id=p.auth.key_id,
+            project_id=p.auth.project.project_id if p.auth.project else None,
             adapter_id=p.adapter_id,
             adapter_name=p.model if p.adapter_id else None,
             endpoint=p.endpoint,
