@@ -31,6 +31,7 @@ from loraplex.platform.inference.deltas import (
     timeout_deltas,
 )
 from loraplex.platform.observability.metrics import FinishedRequest
+from loraplex.platform.projects.scope import fair_group
 
 if TYPE_CHECKING:
     from loraplex.platform.context import PlatformContext
@@ -85,6 +86,7 @@ async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Gen
             adapter=prep.adapter_id,
             tenant_id=prep.auth.tenant_id,
             cache_salt=prep.auth.tenant_id,
+            fair_group=fair_group(prep.auth.project),
         )
         await stream.open()  # a remote engine (Ray Serve): until a replica accepted it
     except BaseException as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.engine import FairGroup
 from loraplex.platform.quotas.store import QuotaView, Reservation
 
 
@@ -45,3 +46,10 @@ def link(first: Reservation, hold: Reservation) -> None:
     while first.linked is not None:
         first = first.linked
     first.linked = hold
+
+
+def fair_group(project: ProjectAuth | None) -> FairGroup | None:
+    """The engine's view of a project: an opaque key with a priority and weight inside its tenant."""
+    if project is None:
+        return None
+    return FairGroup(project.project_id, project.priority, project.weight)
