@@ -148,6 +148,9 @@ def test_project_limits_on_top_of_the_tenants_and_keys(client, good_files, platf
     _code(r, 429, "rate_limit_exceeded")
     assert r.headers.get("retry-after")
     assert complete(client, outsider["key"], "alpha").status_code == 200  # the tenant is not limited
+    events = client.get("/admin/v1/alerts/events?limit=1000", headers=H).json()["data"]
+    # no alert misnames the project as a tenant (projects have no alert subject yet)
+    assert not [e for e in events if "project:" in str(e)], events
     # tpm: a request reserving more than the project's tpm is refused and holds nothing anywhere
     small = project(client, tid, name="small", tpm=20)
     ks = key(client, tid, project_id=small["id"], rpm=100)
