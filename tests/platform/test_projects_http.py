@@ -5,6 +5,7 @@ group by the real project ids. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import billing_helpers
 import httpx
 import openai
 from platform_helpers import admin_headers
@@ -61,6 +62,8 @@ def test_project_keys_serve_and_are_billed_by_project(tenant_setup):
         by_project[r.project_id] = by_project.get(r.project_id, 0) + 1
     assert by_project == {search["id"]: 3, ads["id"]: 3, None: 1}  # n=2 is one record; a 3-prompt list is 3
 
+    exported = billing_helpers.usage_rows(url, tid)  # the usage export names the project too
+    assert sorted(str(r["project_id"]) for r in exported.values()) == sorted(str(r.project_id) for r in records)
     spend = admin.get("/admin/v1/spend", params={"group_by": "project", "tenant_id": tid}).json()
     got = {b["key"]: b["requests"] for b in spend["data"]}
     assert got == {search["id"]: 3, ads["id"]: 3, "": 1}, spend
