@@ -40,6 +40,7 @@ _EXPORTS = {
     "DemoModelUnavailable": ".real_model",
     "ensure_demo_checkpoint": ".real_model",
     "EngineRequest": ".request",
+    "FairGroup": ".request",
     "SamplingParams": ".sampling_params",
     "check_request_limits": ".sampling_params",
     "RequestLimits": ".config",
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from .models import ModelConfig
     from .outputs import CompletionOutput, FinishReason, OutputKind, RequestOutput
     from .real_model import DEMO_MODEL_NAME, DemoModelUnavailable, ensure_demo_checkpoint
-    from .request import EngineRequest
+    from .request import EngineRequest, FairGroup
     from .sampling_params import SamplingParams, StructuredOutputSpec, check_request_limits
     from .structured_output import StructuredOutputManager
     from .tokenizer import load_tokenizer
@@ -91,6 +92,7 @@ __all__ = [
     "EngineDeadError",
     "EngineError",
     "EngineRequest",
+    "FairGroup",
     "FinishReason",
     "InvalidRequestError",
     "LLMEngine",

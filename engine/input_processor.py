@@ -65,6 +65,7 @@ class InputProcessor:
         self._check_fits(token_ids, params)
         self._check_resume(request)
         self._check_vocab(params)
+        _check_group(request)
         if params.structured_output is not None and request.grammar is None:
             # A cache hit when the server compiled it first; attached to the request so that
             # add_request on the engine thread never compiles (nor waits on a compilation).
@@ -127,3 +128,16 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="logit_bias"
             )
+
+
+def _check_group(request: EngineRequest) -> None:
+    group = request.fair_group
+    if group is None:
+        return
+    if not isinstance(group.key, str) or not group.key:
+        raise InvalidRequestError("fair_group.key must be a non-empty string", param="fair_group")
+    if not isinstance(group.priority, int) or isinstance(group.priority, bool):
+        raise InvalidRequestError(f"fair_group.priority must be an integer, got {group.priority!r}", param="fair_group")
+    w = group.weight
+    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 < w < float("inf"):
+        raise InvalidRequestError(f"fair_group.weight must be > 0 and finite, got {w!r}", param="fair_group")

@@ -36,7 +36,7 @@ from .sampler import advance_seeded_generator
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
-from .sequence import AdapterRef, Request, Sequence, TenantInfo
+from .sequence import AdapterRef, GroupInfo, Request, Sequence, TenantInfo
 from .spec_decode import SpeculativeDecoder
 from .structured_output import StructuredOutputManager
 from .tokenizer import load_tokenizer
@@ -136,6 +136,7 @@ class LLMEngine:
         )
         self.requests: dict[str, Request] = {}
         self.tenants: dict[str, TenantInfo] = {}
+        self.groups: dict[tuple[str, str], GroupInfo] = {}  # (tenant, fair group key): nested fairness
         self.counters = {
             "requests": 0,
             "finished": 0,
@@ -176,6 +177,7 @@ class LLMEngine:
             tenant=tenant,
             cache_salt=request.cache_salt,
             arrival_time=request.arrival_time if request.arrival_time is not None else time.monotonic(),
+            group=self._group(request),
         )
         resume = list(request.resume_token_ids)
         for i in range(params.n):
@@ -233,6 +235,19 @@ class LLMEngine:
         if max_running_seqs is not UNCHANGED:
             tenant.max_running_seqs = max_running_seqs  # None: back to the engine-wide default
         return tenant
+
+    def _group(self, request: EngineRequest) -> GroupInfo | None:
+        """The tenant's fair group of this request, shared by its requests and updated from the
+        newest one (a group's weight or priority change reaches its queued requests at once)."""
+        fg = request.fair_group
+        if fg is None:
+            return None
+        key = (request.tenant_id, fg.key)
+        info = self.groups.get(key)
+        if info is None:
+            info = self.groups[key] = GroupInfo(fg.key)
+        info.priority, info.weight = fg.priority, float(fg.weight)
+        return info
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)

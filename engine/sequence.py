@@ -44,6 +44,15 @@ class TenantInfo:
     max_running_seqs: int | None = None  # per-tenant cap inside the batch (None: engine default)
 
 
+@dataclass
+class GroupInfo:
+    """The engine's record of a ``FairGroup`` (request.py) of one tenant; requests share it."""
+
+    key: str
+    priority: int = 0
+    weight: float = 1.0
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -53,6 +62,7 @@ class Request:
     tenant: TenantInfo = field(default_factory=TenantInfo)
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    group: GroupInfo | None = None  # its place inside the tenant's fair share (None: the tenant's own)
     sequences: list[Sequence] = field(default_factory=list)
     first_token_time: float | None = None
     finish_time: float | None = None

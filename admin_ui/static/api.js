@@ -145,6 +145,11 @@ export const api = {
   createKey: (tenantId, body) => request("POST", `/tenants/${enc(tenantId)}/keys`, { body }),
   revokeKey: (keyId) => request("DELETE", `/keys/${enc(keyId)}`),
 
+  listProjects: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/projects`),
+  createProject: (tenantId, body) => request("POST", `/tenants/${enc(tenantId)}/projects`, { body }),
+  updateProject: (id, body) => request("PATCH", `/projects/${enc(id)}`, { body }),
+  archiveProject: (id) => request("DELETE", `/projects/${enc(id)}`),
+
   getQuota: (tenantId) => request("GET", `/tenants/${enc(tenantId)}/quota`),
   putQuota: (tenantId, body) => request("PUT", `/tenants/${enc(tenantId)}/quota`, { body }),
 

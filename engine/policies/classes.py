@@ -79,7 +79,7 @@ class ClassQueuesPolicy(SchedulingPolicy):
         for tid, queue in self._queues.items():
             if tid in self._blocked:
                 continue
-            head = next((s for s in queue if s.seq_id not in exclude), None)
+            head = self._head(queue, exclude)
             if head is not None:
                 heads.append((tid, head))
         if not heads:
@@ -102,6 +102,10 @@ class ClassQueuesPolicy(SchedulingPolicy):
         return super().preemption_candidates(seq, running, now)
 
     # ------------------------------------------------------------------ subclass hooks
+    def _head(self, queue: deque[Sequence], exclude: set[int]) -> Sequence | None:
+        """The tenant's request to offer next: its oldest one (a fair policy nests groups here)."""
+        return next((s for s in queue if s.seq_id not in exclude), None)
+
     def _victim_key(self, seq: Sequence, now: float) -> tuple[float, ...]:
         """Larger = preempted first: the worst (aged) class, then the newest."""
         return (aged_class(seq, now, self.aging_s), seq.arrival_time, seq.seq_id)

@@ -9,12 +9,22 @@ within the best class that waits; each tenant's own requests go in arrival order
 backlogged again is lifted to the smallest counter of the backlogged tenants of its class (or to the
 counter of the last tenant that left the backlog when none is), so idling banks no credit.
 
+Nested groups (the platform's projects, ``Request.group``): inside a tenant, the same again one
+level down. A counter per (tenant, group) charged ``service / group weight``; the tenant's next
+request comes from its best group priority, then its group with the smallest counter (oldest
+first within a group); a group that becomes backlogged is lifted to the smallest counter of the
+tenant's backlogged groups. The tenant's own counter is charged as before, so the tenant's share
+among tenants is unchanged and its groups split it by their weights. Requests of no group form
+one group of weight 1.
+
 LoRA locality: when the fairest pick's adapter is not resident, a tenant whose counter is within
 ``locality_slack`` of it and whose next request needs no adapter swap may go first. Counters keep
 charging as usual, so this can shift service between two backlogged tenants by at most the slack.
 """
 
 from __future__ import annotations
+
+from collections import Counter, deque
 
 from ..sequence import Sequence
 from .classes import ClassQueuesPolicy, aged_class, effective_class
@@ -42,6 +52,62 @@ class FairPolicy(ClassQueuesPolicy):
         self.served: dict[str, float] = {}  # what this engine charged (lifts excluded), per tenant
         self._last_left: dict[int, float] = {}  # class -> counter of the last tenant leaving its backlog
         self.locality_picks = 0  # times locality overrode the fairest pick (stats)
+        self.group_counters: dict[tuple[str, str | None], float] = {}  # (tenant, group key) -> counter
+        # tenant -> its waiting sequences per group key (so a tenant of one group costs no scan)
+        self._group_waiting: dict[str, Counter] = {}
+
+    # ------------------------------------------------------------------ nested groups
+    @staticmethod
+    def _group_of(seq: Sequence) -> tuple[str, str | None]:
+        group = seq.request.group
+        return seq.tenant.tenant_id, group.key if group is not None else None
+
+    @staticmethod
+    def _group_priority(seq: Sequence) -> int:
+        group = seq.request.group
+        return group.priority if group is not None else 0
+
+    def add_waiting(self, seq: Sequence, *, preempted: bool = False) -> None:
+        tid, gid = self._group_of(seq)
+        waiting = self._group_waiting.setdefault(tid, Counter())
+        if not waiting[gid]:  # the group becomes backlogged: no credit banked while it idled
+            floor = min((self.group_counters.get((tid, g), 0.0) for g in waiting), default=None)
+            current = self.group_counters.get((tid, gid))
+            if floor is not None:
+                self.group_counters[tid, gid] = floor if current is None else max(current, floor)
+            elif current is None:
+                self.group_counters[tid, gid] = 0.0
+        waiting[gid] += 1
+        super().add_waiting(seq, preempted=preempted)
+
+    def remove_waiting(self, seq: Sequence) -> None:
+        super().remove_waiting(seq)
+        tid, gid = self._group_of(seq)
+        waiting = self._group_waiting[tid]
+        waiting[gid] -= 1
+        if waiting[gid] <= 0:
+            del waiting[gid]
+            if not waiting:
+                del self._group_waiting[tid]
+
+    def _head(self, queue: deque[Sequence], exclude: set[int]) -> Sequence | None:
+        if not queue:
+            return None
+        groups = len(self._group_waiting.get(queue[0].tenant.tenant_id, ()))
+        best: Sequence | None = None
+        best_key: tuple[int, float] | None = None
+        seen: set[tuple[str, str | None]] = set()
+        for s in queue:  # arrival order: the first of each group is that group's head
+            gid = self._group_of(s)
+            if s.seq_id in exclude or gid in seen:
+                continue
+            seen.add(gid)
+            key = (self._group_priority(s), self.group_counters.get(gid, 0.0))
+            if best_key is None or key < best_key:
+                best, best_key = s, key
+            if len(seen) >= groups:  # every group of this tenant has offered its head
+                break
+        return best
 
     # ------------------------------------------------------------------ counters
     def _becomes_backlogged(self, seq: Sequence) -> None:
@@ -71,6 +137,9 @@ class FairPolicy(ClassQueuesPolicy):
     def _charge(self, seq: Sequence, service: float) -> None:
         tid = seq.tenant.tenant_id
         self.counters[tid] = self.counters.get(tid, 0.0) + service / seq.tenant.weight
+        gid = self._group_of(seq)
+        group_weight = seq.request.group.weight if seq.request.group is not None else 1.0
+        self.group_counters[gid] = self.group_counters.get(gid, 0.0) + service / group_weight
         self.served[tid] = self.served.get(tid, 0.0) + service / seq.tenant.weight
 
     def local_service(self) -> dict[str, float]:

@@ -13,6 +13,7 @@ from loraplex.platform.audit.routes import router as audit
 from loraplex.platform.budgets.routes import router as budgets
 from loraplex.platform.keys.routes import router as keys
 from loraplex.platform.pricing.routes import router as pricing
+from loraplex.platform.projects.routes import router as projects
 from loraplex.platform.quotas.consumption import router as quota_consumption
 from loraplex.platform.quotas.routes import router as quotas
 from loraplex.platform.tenants.routes import router as tenants
@@ -41,6 +42,19 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 router = APIRouter(prefix=ADMIN_PREFIX, responses=_ERROR_RESPONSES)
-for sub in (tenants, keys, quotas, quota_consumption, adapters, usage, usage_series, pricing, audit, engine, alerts):
+for sub in (
+    tenants,
+    projects,
+    keys,
+    quotas,
+    quota_consumption,
+    adapters,
+    usage,
+    usage_series,
+    pricing,
+    audit,
+    engine,
+    alerts,
+):
     router.include_router(sub)
 router.include_router(budgets)  # budgets in currency (tenants, keys, projects)

@@ -7,6 +7,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from loraplex.platform.projects.scope import ProjectAuth
+
 
 @dataclass(frozen=True)
 class TenantAuth:
@@ -21,6 +23,7 @@ class TenantAuth:
     key_rpm: int | None = None
     key_tpm: int | None = None
     key_max_concurrent: int | None = None
+    project: ProjectAuth | None = None  # the key's project (platform/projects/scope.py)
 
 
 class KeyCache:

@@ -11,6 +11,8 @@ from loraplex.platform.db.base import utcnow
 from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import Forbidden, Unauthorized
 from loraplex.platform.keys import repository as keys_repo
+from loraplex.platform.projects import repository as projects_repo
+from loraplex.platform.projects.scope import ProjectAuth
 from loraplex.platform.tenants import repository as tenants_repo
 
 if TYPE_CHECKING:  # the context is built above every service; only its type is needed here
@@ -40,10 +42,28 @@ def lookup_tenant_key(session: Session, ctx: PlatformContext, key_hash: str) -> 
         key_rpm=key.rpm,
         key_tpm=key.tpm,
         key_max_concurrent=key.max_concurrent,
+        project=_project_auth(session, key.project_id),
     )
     ttl = (key.expires_at - now).total_seconds() if key.expires_at else None
     ctx.key_cache.put(key_hash, auth, ttl)
     return auth
+
+
+def _project_auth(session: Session, project_id: str | None) -> ProjectAuth | None:
+    project = projects_repo.get(session, project_id) if project_id else None
+    if project is None:
+        return None
+    return ProjectAuth(
+        project.id,
+        project.name,
+        project.archived_at is not None,
+        rpm=project.rpm,
+        tpm=project.tpm,
+        max_concurrent=project.max_concurrent,
+        allowed_models=tuple(project.allowed_models) if project.allowed_models is not None else None,
+        priority=project.priority,
+        weight=project.weight,
+    )
 
 
 def authenticate_tenant(ctx: PlatformContext, token: str) -> TenantAuth:
@@ -56,4 +76,6 @@ def authenticate_tenant(ctx: PlatformContext, token: str) -> TenantAuth:
         raise Unauthorized("invalid, revoked or expired API key")
     if auth.tenant_status != "active":
         raise Forbidden(f"tenant {auth.tenant_name!r} is {auth.tenant_status}", code="tenant_suspended")
+    if auth.project is not None and auth.project.archived:
+        raise Forbidden(f"this API key's project {auth.project.name!r} is archived", code="project_archived")
     return auth

@@ -1,14 +1,14 @@
 """Who a budget belongs to, and which budgets a request is charged against: the one place that
-knows the scopes (tenant, project, key). Projects come from the projects package when it is
-installed (``_project_tenant``); until then a project budget is "project not found"."""
+knows the scopes (tenant, project, key). An archived project's budget reads as "project not found"
+(its keys are refused before admission anyway)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.orm import Session
 
+from loraplex.platform.auth.key_cache import TenantAuth
 from loraplex.platform.errors import NotFound
+from loraplex.platform.projects import repository as projects_repo
 
 SCOPES = ("tenant", "project", "key")
 
@@ -35,23 +35,17 @@ def owner_tenant(session: Session, scope: str, scope_id: str) -> str:
 
 
 def _project_tenant(session: Session, project_id: str) -> str | None:
-    """The project's tenant, or None. The projects package is merged separately: this is the only
-    line that reads it (a ``Project`` model with ``id``, ``tenant_id`` and optional ``deleted_at``)."""
-    try:
-        from loraplex.platform.projects.models import Project  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    row: Any = session.get(Project, project_id)
-    if row is None or getattr(row, "deleted_at", None) is not None:
+    """The project's tenant, or None for an unknown or archived project (its budget is not set)."""
+    row = projects_repo.get(session, project_id)
+    if row is None or row.archived_at is not None:
         return None
     return str(row.tenant_id)
 
 
-def request_scopes(auth: Any) -> list[tuple[str, str]]:
-    """The budgets a request of this key is charged against: its key, its project (once keys carry
-    one), its tenant. Sorted: every transaction locks budget rows in this order (no deadlocks)."""
+def request_scopes(auth: TenantAuth) -> list[tuple[str, str]]:
+    """The budgets a request of this key is charged against: its key, its project, its tenant.
+    Sorted: every transaction locks budget rows in this order (no deadlocks)."""
     scopes = [("tenant", auth.tenant_id), ("key", auth.key_id)]
-    project_id = getattr(auth, "project_id", None)
-    if project_id:
-        scopes.append(("project", project_id))
+    if auth.project is not None:
+        scopes.append(("project", auth.project.project_id))
     return sorted((s, i) for s, i in scopes if i)

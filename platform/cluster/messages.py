@@ -37,7 +37,7 @@ from loraplex.platform.errors import (
 from loraplex.platform.quotas.store import QuotaView
 
 if TYPE_CHECKING:
-    from loraplex.engine import RequestOutput, SamplingParams
+    from loraplex.engine import FairGroup, RequestOutput, SamplingParams
 
 # -- quota holds (ingress -> control plane) ---------------------------------------------------
 
@@ -239,6 +239,7 @@ class GenerateRequest:
     version: int  # the desired state it was admitted under: a replica behind it pulls first
     adapter: str | None  # with affinity routing it also travels as Serve's multiplexed model id
     resume_token_ids: list[int] | None = None  # a checkpoint: output another replica already produced
+    fair_group: FairGroup | None = None  # the key's project inside its tenant's fair share
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from loraplex.platform.settings import Settings, engine_config_kwargs
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import SamplingParams
+    from loraplex.engine import FairGroup, SamplingParams
     from loraplex.platform.cluster.quota_store import ActorQuotaStore
     from loraplex.platform.inference.inflight import InflightRegistry
 
@@ -221,6 +221,7 @@ class RemoteEngineClient:
         adapter: str | None,
         tenant_id: str,
         cache_salt: str | None,
+        fair_group: FairGroup | None = None,
     ) -> RemoteStream:
         if self.view.draining:
             raise ServiceUnavailable("the server is shutting down", code="shutting_down", headers={"retry-after": "5"})
@@ -232,6 +233,7 @@ class RemoteEngineClient:
             cache_salt=cache_salt,
             version=self._version,
             adapter=adapter,
+            fair_group=fair_group,
         )
         mux = (adapter or "") if self._affinity else ""
         stream = RemoteStream(self._call, self._done, req, mux, self._chunk_timeout_s)

@@ -188,6 +188,7 @@ class EngineReplica:
                 tenant_id=req.tenant_id,
                 cache_salt=req.cache_salt,
                 resume_token_ids=req.resume_token_ids,  # continuing a dead replica's request
+                fair_group=req.fair_group,
             )
             yield Accepted(self.name)
             async for out in stream:  # the engine's DELTA RequestOutput itself (all choices, logprobs)

@@ -9,6 +9,7 @@ from loraplex.platform.db.base import Base
 from loraplex.platform.inference.responses_api import store as _responses  # noqa: F401
 from loraplex.platform.keys import models as _keys  # noqa: F401
 from loraplex.platform.pricing import models as _pricing  # noqa: F401
+from loraplex.platform.projects import models as _projects  # noqa: F401
 from loraplex.platform.quotas import models as _quotas  # noqa: F401
 from loraplex.platform.tenants import models as _tenants  # noqa: F401
 from loraplex.platform.usage import models as _usage  # noqa: F401

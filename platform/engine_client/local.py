@@ -19,7 +19,14 @@ from loraplex.platform.settings import Settings, engine_config_kwargs
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import AsyncEngine, RequestOutput, RequestStream, SamplingParams, StructuredOutputSpec
+    from loraplex.engine import (
+        AsyncEngine,
+        FairGroup,
+        RequestOutput,
+        RequestStream,
+        SamplingParams,
+        StructuredOutputSpec,
+    )
     from loraplex.platform.adapters.sources.resolver import AdapterResolver
     from loraplex.platform.adapters.sources.uri import AdapterReference
 
@@ -181,6 +188,7 @@ class LocalEngineClient:
         tenant_id: str,
         cache_salt: str | None,
         resume_token_ids: list[int] | None = None,
+        fair_group: FairGroup | None = None,
     ) -> LocalStream:
         """Queue a generation. Every engine error comes out as a platform error (a bad request is
         a 4xx, a dead engine a 503), at submit or while iterating. ``resume_token_ids``: the output
@@ -193,6 +201,7 @@ class LocalEngineClient:
             request_id=request_id,
             adapter=adapter,
             tenant_id=tenant_id,
+            fair_group=fair_group,
             cache_salt=cache_salt,
             output_kind=OutputKind.DELTA,
             resume_token_ids=list(resume_token_ids or ()),

@@ -18,7 +18,7 @@ from loraplex.platform.errors import Unprocessable
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from loraplex.engine import RequestOutput, SamplingParams
+    from loraplex.engine import FairGroup, RequestOutput, SamplingParams
 
 # Live engine state as the admin API and /metrics read it (JSON values: numbers, names, nested maps).
 EngineStats = dict[str, object]
@@ -97,6 +97,7 @@ class EngineClient(Protocol):
         adapter: str | None,
         tenant_id: str,
         cache_salt: str | None,
+        fair_group: FairGroup | None = None,  # the key's project inside the tenant's fair share
     ) -> EngineStream: ...
 
     def abort(self, request_id: str) -> None: ...

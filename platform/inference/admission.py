@@ -24,6 +24,7 @@ from loraplex.platform.db.session import unit_of_work
 from loraplex.platform.errors import BadRequest
 from loraplex.platform.inference import context_window
 from loraplex.platform.inference.service import resolve_model
+from loraplex.platform.projects.scope import link
 from loraplex.platform.quotas import group
 from loraplex.platform.quotas import repository as quotas_repo
 from loraplex.platform.quotas.rule import request_cost
@@ -142,9 +143,8 @@ def precheck(ctx, auth: TenantAuth, target: Target, prompts: int) -> None:
     rpm as they stand (429; consumes nothing)."""
     if prompts > 1:
         group.never_fits(auth.tenant_id, target.quota, [0] * prompts)
-        key = key_scopes.key_quota(auth)
-        if key is not None:
-            group.never_fits(key_scopes.key_scope(auth), key, [0] * prompts)
+        for scope, quota in key_scopes.own_scopes(auth):
+            group.never_fits(scope, quota, [0] * prompts)
     ctx.quotas.precheck(auth.tenant_id, target.quota)
     key_scopes.precheck(ctx.quotas, auth)
 
@@ -182,18 +182,17 @@ def tokenize_prompt(
 
 def admit(ctx, auth: TenantAuth, model: str, endpoint: str, target: Target, prompts: list[Tokenized]) -> list[Prepared]:
     """Reserve every prompt's ``request_cost`` at once, against the tenant's limits and the key's
-    own (``quotas.group``): the whole list is admitted, or nothing is held."""
+    and project's own (``quotas.group``): the whole list is admitted, or nothing is held."""
     costs = [request_cost(len(p.prompt_ids), p.params.n, p.params.max_tokens) for p in prompts]
     held = group.reserve_all(ctx.quotas, auth.tenant_id, target.quota, costs)
-    key = key_scopes.key_quota(auth)
-    if key is not None:
-        try:
-            for res, key_hold in zip(held, group.reserve_all(ctx.quotas, key_scopes.key_scope(auth), key, costs)):
-                res.linked = key_hold
-        except BaseException:
-            for res in held:
-                ctx.quotas.cancel(res)
-            raise
+    try:
+        for scope, quota in key_scopes.own_scopes(auth):
+            for res, own_hold in zip(held, group.reserve_all(ctx.quotas, scope, quota, costs)):
+                link(res, own_hold)
+    except BaseException:
+        for res in held:  # releases the linked holds already taken too
+            ctx.quotas.cancel(res)
+        raise
     now = time.monotonic()
     return [
         Prepared(

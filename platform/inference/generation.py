@@ -31,6 +31,7 @@ from loraplex.platform.inference.deltas import (
     timeout_deltas,
 )
 from loraplex.platform.observability.metrics import FinishedRequest
+from loraplex.platform.projects.scope import fair_group
 
 if TYPE_CHECKING:
     from loraplex.platform.context import PlatformContext
@@ -86,6 +87,7 @@ async def start(ctx: PlatformContext, prep: Prepared, *, streaming: bool) -> Gen
             adapter=prep.adapter_id,
             tenant_id=prep.auth.tenant_id,
             cache_salt=prep.auth.tenant_id,
+            fair_group=fair_group(prep.auth.project),
         )
         await stream.open()  # a remote engine (Ray Serve): until a replica accepted it
     except BaseException as exc:
@@ -138,6 +140,7 @@ class Generation:
             http_request_id=p.http_request_id,
             tenant_id=p.auth.tenant_id,
             api_key_id=p.auth.key_id,
+            project_id=p.auth.project.project_id if p.auth.project else None,
             adapter_id=p.adapter_id,
             adapter_name=p.model if p.adapter_id else None,
             endpoint=p.endpoint,

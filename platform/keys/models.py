@@ -28,6 +28,10 @@ class ApiKey(Base):
     rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The key's project (platform/projects/): its limits and allowlist apply on top of the tenant's.
+    project_id: Mapped[str | None] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), nullable=True, index=True
+    )
     # Soft delete (with its tenant): the row stays so usage records still name the key.
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 

@@ -13,7 +13,9 @@ router = APIRouter(tags=["keys"])
 def create_key(tenant_id: str, body: KeyCreate, session: SessionDep, ctx: ContextDep, actor: AdminDep) -> KeyCreated:
     """Create an API key. The response holds the full key; it is never shown again."""
     scope = KeyScope(**body.model_dump(include={"allowed_models", "rpm", "tpm", "max_concurrent"}))
-    key, secret = service.create_key(session, ctx, actor, tenant_id, body.name, body.expires_at, scope)
+    key, secret = service.create_key(
+        session, ctx, actor, tenant_id, body.name, body.expires_at, scope, project_id=body.project_id
+    )
     return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=secret)
 
 

@@ -24,6 +24,7 @@ class KeyScope(BaseModel):
 class KeyCreate(KeyScope):
     name: Annotated[str, Field(max_length=64)] = ""
     expires_at: AwareDatetime | None = None
+    project_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None  # one of its tenant's
 
 
 class KeyOut(BaseModel):
@@ -44,6 +45,7 @@ class KeyOut(BaseModel):
     rpm: int | None = None
     tpm: int | None = None
     max_concurrent: int | None = None
+    project_id: str | None = None
 
 
 class KeyCreated(KeyOut):

@@ -29,8 +29,13 @@ def create_key(
     name: str,
     expires_at: datetime | None,
     scope: KeyScope | None = None,
+    project_id: str | None = None,
 ) -> tuple[ApiKey, str]:
     get_tenant(session, tenant_id)
+    if project_id is not None:
+        from loraplex.platform.projects.service import check_for_key  # projects list keys: import late
+
+        check_for_key(session, tenant_id, project_id)
     if expires_at is not None and expires_at <= utcnow():
         raise BadRequest("expires_at must be in the future", param="expires_at")
     secret = generate_key()
@@ -40,6 +45,7 @@ def create_key(
         prefix=display_prefix(secret),
         key_hash=ctx.hasher.hash(secret),
         expires_at=expires_at,
+        project_id=project_id,
     )
     _apply_scope(key, scope or KeyScope())
     repository.add(session, key)

@@ -1,8 +1,9 @@
 """A tenant's own usage and costs in the shapes of OpenAI's Usage API
 (``/v1/organization/usage/completions``) and Costs API (``/v1/organization/costs``).
 
-The tenant is OpenAI's organization; loraplex has no projects yet, so ``project_id`` is always null
-(and a ``project_ids`` filter matches nothing). Buckets start at ``start_time`` and step by the
+The tenant is OpenAI's organization and its projects (``platform/projects``) are OpenAI's projects:
+``project_id`` is the project of the key that made the request (null for a key of no project).
+Buckets start at ``start_time`` and step by the
 bucket width; a page holds up to ``limit`` buckets, and ``next_page`` is the next bucket's start."""
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def _rows(session: Session, tenant_id: str, p: Page, group_by: tuple[str, ...], 
     page_end = min(p.first + p.count * p.width, p.end_time)
     bucket = (repository.epoch_seconds(session) - p.start_time) // p.width
     groups: list[Any] = [bucket]
-    if "api_key_id" in group_by:
+    by_key, by_project = "api_key_id" in group_by, "project_id" in group_by
+    if by_key:
         groups.append(func.coalesce(UsageRecord.api_key_id, ""))
-    return repository.sums(
+    if by_project:
+        groups.append(func.coalesce(UsageRecord.project_id, ""))
+    rows = repository.sums(
         session,
         groups,
         changes,
@@ -92,6 +96,12 @@ def _rows(session: Session, tenant_id: str, p: Page, group_by: tuple[str, ...], 
         until=datetime.fromtimestamp(page_end, timezone.utc) if page_end <= MAX_TIME else None,
         **filters,
     )
+    # One shape whatever the grouping: (bucket, key id, project id, adapter, base, segment, sums...)
+    for row in rows:
+        idx, rest = row[0], list(row[1:])
+        key_id = rest.pop(0) if by_key else None
+        project_id = rest.pop(0) if by_project else None
+        yield (idx, key_id or None, project_id or None, *rest)
 
 
 def _empty_page(p: Page) -> dict[int, dict]:
@@ -128,20 +138,18 @@ def usage_completions(
     project_ids: list[str],
 ) -> dict:
     buckets = _empty_page(p)
-    if project_ids:  # no record belongs to a project yet
-        return _page(p, buckets)
     sums: dict[tuple, list[int]] = {}
-    for row in _rows(session, tenant_id, p, group_by, [], key_ids=api_key_ids, models=models):
-        if "api_key_id" in group_by:
-            idx, key_id, adapter, base, _seg, n, pt, ct, ot = row
-        else:
-            idx, adapter, base, _seg, n, pt, ct, ot = row
-            key_id = None
+    filters = {"key_ids": api_key_ids, "models": models, "project_ids": project_ids or None}
+    for idx, key_id, project_id, adapter, base, _seg, n, pt, ct, ot in _rows(
+        session, tenant_id, p, group_by, [], **filters
+    ):
         model = (adapter or base or "") if "model" in group_by else None
-        acc = sums.setdefault((int(idx), key_id, model), [0, 0, 0, 0])
+        acc = sums.setdefault((int(idx), key_id, project_id, model), [0, 0, 0, 0])
         for k, v in enumerate((n, pt, ct, ot)):
             acc[k] += int(v)
-    for (idx, key_id, model), (n, pt, ct, ot) in sorted(sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
+    for (idx, key_id, project_id, model), (n, pt, ct, ot) in sorted(
+        sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))
+    ):
         buckets[idx]["results"].append(
             {
                 "object": "organization.usage.completions.result",
@@ -151,7 +159,7 @@ def usage_completions(
                 "input_audio_tokens": 0,
                 "output_audio_tokens": 0,
                 "num_model_requests": n,
-                "project_id": None,
+                "project_id": project_id,
                 "user_id": None,
                 "api_key_id": key_id or None,
                 "model": model,
@@ -172,24 +180,20 @@ def costs(
     project_ids: list[str],
 ) -> dict:
     buckets = _empty_page(p)
-    if project_ids:
-        return _page(p, buckets)
     book = load_book(session)
     currency = (book.currency or "USD").lower()
     by_model = "model" in group_by or "line_item" in group_by
     sums: dict[tuple, Cost] = {}
-    for row in _rows(session, tenant_id, p, group_by, book.changes, models=models):
-        if "api_key_id" in group_by:
-            idx, key_id, adapter, base, seg, _n, pt, ct, ot = row
-        else:
-            idx, adapter, base, seg, _n, pt, ct, ot = row
-            key_id = None
+    filters = {"models": models, "project_ids": project_ids or None}
+    for idx, key_id, project_id, adapter, base, seg, _n, pt, ct, ot in _rows(
+        session, tenant_id, p, group_by, book.changes, **filters
+    ):
         rate = book.match_segment(adapter, base, int(seg))
         cost = cost_of(rate, int(pt), int(ct), int(ot)) if rate else Cost()
         model = (adapter or base or "") if by_model else None
-        k = (int(idx), key_id, model)
+        k = (int(idx), key_id, project_id, model)
         sums[k] = sums.get(k, Cost()) + cost
-    for (idx, key_id, model), cost in sorted(sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
+    for (idx, key_id, project_id, model), cost in sorted(sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
         parts = (
             [(f"{model}, {label}", getattr(cost, attr)) for label, attr in _LINE_ITEMS]
             if "line_item" in group_by
@@ -204,7 +208,7 @@ def costs(
                     "value_exact": money.cost_text(units),
                 },
                 "line_item": line_item,
-                "project_id": None,
+                "project_id": project_id,
             }
             if "api_key_id" in group_by:
                 result["api_key_id"] = key_id or None

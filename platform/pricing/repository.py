@@ -63,6 +63,7 @@ def window(
     until: datetime | None,
     key_ids: Sequence[str] | None = None,
     models: Sequence[str] | None = None,
+    project_ids: Sequence[str] | None = None,
 ) -> Any:
     if tenant_id is not None:
         stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
@@ -75,6 +76,8 @@ def window(
         stmt = stmt.where(UsageRecord.api_key_id.in_(list(key_ids)))
     if models is not None:
         stmt = stmt.where(model_name().in_(list(models)))
+    if project_ids is not None:
+        stmt = stmt.where(UsageRecord.project_id.in_(list(project_ids)))
     return stmt
 
 

@@ -143,12 +143,6 @@ def spend(
     start: datetime | None,
     end: datetime | None,
 ) -> SpendReport:
-    if group_by == "project":
-        raise BadRequest(
-            "group_by=project is not available yet: loraplex has no projects (tenants and their keys "
-            "only); group by tenant or key instead",
-            param="group_by",
-        )
     check_window(start, end)
     if tenant_id is not None:
         get_tenant(session, tenant_id, include_deleted=True)  # history outlives the tenant
@@ -158,6 +152,8 @@ def spend(
         groups = [UsageRecord.tenant_id]
     elif group_by == "key":
         groups = [func.coalesce(UsageRecord.api_key_id, "")]
+    elif group_by == "project":  # "" gathers the keys of no project
+        groups = [func.coalesce(UsageRecord.project_id, "")]
     elif group_by == "day":
         groups = [repository.epoch_seconds(session) // _DAY]
     rows = repository.sums(session, groups, book.changes, tenant_id=tenant_id, since=start, until=end)
@@ -190,6 +186,7 @@ EXPORT_FIELDS = (
     "created_at",
     "tenant_id",
     "api_key_id",
+    "project_id",
     "model",
     "base_model",
     "adapter_name",
@@ -219,6 +216,7 @@ def export_rows(
             "created_at": r.created_at.isoformat(),
             "tenant_id": r.tenant_id,
             "api_key_id": r.api_key_id or "",
+            "project_id": r.project_id or "",
             "model": r.adapter_name or r.base_model or "",
             "base_model": r.base_model or "",
             "adapter_name": r.adapter_name or "",

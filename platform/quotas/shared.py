@@ -80,9 +80,9 @@ class LedgerAdmission:
     def window(self, tenant_id: str, period_start: datetime | None) -> Iterator[Window]:
         """Lock the tenant, read the others' usage, let the caller decide, write its holds, commit.
         The database being unreachable degrades to ``Others()`` and no holds (logged). An API key's
-        own limits (scope ``key:<id>``, ``auth/key_scopes.py``) have no ledger rows of their own:
+        own limits (scope ``key:<id>``, ``auth/key_scopes.py``) and a project's (``project:<id>``) have no ledger rows of their own:
         they stay per server, with nothing read or written here."""
-        if tenant_id.startswith("key:"):
+        if tenant_id.startswith(("key:", "project:")):
             yield Window(Others())
             return
         with self._stripes[lock_key(tenant_id) % len(self._stripes)]:

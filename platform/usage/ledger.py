@@ -310,6 +310,7 @@ def _db_row(row: dict) -> dict:
     # their keys (a single executemany), so give them the defaults.
     out.setdefault("cached_tokens", 0)
     out.setdefault("base_model", None)
+    out.setdefault("project_id", None)
     return out
 
 

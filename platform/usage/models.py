@@ -29,6 +29,7 @@ class UsageRecord(Base):
     http_request_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     tenant_id: Mapped[str] = mapped_column(String(32), index=True)
     api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    project_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the key's project then
     adapter_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     adapter_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32), default="")

@@ -21,6 +21,7 @@ _MUTABLE = (
     "status",
     "updated_at",
     "api_key_id",
+    "project_id",
     "adapter_id",
     "adapter_name",
     "endpoint",

@@ -53,6 +53,7 @@ EXPORT_FIELDS = (
     "updated_at",
     "tenant_id",
     "api_key_id",
+    "project_id",
     "adapter_id",
     "adapter_name",
     "endpoint",

@@ -216,6 +216,32 @@ def test_a_keys_budget_refuses_that_key_only(live_factory):
 
 
 @pytest.mark.slow
+def test_a_projects_budget_refuses_its_keys_only_and_an_archived_project_has_none(live_factory):
+    """Budgets and projects merged: a key of the project is charged against the project's budget;
+    a key of the same tenant outside the project is not."""
+    live = live_factory()
+    tid, outside_key = new_tenant(live.url, "acme")
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        admin.post("/admin/v1/prices", json=PRICE)
+        pid = admin.post(f"/admin/v1/tenants/{tid}/projects", json={"name": "search"}).json()["id"]
+        inside = admin.post(f"/admin/v1/tenants/{tid}/keys", json={"project_id": pid}).json()
+        r = admin.put(f"/admin/v1/projects/{pid}/budget", json={"amount": "0.01"})
+        assert r.status_code == 200, r.text
+        assert admin.get(f"/admin/v1/projects/{pid}/budget").json()["amount"] == "0.01"
+    model = live.ctx.engine.model_name
+    limited = openai.OpenAI(base_url=live.url + "/v1", api_key=inside["key"], max_retries=0)
+    with pytest.raises(openai.RateLimitError) as e:
+        limited.completions.create(model=model, prompt="x", max_tokens=5)  # 5 x $0.01 > $0.01
+    assert e.value.code == "insufficient_quota" and "project's budget" in e.value.message
+    free = openai.OpenAI(base_url=live.url + "/v1", api_key=outside_key, max_retries=0)
+    free.completions.create(model=model, prompt="x", max_tokens=5)
+    with httpx.Client(base_url=live.url, headers=H, timeout=30) as admin:
+        assert admin.delete(f"/admin/v1/projects/{pid}").status_code in (200, 204)
+        r = admin.put(f"/admin/v1/projects/{pid}/budget", json={"amount": "1"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == "project not found"
+
+
+@pytest.mark.slow
 def test_twenty_concurrent_requests_never_spend_past_the_budget(live_factory):
     live = live_factory()
     tid, key = new_tenant(live.url, "acme")

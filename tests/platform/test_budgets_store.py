@@ -433,7 +433,7 @@ def test_a_request_cancelled_while_its_hold_is_taken_gives_it_back(sessions):
 
 
 def test_a_project_budget_is_enforced_with_its_own_alert_subject(sessions):
-    """Projects are merged separately; the store, the scopes and the alerts already take them."""
+    """A project's key is charged against its project's budget too, with the project as the alert subject."""
     from types import SimpleNamespace
 
     from loraplex.platform.budgets.owners import request_scopes
@@ -441,7 +441,7 @@ def test_a_project_budget_is_enforced_with_its_own_alert_subject(sessions):
     _price(sessions)
     _budget(sessions, "tenant", "ten_1", 1_000_000)
     _budget(sessions, "project", "prj_1", WORST // UNITS)
-    auth = SimpleNamespace(tenant_id="ten_1", key_id="key_1", project_id="prj_1")
+    auth = SimpleNamespace(tenant_id="ten_1", key_id="key_1", project=SimpleNamespace(project_id="prj_1"))
     scopes = request_scopes(auth)
     assert scopes == [("key", "key_1"), ("project", "prj_1"), ("tenant", "ten_1")]
     st = _store(sessions, alerts=BudgetAlerts(Outbox(sessions), (100,)))

@@ -262,6 +262,37 @@ def test_quotas_are_exact_across_replicas_under_40_concurrent_requests(cluster):
     assert len(rows) == 10 and sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values()) <= 4040
 
 
+def test_project_limits_are_exact_across_replicas_and_records_name_the_project(cluster):
+    """A project's rpm (platform/projects) counted through the shared quota actor: 20 of 40
+    simultaneous requests from two keys of the project, whichever ingress and engine replica each
+    reached (the engine replicas get the project as the request's fair group); spend by project
+    counts exactly the admitted ones."""
+    tid, _key = new_tenant(cluster.url, "proj")
+    p = _admin("POST", f"{cluster.url}/admin/v1/tenants/{tid}/projects", json={"name": "team", "rpm": 20, "weight": 3})
+    assert p.status_code == 201, p.text
+    pid = p.json()["id"]
+    keys = [
+        _admin("POST", f"{cluster.url}/admin/v1/tenants/{tid}/keys", json={"project_id": pid}).json()["key"]
+        for _ in range(2)
+    ]
+    body = {"model": "demo", "prompt": [5, 6, 7, 8], "max_tokens": 4, "temperature": 0}
+
+    async def both() -> list:
+        halves = await asyncio.gather(*[_burst(cluster.url, k, body, 20) for k in keys])
+        return [r for half in halves for r in half]
+
+    codes = [code for code, _, _ in asyncio.run(both())]
+    assert codes.count(200) == 20 and codes.count(429) == 20, codes
+    rows = wait_for(
+        lambda: found if len(found := _final_rows(cluster.url, tid)) >= 20 else None,
+        timeout=WAIT_S,
+        what="the admitted requests' closed usage records",
+    )
+    assert len(rows) == 20
+    spend = _admin("GET", f"{cluster.url}/admin/v1/spend", params={"group_by": "project", "tenant_id": tid}).json()
+    assert {b["key"]: b["requests"] for b in spend["data"]} == {pid: 20}, spend
+
+
 def test_revoked_key_is_refused_by_every_replica_at_once(cluster):
     tid, key = new_tenant(cluster.url, "revoke")
     body = {"model": "demo", "prompt": "hi", "max_tokens": 2}

@@ -49,7 +49,7 @@ export function render(main, { query }) {
 
   // ---- spend ----
   const tenant = h("select", { name: "tenant_id" }, h("option", { value: "" }, "All tenants"));
-  const groupBy = select("group_by", [["tenant", "tenant"], ["key", "API key"], ["model", "model"], ["day", "day"]],
+  const groupBy = select("group_by", [["tenant", "tenant"], ["project", "project"], ["key", "API key"], ["model", "model"], ["day", "day"]],
     query.get("group_by") || "tenant");
   const start = h("input", { name: "start", type: "datetime-local" });
   const end = h("input", { name: "end", type: "datetime-local" });
@@ -75,7 +75,7 @@ export function render(main, { query }) {
       stackedBar({ title: `Spend by ${report.group_by} (${cur || "no prices"})`,
         parts: report.data.map((b) => ({ name: label(b), value: Number(b.cost) })), format: (v) => `${v} ${cur}` }),
       table(`Spend by ${report.group_by}`, [
-        { label: { tenant: "Tenant", key: "API key", model: "Model", day: "Day (UTC)" }[report.group_by], cell: label },
+        { label: { tenant: "Tenant", project: "Project", key: "API key", model: "Model", day: "Day (UTC)" }[report.group_by], cell: label },
         num("Requests", "requests"), num("Prompt tokens", "prompt_tokens"), num("Cached tokens", "cached_tokens"),
         num("Completion tokens", "completion_tokens"),
         { label: `Cost (${cur})`, cell: (b) => b.cost, class: "num" },

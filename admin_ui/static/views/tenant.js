@@ -1,9 +1,10 @@
-// One tenant: settings (edit/delete), API keys (create → shown once, revoke), quota, usable adapters.
+// One tenant: settings (edit/delete), projects (views/projects.js), API keys (create → shown once, revoke), quota, usable adapters.
 import { api } from "../api.js";
 import { act, confirmDialog, field, fmtTime, h, localToIso, section, select, showError, showStatus, table } from "../dom.js";
 import { deleteTenant, tenantFields } from "./tenants.js";
 import { meter } from "../charts.js";
 import { budgetSection } from "./budget.js";
+import { projectPicker, projectsSection } from "./projects.js";
 
 export function render(main, { match, navigate }) {
   const [tenantId] = match;
@@ -26,7 +27,7 @@ export function render(main, { match, navigate }) {
       title,
       h("p", { class: "muted" }, "ID ", h("code", {}, t.id), " · created ", fmtTime(t.created_at)),
       settingsSection(t, (updated) => { t = updated; title.textContent = `Tenant ${t.name}`; }, () => navigate("#/tenants")),
-      keysSection(t),
+      ...keysAndProjects(t),
       quotaSection(t),
       consumptionSection(t),
       budgetSection(t),
@@ -60,7 +61,12 @@ function keyState(k) {
   return "active";
 }
 
-function keysSection(t) {
+function keysAndProjects(t) {
+  const picker = projectPicker();
+  return [projectsSection(t, picker.refresh), keysSection(t, picker)];
+}
+
+function keysSection(t, picker) {
   const listBox = h("div");
   const reveal = h("div", { class: "reveal-box" });
   const nameInput = h("input", { name: "key_name", maxlength: 64, autocomplete: "off" });
@@ -69,6 +75,7 @@ function keysSection(t) {
   const form = h("form", { class: "grid-form", "aria-label": "Create API key" },
     field("Key name", nameInput, "Optional, to tell keys apart."),
     field("Expires at", expiresInput, "Optional; empty = never (your local time)."),
+    picker.field,
     h("div", { class: "actions" }, createBtn));
 
   form.addEventListener("submit", (e) => {
@@ -77,6 +84,7 @@ function keysSection(t) {
       const body = { name: nameInput.value.trim() };
       const expires = localToIso(expiresInput.value);
       if (expires) body.expires_at = expires;
+      if (picker.value()) body.project_id = picker.value();
       const created = await api.createKey(t.id, body);
       form.reset();
       showKeyOnce(created);
@@ -122,6 +130,7 @@ function keysSection(t) {
       listBox.replaceChildren(table("API keys", [
         { label: "Name", cell: (k) => k.name || "—" },
         { label: "Prefix", cell: (k) => h("code", {}, `${k.prefix}…`) },
+        { label: "Project", cell: (k) => (k.project_id ? h("code", {}, k.project_id) : "—") },
         { label: "Created", cell: (k) => fmtTime(k.created_at) },
         { label: "Expires", cell: (k) => (k.expires_at ? fmtTime(k.expires_at) : "never") },
         { label: "Last used", cell: (k) => (k.last_used_at ? fmtTime(k.last_used_at) : "never") },

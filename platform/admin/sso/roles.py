@@ -4,7 +4,8 @@ each route names its tenant, checked in one place (``authorize``, called by ``de
 - ``admin``: every admin route.
 - ``viewer``: every admin route that only reads (GET/HEAD); 403 on anything that writes.
 - ``tenant_admin:<tenant id>``: only the routes below, and only for that tenant: the tenant
-  itself, its keys (create, revoke, scope), its quota and consumption (read: quotas are what the
+  itself, its projects (create, change, archive: within the tenant's own limits, which stay the
+  operator's), its keys (create, revoke, scope), its quota and consumption (read: quotas are what the
   operator grants, not something a tenant raises), its adapters (read), its usage and its spend (the price book itself is the operator's). Any route not
   in the table, new ones included, is refused: the allowlist fails closed.
 
@@ -51,6 +52,13 @@ def _adapter_tenant(session: Session, path: Mapping[str, str], _q: Mapping[str, 
     return adapter.owner_tenant_id if adapter is not None else None
 
 
+def _project_tenant(session: Session, path: Mapping[str, str], _q: Mapping[str, str]) -> str | None:
+    from loraplex.platform.projects.models import Project
+
+    project = session.get(Project, path.get("project_id", ""))
+    return project.tenant_id if project is not None else None
+
+
 P = "/admin/v1"
 TENANT_ADMIN_ROUTES: dict[tuple[str, str], TenantOf] = {
     ("GET", f"{P}/tenants/{{tenant_id}}"): _path_tenant,
@@ -58,6 +66,11 @@ TENANT_ADMIN_ROUTES: dict[tuple[str, str], TenantOf] = {
     ("POST", f"{P}/tenants/{{tenant_id}}/keys"): _path_tenant,
     ("DELETE", f"{P}/keys/{{key_id}}"): _key_tenant,
     ("PUT", f"{P}/keys/{{key_id}}/scope"): _key_tenant,
+    ("GET", f"{P}/tenants/{{tenant_id}}/projects"): _path_tenant,
+    ("POST", f"{P}/tenants/{{tenant_id}}/projects"): _path_tenant,
+    ("GET", f"{P}/projects/{{project_id}}"): _project_tenant,
+    ("PATCH", f"{P}/projects/{{project_id}}"): _project_tenant,
+    ("DELETE", f"{P}/projects/{{project_id}}"): _project_tenant,
     ("GET", f"{P}/tenants/{{tenant_id}}/quota"): _path_tenant,
     ("GET", f"{P}/tenants/{{tenant_id}}/quota/consumption"): _path_tenant,
     ("GET", f"{P}/adapters"): _query_tenant,
