@@ -402,7 +402,7 @@ def test_a_request_cancelled_while_its_hold_is_taken_gives_it_back(sessions):
         engine=SimpleNamespace(model_name="m"),
     )
     prep = SimpleNamespace(
-        auth=SimpleNamespace(tenant_id="ten_1", key_id="key_1"),
+        auth=SimpleNamespace(tenant_id="ten_1", key_id="key_1", project=None),
         request_id="r1",
         prompt_ids=[1] * 1000,
         params=SimpleNamespace(n=1, max_tokens=1000),
