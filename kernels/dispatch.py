@@ -29,6 +29,8 @@ TORCH_OPS = KernelOps(
     int8_linear=int8.int8_linear_cpu,
     pack_linear_weight=reference.pack_linear_weight,
     linear=reference.linear,
+    rms_norm=reference.rms_norm,
+    silu_mul=reference.silu_mul,
 )
 
 
@@ -49,6 +51,8 @@ def _cpu_ops() -> KernelOps | None:
         int8_linear=int8.int8_linear_cpu,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,
+        rms_norm=cpu_native.rms_norm,
+        silu_mul=cpu_native.silu_mul,
     )
 
 
