@@ -36,7 +36,8 @@ import torch
 from . import reference
 
 _SOURCES = tuple(
-    Path(__file__).resolve().parent / "csrc" / n for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp")
+    Path(__file__).resolve().parent / "csrc" / n
+    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp")
 )
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
@@ -404,7 +405,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.bfloat16)
     with torch.profiler.record_function("loraplex::cpu_rms_norm"):
         _lib.lp_rms_norm_bf16(
-            x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], w.data_ptr(), eps, out.data_ptr(), torch.get_num_threads()
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            x.shape[1],
+            w.data_ptr(),
+            eps,
+            out.data_ptr(),
+            torch.get_num_threads(),
         )
     return out
 

@@ -46,7 +46,9 @@ def main() -> None:
     a, b = runs(args.a), runs(args.b)
     table = []
     print(f"CPU: {kind.model} | flags {' '.join(kind.flags)}")
-    print(f"{'batch':>5} {'phase':>15} {'A median':>9} {'B median':>9} {'B/A med':>8} {'min':>6} {'max':>6} {'pairs':>5} {'same tokens':>11} {'load':>10}")
+    print(
+        f"{'batch':>5} {'phase':>15} {'A median':>9} {'B median':>9} {'B/A med':>8} {'min':>6} {'max':>6} {'pairs':>5} {'same tokens':>11} {'load':>10}"
+    )
     for batch in sorted(set(a) & set(b)):
         ra, rb = a[batch], b[batch]
         if args.drop_first:

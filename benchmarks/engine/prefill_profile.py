@@ -83,7 +83,10 @@ def main() -> None:
             burst["steps"] = steps
             burst["top elementwise"] = {k: v * steps for k, v in prof["top elementwise"].items()}  # type: ignore[union-attr]
             res.setdefault(b, []).append(burst)
-            print(f"round {r} b{b}: {steps} steps, {burst['step cpu']:.0f} CPU ms, {burst['step wall']:.0f} wall ms", flush=True)
+            print(
+                f"round {r} b{b}: {steps} steps, {burst['step cpu']:.0f} CPU ms, {burst['step wall']:.0f} wall ms",
+                flush=True,
+            )
     table = []
     cols = (*GROUPS, "step cpu", "step wall")
     print(f"\nms per burst of prompts (medians of {args.rounds}); {args.threads} thread(s); load now {os.getloadavg()}")

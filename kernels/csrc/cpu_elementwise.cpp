@@ -64,7 +64,8 @@ inline __m512 to_bf_f(__m512 f) {  // round to bf16 and widen back
 }
 // exp(x) in fp32, ~1 ulp: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2] (Cephes' polynomial).
 inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.97f)), _mm512_set1_ps(88.7f));
+    // Clamped where the result is 0 or inf anyway (scalef makes the inf and the subnormals).
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(100.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
