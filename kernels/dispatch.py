@@ -4,7 +4,8 @@
 ``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
 SGMV (each adapter's weights read once per step), linear layers over packed weights
 (``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
-decode batches of a float32 model over a bf16 copy of bf16-exact weights) + the torch reference
+decode batches of a float32 model over a bf16 copy of bf16-exact weights), one-pass bf16 RMSNorm
+and SiLU x up (``cpu_native.rms_norm`` / ``silu_mul``) + the torch reference
 for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
