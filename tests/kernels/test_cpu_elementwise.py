@@ -114,3 +114,13 @@ def test_portable_build_computes_the_same(monkeypatch):
     _same_up_to_an_ulp(cpu_native.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), "portable rms")
     gu = _rows(9, 2 * 37, 11, 8.0)
     _same_up_to_an_ulp(cpu_native.silu_mul(gu), reference.silu_mul(gu), "portable silu")
+
+
+def test_mixed_dtypes_and_mismatched_weight_fall_back_to_the_twin():
+    x = _rows(4, 32, 12)
+    w32 = torch.randn(32)  # a float32 weight beside bf16 rows (a model cast halfway): torch's promotion
+    assert torch.equal(cpu_native.rms_norm(x, w32, 1e-5), reference.rms_norm(x, w32, 1e-5))
+    with pytest.raises(RuntimeError):  # a weight of the wrong width fails as torch fails, not out of bounds
+        cpu_native.rms_norm(x, _rows(1, 31, 13)[0], 1e-5)
+    with pytest.raises(RuntimeError):  # an odd gate|up width: the twin's halves do not match, as in torch
+        cpu_native.silu_mul(_rows(3, 9, 14))
