@@ -4,7 +4,9 @@ Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``trit
   write_kv, paged_decode_attention, paged_prefill_attention, sgmv_shrink, sgmv_expand, int8_linear
   (INT8 weight-only matmul; its CPU path and oracle live in ``int8``), pack_linear_weight + linear
   (a backend's own copy of a float weight and the matmul that reads it: on the native CPU kernels,
-  bf16 panels of a bf16-exact float32 weight for decode-sized batches; the twins keep no copy).
+  bf16 panels of a bf16-exact float32 weight for decode-sized batches; the twins keep no copy),
+  rms_norm + silu_mul (the decoder's element-wise glue: one pass per row for bf16 on the native CPU
+  kernels; the torch twins elsewhere).
 Pick an implementation with ``get_kernel_ops(backend, device)``.
 """
 

@@ -36,7 +36,8 @@ import torch
 from . import reference
 
 _SOURCES = tuple(
-    Path(__file__).resolve().parent / "csrc" / n for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp")
+    Path(__file__).resolve().parent / "csrc" / n
+    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp")
 )
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
@@ -147,6 +148,10 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_sgmv_fast_f16.restype = i32
     lib.lp_linear_f32_bf16p.argtypes = [p, i64, i32, i32, p, i32, p, p, i64, i32]
     lib.lp_linear_f32_bf16p.restype = None
+    lib.lp_rms_norm_bf16.argtypes = [p, i64, i32, i32, p, f32, p, i32]
+    lib.lp_rms_norm_bf16.restype = None
+    lib.lp_silu_mul_bf16.argtypes = [p, i64, i32, i32, p, i32]
+    lib.lp_silu_mul_bf16.restype = None
     lib.lp_linear_fast.argtypes = []
     lib.lp_linear_fast.restype = i32
     return lib
@@ -379,6 +384,51 @@ def linear(
             y.data_ptr(), n, torch.get_num_threads(),
         )  # fmt: skip
     return y
+
+
+# ------------------------------------------------------------------- element-wise glue (bf16 only)
+def _bf16_rows(t: torch.Tensor) -> bool:
+    return (
+        _lib is not None and t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.dim() == 2
+        and t.stride(-1) == 1 and t.shape[0] > 0
+    )  # fmt: skip
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``reference.rms_norm`` in one pass per row (``csrc/cpu_elementwise.cpp``) for bf16 rows with
+    a bf16 weight; float32 (and anything else) keeps the torch twin: a float32 model is compared
+    with HF transformers token for token, and its glue is a small share of its step."""
+    if not (_bf16_rows(x) and weight.dtype == torch.bfloat16 and weight.dim() == 1 and weight.shape[0] == x.shape[1]):
+        return reference.rms_norm(x, weight, eps)
+    assert _lib is not None
+    w = weight.contiguous()
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    with torch.profiler.record_function("loraplex::cpu_rms_norm"):
+        _lib.lp_rms_norm_bf16(
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            x.shape[1],
+            w.data_ptr(),
+            eps,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``reference.silu_mul`` in one pass per row for bf16 rows (float32: the torch twin)."""
+    if not (_bf16_rows(gate_up) and gate_up.shape[1] % 2 == 0):
+        return reference.silu_mul(gate_up)
+    assert _lib is not None
+    n = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], n, dtype=torch.bfloat16)
+    with torch.profiler.record_function("loraplex::cpu_silu_mul"):
+        _lib.lp_silu_mul_bf16(
+            gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0], n, out.data_ptr(), torch.get_num_threads()
+        )
+    return out
 
 
 # The grouped SGMV ops live in cpu_sgmv.py (they call this module's library).

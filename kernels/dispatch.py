@@ -4,7 +4,8 @@
 ``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
 SGMV (each adapter's weights read once per step), linear layers over packed weights
 (``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
-decode batches of a float32 model over a bf16 copy of bf16-exact weights) + the torch reference
+decode batches of a float32 model over a bf16 copy of bf16-exact weights), one-pass bf16 RMSNorm
+and SiLU x up (``cpu_native.rms_norm`` / ``silu_mul``) + the torch reference
 for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
@@ -29,6 +30,8 @@ TORCH_OPS = KernelOps(
     int8_linear=int8.int8_linear_cpu,
     pack_linear_weight=reference.pack_linear_weight,
     linear=reference.linear,
+    rms_norm=reference.rms_norm,
+    silu_mul=reference.silu_mul,
 )
 
 
@@ -49,6 +52,8 @@ def _cpu_ops() -> KernelOps | None:
         int8_linear=int8.int8_linear_cpu,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,
+        rms_norm=cpu_native.rms_norm,
+        silu_mul=cpu_native.silu_mul,
     )
 
 

@@ -86,6 +86,18 @@ class Linear(Protocol):
     ) -> torch.Tensor: ...
 
 
+class RmsNorm(Protocol):
+    """HF's LlamaRMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)``, computed in fp32."""
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+
+class SiluMul(Protocol):
+    """``silu(gate) * up`` of a fused [T, 2n] gate|up projection output."""
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+
 def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
     """True for a packed copy that holds every number of its weight and serves every batch size (an
     opaque oneDNN tensor, ``cpu_packed.pack_bf16``): the model may drop the plain weight. The
@@ -107,3 +119,5 @@ class KernelOps:
     int8_linear: Int8Linear
     pack_linear_weight: PackLinearWeight
     linear: Linear
+    rms_norm: RmsNorm
+    silu_mul: SiluMul

@@ -18,6 +18,20 @@ import torch.nn.functional as F
 from .lora_meta import LoraSegments
 
 
+# ---------------------------------------------------------------------------------- element-wise
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in float32, cast back to ``x``'s dtype, scale by ``weight``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a fused [T, 2n] gate|up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 # --------------------------------------------------------------------------------------------- KV
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """The reference keeps no second copy of a weight: ``linear`` reads ``weight`` itself."""

@@ -29,4 +29,6 @@ TRITON_OPS = KernelOps(
     int8_linear=int8_linear,
     pack_linear_weight=reference.pack_linear_weight,  # cuBLAS reads the weight itself
     linear=reference.linear,
+    rms_norm=reference.rms_norm,
+    silu_mul=reference.silu_mul,
 )

@@ -1,6 +1,11 @@
 """A bf16 model's engine steps on CPU: linear weights packed for oneDNN at load vs plain ``F.linear``.
 
     .venv/bin/python -m benchmarks.engine.bf16_step [--batches 16,64] [--threads 1] [--steps 6] [--rounds 3]
+    .venv/bin/python -m benchmarks.engine.bf16_step --configs packed --rounds 1   # one engine only
+
+``--configs`` with one name builds only that engine and prints one ``BF16_STEP {json}`` line per
+batch size: an outside A/B runner can then alternate whole processes (one per configuration) and
+pair their phase timings (``benchmarks/engine/bf16_ab.py`` reads two such logs).
 
 One process, two ``LLM``s on the demo model (SmolLM2-135M-Instruct) in bf16 on the native CPU
 backend, identical but for the linear layers (``kernels/cpu_packed.py``): ``plain`` is built with
@@ -64,6 +69,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--configs", default="plain,packed", help="plain, packed or both (the ratio needs both)")
     args = ap.parse_args()
     import torch
 
@@ -76,15 +82,19 @@ def main() -> None:
     print(f"CPU: {kind.model} | kind {kind.name} | flags {' '.join(kind.flags)} | load {os.getloadavg()}")
     batches = [int(b) for b in args.batches.split(",")]
     llms = {}
+    wanted = args.configs.split(",")
     for name, env in (("plain", "none"), ("packed", kind.name)):
+        if name not in wanted:
+            continue
         os.environ["LORAPLEX_CPU_KIND"] = env
         llms[name] = LLM(
             str(demo_model_dir()), dtype="bfloat16", kernel_backend="cpu", max_num_seqs=max(batches), seed=0
         )
     del os.environ["LORAPLEX_CPU_KIND"]
-    model = llms["packed"].engine.runner.model
-    n = sum(p.packed is not None for ps in model.lora_projections().values() for p in ps)
-    print(f"packed projections: {n} (0: this CPU kind keeps plain weights; nothing to compare)")
+    for name, llm in llms.items():
+        model = llm.engine.runner.model
+        n = sum(p.packed is not None for ps in model.lora_projections().values() for p in ps)
+        print(f"{name}: packed projections {n} (0: plain weights)")
     results: dict[str, list[dict]] = {}
     configs = [(b, c) for b in batches for c in llms]
     for r in range(args.rounds):
@@ -92,6 +102,15 @@ def main() -> None:
             res, tokens = run_config(llms[c], b, args.prompt, args.steps, random.Random(1000 * r + b))
             results.setdefault(f"b{b}-{c}", []).append(res | {"tokens": tokens})
             print(f"round {r} b{b} {c}: " + json.dumps({k: round(v, 1) for k, v in res.items()}), flush=True)
+    if len(llms) == 1:
+        (only,) = llms
+        for b in batches:
+            rows = results[f"b{b}-{only}"]
+            med = {k: statistics.median(x[k] for x in rows) for k in rows[0] if k != "tokens"}
+            line = {"config": only, "batch": b, "kind": kind.name, "load": os.getloadavg()[0], **med,
+                    "tokens": rows[0]["tokens"]}  # fmt: skip
+            print("BF16_STEP " + json.dumps(line), flush=True)
+        return
     print(f"\nmedians of {args.rounds} rounds; {args.threads} thread(s); load now {os.getloadavg()}")
     print(
         f"{'batch':>5} {'config':>7} {'prefill CPU ms':>14} {'decode CPU ms/step':>18} {'prefill ratio':>13} {'decode ratio':>12} {'same tokens':>11}"

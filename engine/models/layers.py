@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from loraplex.kernels import KernelOps, reference
+
 from .forward_batch import ForwardBatch
 
 
@@ -16,11 +18,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference implementation, then cast back.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, ops: KernelOps | None = None) -> torch.Tensor:
+        # Normalise in float32 like the reference implementation, then cast back; the kernel
+        # backend's version where given (the native CPU one is a single pass for bf16 rows).
+        norm = reference.rms_norm if ops is None else ops.rms_norm
+        return norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:

@@ -77,8 +77,7 @@ class MLP(nn.Module):
         self.down_proj = Projection(cfg.intermediate_size, [cfg.hidden_size], bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x, batch).chunk(2, dim=-1)
-        y: torch.Tensor = self.down_proj(F.silu(gate) * up, batch)
+        y: torch.Tensor = self.down_proj(batch.ops.silu_mul(self.gate_up_proj(x, batch)), batch)
         return y
 
 
@@ -93,8 +92,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, kv_cache: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, batch, kv_cache)
-        y: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), batch)
+        x = x + self.self_attn(self.input_layernorm(x, batch.ops), positions, batch, kv_cache)
+        y: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x, batch.ops), batch)
         return y
 
 
@@ -138,7 +137,7 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(batch.input_ids)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, batch.positions, batch, kv)
-        y: torch.Tensor = self.norm(x)
+        y: torch.Tensor = self.norm(x, batch.ops)
         return y
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

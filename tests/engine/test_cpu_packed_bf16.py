@@ -14,7 +14,7 @@ from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.kernels import cpu_native, cpu_packed
+from loraplex.kernels import cpu_native, cpu_packed, reference
 
 
 def _llm(model_dir: str, monkeypatch, kind: str) -> LLM:
@@ -98,3 +98,24 @@ def test_whole_prompts_on_sdpa_match_transformers(model_factory, monkeypatch, va
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert calls, "no prompt took the SDPA path"
     assert [o.token_ids for o in outs] == hf_greedy(model_dir, prompts, 8)
+
+
+@pytest.mark.parametrize("variant", ["qwen2_bias_bf16", "llama3_rope_tied_bf16"])
+def test_fused_bf16_glue_matches_torch_twins(model_factory, monkeypatch, variant):
+    """The native one-pass RMSNorm and SiLU x up (``csrc/cpu_elementwise.cpp``) of a bf16 model
+    against the same engine on their torch twins: greedy tokens equal, logprobs within bf16 noise,
+    under chunked prefill and preemption."""
+    model_dir = model_factory(variant)
+    fused = _llm(model_dir, monkeypatch, "amx")
+    assert fused.engine.runner.ops.rms_norm is cpu_native.rms_norm
+    monkeypatch.setattr(cpu_native, "rms_norm", reference.rms_norm)
+    monkeypatch.setattr(cpu_native, "silu_mul", reference.silu_mul)
+    twins = _llm(model_dir, monkeypatch, "amx")
+    assert twins.engine.runner.ops.rms_norm is reference.rms_norm
+    prompts = make_prompts(14, fused.engine.model_config.vocab_size, seed=5)
+    want_tokens, want_lp = _run(twins, prompts)
+    got_tokens, got_lp = _run(fused, prompts)
+    assert got_tokens == want_tokens
+    assert fused.engine.counters["preemptions"] > 0
+    for a, b in zip(got_lp, want_lp):
+        assert a == pytest.approx(b, abs=0.05)
