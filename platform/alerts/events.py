@@ -24,17 +24,17 @@ class AlertKind(StrEnum):
 @dataclass(frozen=True)
 class AlertEvent:
     kind: AlertKind
-    scope: str  # "tenant", "key" or "project" (budgets)
+    scope: str  # "tenant", "key" or "project"
     tenant_id: str | None
     key_id: str | None
-    rule: str  # token_budget | tpm | rpm | max_concurrent (later: budget)
-    unit: str  # tokens | requests (later: a currency)
+    rule: str  # token_budget | tpm | rpm | max_concurrent | budget
+    unit: str  # tokens | requests | a currency (budgets)
     limit: int
     used: int  # what the limit counted when the event happened (this request included)
     window_start: datetime
     window_end: datetime
     threshold_percent: int | None = None
-    project_id: str | None = None  # scope "project" (a project's budget)
+    project_id: str | None = None  # scope "project"
 
     @property
     def subject(self) -> str:

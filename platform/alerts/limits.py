@@ -18,11 +18,14 @@ def minute_window(now: datetime) -> tuple[datetime, datetime]:
     return start, start + MINUTE
 
 
-def subject(scope: str) -> tuple[str, str | None, str | None]:
-    """("tenant", tenant_id, None) or ("key", None, key_id) from a quota scope."""
+def subject(scope: str) -> tuple[str, str | None, str | None, str | None]:
+    """(kind, tenant_id, key_id, project_id) from a quota scope: a tenant's scope is its id, a key's
+    ``key:<id>``, a project's ``project:<id>`` (their tenant is looked up when the event is stored)."""
     if scope.startswith("key:"):
-        return "key", None, scope[len("key:") :]
-    return "tenant", scope, None
+        return "key", None, scope[len("key:") :], None
+    if scope.startswith("project:"):
+        return "project", None, None, scope[len("project:") :]
+    return "tenant", scope, None, None
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,9 @@ class LimitAlerts:
     ) -> list[AlertEvent]:
         """Every threshold ``used`` has reached (not just the ones this request crossed: an event
         whose transaction failed is then written by the next request; the dedupe key keeps one)."""
-        kind, tenant_id, key_id = subject(scope)
+        kind, tenant_id, key_id, project_id = subject(scope)
         return [
-            AlertEvent(AlertKind.THRESHOLD, kind, tenant_id, key_id, rule, unit, limit, used, *window, pct)
+            AlertEvent(AlertKind.THRESHOLD, kind, tenant_id, key_id, rule, unit, limit, used, *window, pct, project_id)
             for pct in self.thresholds
             if used * 100 >= pct * limit
         ]
@@ -45,5 +48,5 @@ class LimitAlerts:
     def refusal(
         self, scope: str, rule: str, unit: str, limit: int, used: int, window: tuple[datetime, datetime]
     ) -> AlertEvent:
-        kind, tenant_id, key_id = subject(scope)
-        return AlertEvent(AlertKind.REFUSED, kind, tenant_id, key_id, rule, unit, limit, used, *window)
+        kind, tenant_id, key_id, project_id = subject(scope)
+        return AlertEvent(AlertKind.REFUSED, kind, tenant_id, key_id, rule, unit, limit, used, *window, None, project_id)

@@ -243,9 +243,10 @@ def insert_events(session: Session, events: list[AlertEvent]) -> None:
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     now = utcnow()
     tenants = _tenants_of_keys(session, {e.key_id for e in events if e.tenant_id is None and e.key_id})
+    projects = _tenants_of_projects(session, {e.project_id for e in events if e.tenant_id is None and e.project_id})
     for e in events:
         event_id = new_id("evt")
-        tenant_id = e.tenant_id or tenants.get(e.key_id or "")
+        tenant_id = e.tenant_id or tenants.get(e.key_id or "") or projects.get(e.project_id or "")
         data = {**e.data(), "tenant_id": tenant_id}
         row = {
             "id": event_id,
@@ -269,3 +270,13 @@ def _tenants_of_keys(session: Session, key_ids: set[str]) -> dict[str, str]:
 
     rows = session.execute(select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.id.in_(key_ids)))
     return {kid: tid for kid, tid in rows}
+
+
+def _tenants_of_projects(session: Session, project_ids: set[str]) -> dict[str, str]:
+    """A project's rate limit knows only its project: the event names the project's tenant too."""
+    if not project_ids:
+        return {}
+    from loraplex.platform.projects.models import Project
+
+    rows = session.execute(select(Project.id, Project.tenant_id).where(Project.id.in_(project_ids)))
+    return {pid: tid for pid, tid in rows}

@@ -268,9 +268,7 @@ class InProcessQuotaStore:
         events: list[AlertEvent],
     ) -> None:
         rule = getattr(exc, "limit_rule", None)
-        # A project's limits (platform/projects) have no alert subject yet (AlertEvent names a tenant
-        # or a key): no event rather than one that misnames the project as a tenant.
-        if self._alerts is None or rule is None or scope.startswith("project:"):
+        if self._alerts is None or rule is None:
             return
         name, limit, used = rule
         if name == "token_budget" and start is not None:

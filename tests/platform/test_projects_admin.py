@@ -149,8 +149,12 @@ def test_project_limits_on_top_of_the_tenants_and_keys(client, good_files, platf
     assert r.headers.get("retry-after")
     assert complete(client, outsider["key"], "alpha").status_code == 200  # the tenant is not limited
     events = client.get("/admin/v1/alerts/events?limit=1000", headers=H).json()["data"]
-    # no alert misnames the project as a tenant (projects have no alert subject yet)
-    assert not [e for e in events if "project:" in str(e)], events
+    # the refusal is the project's (its own subject, its tenant named), never the tenant's
+    refused = [e for e in events if e["type"] == "limit.refused" and e["data"]["rule"] == "rpm"]
+    assert len(refused) == 1, events
+    data = refused[0]["data"]
+    assert (data["scope"], data["project_id"], data["tenant_id"], data["limit"]) == ("project", p["id"], tid, 3)
+    assert refused[0]["tenant_id"] == tid
     # tpm: a request reserving more than the project's tpm is refused and holds nothing anywhere
     small = project(client, tid, name="small", tpm=20)
     ks = key(client, tid, project_id=small["id"], rpm=100)
