@@ -49,4 +49,6 @@ class LimitAlerts:
         self, scope: str, rule: str, unit: str, limit: int, used: int, window: tuple[datetime, datetime]
     ) -> AlertEvent:
         kind, tenant_id, key_id, project_id = subject(scope)
-        return AlertEvent(AlertKind.REFUSED, kind, tenant_id, key_id, rule, unit, limit, used, *window, None, project_id)
+        return AlertEvent(
+            AlertKind.REFUSED, kind, tenant_id, key_id, rule, unit, limit, used, *window, None, project_id
+        )
