@@ -13,7 +13,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
+from harness.live import LiveServer
 from harness.net import free_port
+from platform_helpers import admin_headers
 
 SECRET = "whsec_" + base64.b64encode(b"alert-tests-signing-key-32-bytes").decode()
 
@@ -107,3 +110,8 @@ def alert_settings(**overrides) -> dict:
     }
     values.update(overrides)
     return values
+
+
+def admin(srv: LiveServer) -> httpx.Client:
+    """An admin-key client of ``srv``."""
+    return httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30)

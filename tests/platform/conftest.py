@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from alerts_helpers import Receiver, alert_settings
 from fastapi.testclient import TestClient
 from harness import postgres
 from harness.live import LiveServer
@@ -270,3 +271,28 @@ def serve_process():
     yield start
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture
+def alert_servers(tmp_path, db_url):
+    """``make(**alert_overrides)`` → a LiveServer (no engine) on this test's database."""
+    servers: list[LiveServer] = []
+
+    def make(**overrides) -> LiveServer:
+        settings = make_settings(tmp_path / f"s{len(servers)}", db_url, alerts=alert_settings(**overrides))
+        ctx, _ = build_context(settings, LocalEngineClient.disabled(), upgrade_db=False)
+        srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
+@pytest.fixture
+def receiver():
+    """A real webhook receiver (alerts_helpers.Receiver) on loopback, stopped after the test."""
+    r = Receiver()
+    yield r
+    r.stop()

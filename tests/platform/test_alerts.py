@@ -10,48 +10,17 @@ from collections import Counter
 
 import httpx
 import pytest
-from alerts_helpers import SECRET, Receiver, alert_settings
+from alerts_helpers import SECRET, Receiver, admin, alert_settings
 from harness.live import LiveServer
 from harness.wait import wait_for
-from platform_helpers import admin_headers, make_settings
 from sqlalchemy import func, select
 
 from loraplex.platform.alerts import signing
 from loraplex.platform.alerts.events import AlertEvent, AlertKind
 from loraplex.platform.alerts.models import AlertEventRow
-from loraplex.platform.app import build_context, create_app
 from loraplex.platform.db.base import utcnow
-from loraplex.platform.engine_client import LocalEngineClient
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import QuotaView
-
-
-@pytest.fixture
-def alert_servers(tmp_path, db_url):
-    """``make(**alert_overrides)`` → a LiveServer (no engine) on this test's database."""
-    servers: list[LiveServer] = []
-
-    def make(**overrides) -> LiveServer:
-        settings = make_settings(tmp_path / f"s{len(servers)}", db_url, alerts=alert_settings(**overrides))
-        ctx, _ = build_context(settings, LocalEngineClient.disabled(), upgrade_db=False)
-        srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
-        servers.append(srv)
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.stop()
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.stop()
-
-
-def admin(srv: LiveServer) -> httpx.Client:
-    return httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30)
 
 
 def make_tenant(c: httpx.Client, name: str = "acme", **quota) -> str:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import httpx
 import pytest
-from alerts_helpers import SECRET, Receiver, alert_settings
+from alerts_helpers import SECRET, alert_settings
 from harness.live import LiveServer
 from harness.wait import wait_for
 from platform_helpers import admin_headers, make_settings
@@ -27,13 +27,6 @@ from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.engine_client import LocalEngineClient
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.stop()
 
 
 def _event(i: int) -> AlertEvent:

@@ -11,44 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from alerts_helpers import SECRET, Receiver, alert_settings
-from harness.live import LiveServer
+from alerts_helpers import SECRET, admin
 from harness.wait import wait_for
-from platform_helpers import admin_headers, make_settings
 from sqlalchemy import func, select
 
 from loraplex.platform.alerts.events import AlertEvent, AlertKind
 from loraplex.platform.alerts.models import DEAD, DELIVERED, AlertDelivery, AlertEventRow
-from loraplex.platform.app import build_context, create_app
 from loraplex.platform.db.base import utcnow
-from loraplex.platform.engine_client import LocalEngineClient
-
-
-@pytest.fixture
-def alert_servers(tmp_path, db_url):
-    servers: list[LiveServer] = []
-
-    def make(**overrides) -> LiveServer:
-        settings = make_settings(tmp_path / f"s{len(servers)}", db_url, alerts=alert_settings(**overrides))
-        ctx, _ = build_context(settings, LocalEngineClient.disabled(), upgrade_db=False)
-        srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
-        servers.append(srv)
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.stop()
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.stop()
-
-
-def admin(srv: LiveServer) -> httpx.Client:
-    return httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30)
 
 
 def _event(tenant_id: str, start=None, end=None) -> AlertEvent:
