@@ -91,6 +91,8 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         cold = [f"cold{i}" for i in range(12)]
         _register_many(c, store, good_files, tid, ["warm", *cold])
         _small_pool(monkeypatch)
+        # fetch threads of servers other tests left in this process (an xdist worker) are not this node's
+        earlier_fetch_threads = {t for t in threading.enumerate() if t.name.startswith("adapter-fetch")}
         node = live_factory(  # its own empty disk cache; waits long, so the fetches stay stuck
             adapters={
                 "s3_endpoint_url": store.url,
@@ -138,7 +140,9 @@ def test_a_black_holed_then_dead_store_stalls_no_one(live_factory, tmp_path, goo
         assert [(v["running"], v["waiting"]) for v in lanes.values()] == [(2, 2)], lanes
         # nobody waiting on the store holds a database connection
         wait_for(lambda: _no_connection_held(node), what="every pooled connection back", timeout=90)
-        fetch_threads = [t for t in threading.enumerate() if t.name.startswith("adapter-fetch")]
+        fetch_threads = [
+            t for t in threading.enumerate() if t.name.startswith("adapter-fetch") and t not in earlier_fetch_threads
+        ]
         assert len(fetch_threads) <= 2 + 1, fetch_threads  # the 2 stuck ones (+ the warm fetch's)
         assert _bystanders_work(node, nc, key) == 20
         stuck = [f for f in [*futures.values(), dup] if not f.done()]
