@@ -75,9 +75,15 @@ def cpu_kind() -> CpuKind:
     return CpuKind(name=name, model=model, flags=tuple(f for f in _RELEVANT if f in flags))
 
 
+def onednn_bf16() -> bool:
+    """Whether this torch has oneDNN AND this CPU can run its bf16 path: oneDNN refuses a CPU without
+    avx512bw/vl/dq or avx_ne_convert (an AVX2-only EPYC, say) even when the kind is forced, as tests do."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def packs_bf16(kind: str | None = None) -> bool:
-    """Whether bf16 weights get a packed copy on this CPU kind (and this torch has oneDNN)."""
-    return (kind or cpu_kind().name) in ("amx", "avx512_bf16") and torch.backends.mkldnn.is_available()
+    """Whether bf16 weights get a packed copy on this CPU kind (and oneDNN's bf16 runs here)."""
+    return (kind or cpu_kind().name) in ("amx", "avx512_bf16") and onednn_bf16()
 
 
 def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:

@@ -144,7 +144,10 @@ class LlamaForCausalLM(nn.Module):
         if self.quantized_head is not None:
             logits: torch.Tensor = self.quantized_head(hidden).float()
             return logits
-        if self.packed_head is not None and self.head_linear is not None:
+        if self.head_linear is not None:
+            # The backend's linear even without a packed copy (a CPU where nothing is packed): in
+            # batch_invariant mode it is the one that cuts rows into fixed tiles, and plain F.linear
+            # summed a row's logits differently by the batch's size.
             return self.head_linear(hidden, self.output_weight(), None, self.packed_head).float()
         return F.linear(hidden, self.output_weight()).float()
 

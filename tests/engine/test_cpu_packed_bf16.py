@@ -38,8 +38,10 @@ def _run(llm: LLM, prompts, adapters=None):
 
 @pytest.mark.parametrize("variant", ["qwen2_bias_bf16", "llama3_rope_tied_bf16"])
 def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp_path, variant):
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("torch without oneDNN: nothing is packed")
+    if not cpu_packed.onednn_bf16():
+        pytest.skip(
+            "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
+        )
     model_dir = model_factory(variant)
     adapters = make_adapters(model_dir, tmp_path / "adapters")
     plain = _llm(model_dir, monkeypatch, "none")
@@ -105,6 +107,10 @@ def test_fused_bf16_glue_matches_torch_twins(model_factory, monkeypatch, variant
     """The native one-pass RMSNorm and SiLU x up (``csrc/cpu_elementwise.cpp``) of a bf16 model
     against the same engine on their torch twins: greedy tokens equal, logprobs within bf16 noise,
     under chunked prefill and preemption."""
+    if not cpu_packed.onednn_bf16():
+        pytest.skip(
+            "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
+        )
     model_dir = model_factory(variant)
     fused = _llm(model_dir, monkeypatch, "amx")
     assert fused.engine.runner.ops.rms_norm is cpu_native.rms_norm

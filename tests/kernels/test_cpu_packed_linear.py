@@ -51,9 +51,11 @@ def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias):
     ops = cpu_packed.CpuLinearOps(kind)
     w = _bf16(n, k, seed=m + n + k)
     packed = ops.pack_linear_weight(w)
-    if not torch.backends.mkldnn.is_available():
+    if not cpu_packed.onednn_bf16():
         assert packed is None
-        pytest.skip("torch without oneDNN: nothing is packed")
+        pytest.skip(
+            "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
+        )
     assert packed is not None and packed.is_mkldnn and packed_replaces_weight(packed)
     assert torch.equal(packed.to_dense(), w), "packing must keep every number"
     bias = _bf16(n, seed=7) if with_bias else None
@@ -74,7 +76,10 @@ def test_packed_bf16_odd_inputs(kind):
     w = _bf16(40, 24, seed=3)
     packed = ops.pack_linear_weight(w)
     if packed is None:
-        pytest.skip("torch without oneDNN")
+        assert not cpu_packed.onednn_bf16()
+        pytest.skip(
+            "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
+        )
     wide = _bf16(12, 80, seed=4)
     x = wide[:, 30:54]
     assert x.stride(0) == 80

@@ -53,8 +53,16 @@ def _multipart_start(boundary: str = "b0undary") -> bytes:
 
 
 def _staged(live) -> list[Path]:
+    """What lies under the staging root now. The server may remove a staging folder while this walks
+    it (the walk then raises FileNotFoundError on this Python): that is a moment of change, so walk
+    again rather than fail."""
     root = live.ctx.store.staging_root
-    return sorted(root.rglob("*")) if root.exists() else []
+    for _ in range(100):
+        try:
+            return sorted(root.rglob("*")) if root.exists() else []
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"{root} kept changing under 100 walks")
 
 
 def _open_files_under(*folders: Path) -> list[str]:
