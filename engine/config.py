@@ -16,6 +16,8 @@ from typing import Any, Literal, TypeVar, get_args
 
 import torch
 
+from loraplex.kernels import check_group_size
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "fair", "sjf"]
@@ -25,7 +27,7 @@ BATCHING_MODES: tuple[str, ...] = get_args(Batching)
 POLICIES: tuple[str, ...] = get_args(Policy)
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
 LORA_DTYPES: tuple[str, ...] = get_args(LoraDtype)
-QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8")
+QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8", "int4")
 SPECULATIVE_METHODS: tuple[str | None, ...] = (None, "ngram", "draft")
 
 
@@ -236,8 +238,13 @@ class EngineConfig:
     # On by default: with no hits it costs a hash per full block (benchmarks/engine/prefix_cache.py measures it).
     enable_prefix_caching: bool = True
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
-    # quantized at load (LoRA and activations stay in `dtype`). None: weights in `dtype`.
+    # quantized at load (LoRA and activations stay in `dtype`). "int4": group-wise asymmetric 4-bit
+    # weights for every decoder linear layer (head and embedding int8), quantized at load. None:
+    # weights in `dtype`, or a GPTQ/AWQ 4-bit checkpoint's own codes (its config.json says so).
     quantization: str | None = None
+    # Columns per int4 scale/zero point: a multiple of 32 (32, 64, 128, 256); smaller groups track
+    # the weights more closely at 8 bytes per group (~6% of the codes' bytes at 128).
+    quantization_group_size: int = 128
     # Speculative decoding (docs/speculative.md): "ngram" (prompt lookup) or "draft" (draft_model,
     # a smaller checkpoint with the same tokenizer, with its own small paged KV cache).
     speculative_method: str | None = None
@@ -311,6 +318,10 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {list(QUANTIZATION_METHODS)}, got {self.quantization!r}")
+        try:
+            check_group_size(self.quantization_group_size)
+        except ValueError as exc:
+            raise ValueError(f"quantization_group_size: {exc}") from None
         _choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")

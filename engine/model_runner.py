@@ -22,6 +22,8 @@ from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
 from .models.quantization import quantize_model_int8
+from .models.quantization_int4 import quantize_model_int4
+from .models.quantized_checkpoint import checkpoint_quantization
 from .runner_output import RunnerOutput
 from .sampler import TokenLogprobs, prompt_logprobs, sample_batch
 from .scheduler_output import ScheduledChunk, SchedulerOutput
@@ -78,8 +80,22 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws
         self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
         self.model: LlamaForCausalLM
+        prequantized = checkpoint_quantization(config.model) if model is None else None
+        if prequantized is not None and config.quantization not in (None, "int4"):
+            raise ValueError(
+                f"{config.model} is a {prequantized.method.upper()} 4-bit checkpoint: serve it with "
+                f"quantization unset or 'int4', not {config.quantization!r}"
+            )
         if model is not None:
             self.model = model
+        elif prequantized is not None:
+            # The checkpoint's own 4-bit codes (its group size), head and embedding as it stores them.
+            self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
+            self.model.pack_weights(self.ops)  # the float head's packed copy, if the backend keeps one
+        elif config.quantization == "int4":
+            # Loaded in float32 so the codes come from the checkpoint's own precision.
+            self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
+            quantize_model_int4(self.model, self.dtype, config.quantization_group_size, self.ops.int8_linear)
         elif config.quantization == "int8":
             # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)

@@ -11,7 +11,7 @@ served alone and the same request in a batch (issue 36: the same ``seed``, other
 What this wraps, as vLLM's ``VLLM_BATCH_INVARIANT`` and SGLang's deterministic inference do on
 GPUs (fixed-split kernels), here for the native CPU ops:
 
-* ``linear`` / ``int8_linear``: rows in fixed tiles of ``ROW_TILE`` (the last one zero-padded), so
+* ``linear`` / ``int8_linear`` / ``int4_linear``: rows in fixed tiles of ``ROW_TILE`` (the last one zero-padded), so
   every row is computed by a call of the same shape. A GEMM of a fixed shape sums each row the same
   way whatever the other rows hold and wherever in the tile it sits (``tests/kernels/
   test_batch_invariant.py`` checks both, against the plain op that does not hold it).
@@ -33,7 +33,8 @@ from collections.abc import Callable
 import torch
 
 from . import cpu_native
-from .ops import Int8Linear, KernelOps, Linear, PagedPrefillAttention
+from .int4 import Int4Weight
+from .ops import Int4Linear, Int8Linear, KernelOps, Linear, PagedPrefillAttention
 
 ROW_TILE = 16  # rows per GEMM call: small enough that a decode batch pads little
 
@@ -78,6 +79,13 @@ def tiled_int8_linear(int8_linear: Int8Linear) -> Int8Linear:
     return run
 
 
+def tiled_int4_linear(int4_linear: Int4Linear) -> Int4Linear:
+    def run(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _by_tiles(x, lambda t: int4_linear(t, weight, bias))
+
+    return run
+
+
 def native_prefill_attention() -> PagedPrefillAttention:
     def run(
         q: torch.Tensor,
@@ -111,5 +119,6 @@ def batch_invariant_ops(ops: KernelOps) -> KernelOps:
         name="cpu+batch_invariant",
         linear=tiled_linear(ops.linear),
         int8_linear=tiled_int8_linear(ops.int8_linear),
+        int4_linear=tiled_int4_linear(ops.int4_linear),
         paged_prefill_attention=native_prefill_attention(),
     )

@@ -37,7 +37,7 @@ from . import reference
 
 _SOURCES = tuple(
     Path(__file__).resolve().parent / "csrc" / n
-    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp")
+    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp", "cpu_int4.cpp")
 )
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
@@ -154,6 +154,12 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_silu_mul_bf16.restype = None
     lib.lp_linear_fast.argtypes = []
     lib.lp_linear_fast.restype = i32
+    lib.lp_int4_isa.argtypes = []
+    lib.lp_int4_isa.restype = i32
+    lib.lp_int4_linear_f32.argtypes = [p, i64, i32, i32, p, p, p, i32, i32, p, p, i64, i32]
+    lib.lp_int4_linear_f32.restype = None
+    lib.lp_int4_dequant_f32.argtypes = [p, p, p, i32, i32, i32, p, i32]
+    lib.lp_int4_dequant_f32.restype = None
     return lib
 
 

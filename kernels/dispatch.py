@@ -2,7 +2,8 @@
 
 ``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
 ``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
-SGMV (each adapter's weights read once per step), linear layers over packed weights
+SGMV (each adapter's weights read once per step), INT4 weight-only matmuls that read the packed
+codes for decode batches (``cpu_int4``), linear layers over packed weights
 (``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
 decode batches of a float32 model over a bf16 copy of bf16-exact weights), one-pass bf16 RMSNorm
 and SiLU x up (``cpu_native.rms_norm`` / ``silu_mul``) + the torch reference
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import int8, reference
+from . import int4, int8, reference
 from .ops import KernelOps
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
@@ -28,6 +29,7 @@ TORCH_OPS = KernelOps(
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
     int8_linear=int8.int8_linear_cpu,
+    int4_linear=int4.int4_linear_torch,
     pack_linear_weight=reference.pack_linear_weight,
     linear=reference.linear,
     rms_norm=reference.rms_norm,
@@ -36,7 +38,7 @@ TORCH_OPS = KernelOps(
 
 
 def _cpu_ops() -> KernelOps | None:
-    from . import cpu_native, cpu_packed, cpu_sgmv
+    from . import cpu_int4, cpu_native, cpu_packed, cpu_sgmv
 
     if not cpu_native.available():
         return None
@@ -50,6 +52,7 @@ def _cpu_ops() -> KernelOps | None:
         sgmv_shrink=cpu_sgmv.sgmv_shrink,
         sgmv_expand=cpu_sgmv.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
+        int4_linear=cpu_int4.int4_linear,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,
         rms_norm=cpu_native.rms_norm,

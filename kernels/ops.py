@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from .int4 import Int4Weight
 from .lora_meta import LoraSegments
 
 
@@ -71,6 +72,13 @@ class Int8Linear(Protocol):
     ) -> torch.Tensor: ...
 
 
+class Int4Linear(Protocol):
+    """INT4 weight-only matmul (group-wise, ``int4.Int4Weight``): x @ dequantize(weight).T + bias,
+    in x's dtype."""
+
+    def __call__(self, x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 class PackLinearWeight(Protocol):
     """A backend's own copy of a float linear weight for ``Linear`` (None: keep none)."""
 
@@ -117,6 +125,7 @@ class KernelOps:
     sgmv_shrink: SgmvShrink
     sgmv_expand: SgmvExpand
     int8_linear: Int8Linear
+    int4_linear: Int4Linear
     pack_linear_weight: PackLinearWeight
     linear: Linear
     rms_norm: RmsNorm

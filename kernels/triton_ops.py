@@ -12,6 +12,7 @@ Optional keyword-only extras (the engine may pass them; defaults keep the refere
 from __future__ import annotations
 
 from . import reference
+from .int4 import int4_linear_torch
 from .ops import KernelOps
 from .triton_decode_attention import paged_decode_attention
 from .triton_int8 import int8_linear
@@ -27,6 +28,7 @@ TRITON_OPS = KernelOps(
     sgmv_shrink=sgmv_shrink,
     sgmv_expand=sgmv_expand,
     int8_linear=int8_linear,
+    int4_linear=int4_linear_torch,  # no Triton int4 kernel yet: dequantize + cuBLAS
     pack_linear_weight=reference.pack_linear_weight,  # cuBLAS reads the weight itself
     linear=reference.linear,
     rms_norm=reference.rms_norm,

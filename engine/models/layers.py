@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from loraplex.kernels import KernelOps, reference
+from loraplex.kernels import Int4Weight, KernelOps, reference
 
 from .forward_batch import ForwardBatch
 
@@ -124,6 +124,15 @@ class Projection(nn.Module):
         self.wscale: torch.Tensor | None
         self.register_buffer("qweight", None)
         self.register_buffer("wscale", None)
+        # INT4 weight-only (``quantization_int4``: quantized at load, or a GPTQ/AWQ checkpoint's codes):
+        # ``weight`` is None and the base matmul reads ``int4.Int4Weight``'s packed codes [out, in/2]
+        # with float32 per-group scales and offsets [out, groups].
+        self.q4_codes: torch.Tensor | None
+        self.q4_scales: torch.Tensor | None
+        self.q4_offsets: torch.Tensor | None
+        self.register_buffer("q4_codes", None)
+        self.register_buffer("q4_scales", None)
+        self.register_buffer("q4_offsets", None)
         self.act_dtype: torch.dtype | None = None
         # The kernel backend's own copy of ``weight`` (``KernelOps.pack_linear_weight``: on the
         # native CPU kernels, oneDNN's blocked copy of a bf16 weight, which then replaces ``weight``
@@ -132,7 +141,7 @@ class Projection(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The activation dtype (LoRA weights live in it, on top of int8 base weights too)."""
+        """The activation dtype (LoRA weights live in it, on top of int8/int4 base weights too)."""
         if self.weight is not None:
             return self.weight.dtype
         assert self.act_dtype is not None, "quantized Projection without act_dtype"
@@ -141,9 +150,27 @@ class Projection(nn.Module):
     @property
     def device(self) -> torch.device:
         w = self.weight if self.weight is not None else self.qweight
+        w = w if w is not None else self.q4_codes
         w = w if w is not None else self.packed
-        assert w is not None, "Projection has neither a float, an int8 nor a packed weight"
+        assert w is not None, "Projection has neither a float, an int8, an int4 nor a packed weight"
         return w.device
+
+    def set_int4(self, weight: Int4Weight, act_dtype: torch.dtype) -> None:
+        """Serve this projection from 4-bit codes (the float weight is dropped)."""
+        out, kp = weight.codes.shape[0], weight.codes.shape[1] * 2
+        if out != self.slice_offsets[-1] or kp < self.in_features:
+            raise ValueError(
+                f"int4 weight [{out}, {kp}] does not fit projection [{self.slice_offsets[-1]}, {self.in_features}]"
+            )
+        self.weight = None
+        self.q4_codes, self.q4_scales, self.q4_offsets = weight
+        self.act_dtype = act_dtype
+
+    def int4_weight(self) -> Int4Weight | None:
+        if self.q4_codes is None:
+            return None
+        assert self.q4_scales is not None and self.q4_offsets is not None
+        return Int4Weight(self.q4_codes, self.q4_scales, self.q4_offsets)
 
     def set_packed(self, packed: torch.Tensor | None, replaces_weight: bool) -> int:
         """Keep the backend's packed copy; drop the plain weight when the copy replaces it.
@@ -168,7 +195,10 @@ class Projection(nn.Module):
         self.lora_scales = torch.zeros(max_loras, dtype=torch.float32, device=dev)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        if self.qweight is not None:
+        q4 = self.int4_weight()
+        if q4 is not None:
+            y = batch.ops.int4_linear(x, q4, self.bias)
+        elif self.qweight is not None:
             assert self.wscale is not None
             y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
         else:

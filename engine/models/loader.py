@@ -1,4 +1,8 @@
-"""Load a local Hugging Face safetensors checkpoint into our model (fusing q|k|v and gate|up)."""
+"""Load a local Hugging Face safetensors checkpoint into our model (fusing q|k|v and gate|up).
+
+A GPTQ/AWQ 4-bit checkpoint (``quantized_checkpoint``) loads the same way, except that each decoder
+linear layer arrives as packed 4-bit tensors: they are unpacked, fused like float weights and
+installed as the projection's int4 weight after the cast to ``dtype``."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .layers import Projection, RotaryEmbedding
 from .llama import LlamaForCausalLM
+from .quantized_checkpoint import QuantizedCheckpoint, checkpoint_quantization, fuse_int4
 
 # HF name -> (our parameter path, slice index within a fused projection or None)
 _LAYER_MAP = {
@@ -48,9 +53,15 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, max_p
         layer.self_attn.rotary = rotary
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    spec = checkpoint_quantization(path)
+    quantized: dict[str, dict[str, torch.Tensor]] = {}  # HF module -> its qweight/qzeros/scales/g_idx
     for file in _checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
+                part = spec.split(name) if spec is not None else None
+                if part is not None:
+                    quantized.setdefault(part[0], {})[part[1]] = f.get_tensor(name)
+                    continue
                 target = _target(name, cfg)
                 if target is None:
                     continue
@@ -73,10 +84,52 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, max_p
                     )
                 dest.copy_(tensor.to(dtype=dest.dtype))
                 loaded.add(key)
-    missing = _expected_keys(model, cfg) - loaded
+    expected = _expected_keys(model, cfg)
+    if spec is not None:  # the projections' float weights come from the 4-bit tensors below
+        expected = {k for k in expected if not k.split("[")[0].endswith("_proj.weight")}
+    missing = expected - loaded
     if missing:
         raise ValueError(f"checkpoint {path} is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
-    return model.to(dtype=dtype).eval()
+    if spec is None:
+        return model.to(dtype=dtype).eval()
+    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    for proj in projections:
+        proj.weight = None  # the uninitialised float weight: never cast, never kept
+    model = model.to(dtype=dtype).eval()
+    _install_int4(model, cfg, spec, quantized, dtype)
+    return model
+
+
+def _install_int4(
+    model: LlamaForCausalLM,
+    cfg: ModelConfig,
+    spec: QuantizedCheckpoint,
+    quantized: dict[str, dict[str, torch.Tensor]],
+    dtype: torch.dtype,
+) -> None:
+    """Each decoder projection's int4 weight from its HF modules' 4-bit tensors (fused in slice order)."""
+    used: set[str] = set()
+    for i in range(cfg.num_layers):
+        by_ours: dict[str, list[tuple[int, str]]] = {}
+        for hf, (ours, idx) in _LAYER_MAP.items():
+            if ours.endswith("_proj"):
+                by_ours.setdefault(ours, []).append((idx or 0, f"model.layers.{i}.{hf}"))
+        for ours, hf_modules in by_ours.items():
+            proj = model.get_submodule(f"layers.{i}.{ours}")
+            assert isinstance(proj, Projection)
+            slices = []
+            for _, hf in sorted(hf_modules):
+                if hf not in quantized:
+                    raise ValueError(f"{cfg.name_or_path}: {spec.method} checkpoint has no 4-bit tensors for {hf}")
+                codes, scales, zeros = spec.to_int4(quantized[hf], hf)
+                if codes.shape[1] < proj.in_features:
+                    raise ValueError(f"{hf}: 4-bit weight has {codes.shape[1]} inputs, the model {proj.in_features}")
+                slices.append((codes, scales, zeros))
+                used.add(hf)
+            proj.set_int4(fuse_int4(spec, slices, proj.in_features), dtype)
+    extra = sorted(set(quantized) - used)
+    if extra:
+        raise ValueError(f"unexpected 4-bit tensors in checkpoint, e.g. {extra[:3]}")
 
 
 def _target(name: str, cfg: ModelConfig) -> tuple[str, int | None] | None:

@@ -21,8 +21,6 @@ from loraplex.kernels.ops import Int8Linear
 from .layers import Projection
 from .llama import LlamaForCausalLM
 
-QUANTIZATION_METHODS = ("int8",)
-
 
 class Int8Embedding(nn.Module):
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
@@ -62,6 +60,16 @@ def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_li
         assert proj.weight is not None, "model is already quantized"
         codes.append(quantize_per_channel_int8(proj.weight))
         proj.weight = None  # drop the float weight before the cast below (peak memory)
+    quantize_head_and_embedding_int8(model, act_dtype, int8_linear)
+    for proj, (q, s) in zip(projections, codes):
+        proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype
+
+
+@torch.no_grad()
+def quantize_head_and_embedding_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear) -> None:
+    """The output projection and the embedding as per-row int8 (one matrix when tied), then the rest
+    of the model (norms, biases, float projections left) cast to ``act_dtype``. Callers attach their
+    own quantized buffers after this, so the cast does not touch their float32 scales."""
     head_q, head_s = quantize_per_channel_int8(model.output_weight())
     if model.lm_head is None:  # tied: one int8 matrix serves both, as one float matrix did
         emb_q, emb_s = head_q, head_s
@@ -71,8 +79,6 @@ def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_li
     model.lm_head = None
     model.register_module("embed_tokens", None)  # = None, but typed: the attribute is an nn.Module
     model.to(dtype=act_dtype)  # norms and biases; scales are attached afterwards, in float32
-    for proj, (q, s) in zip(projections, codes):
-        proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype
     model.embed_tokens = Int8Embedding(emb_q, emb_s, act_dtype)
     model.quantized_head = Int8Head(head_q, head_s, int8_linear)
 

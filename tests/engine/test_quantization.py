@@ -120,4 +120,4 @@ def test_int8_through_triton_kernels_matches_torch_path(model_factory):
 
 def test_quantization_config_is_validated(tiny_llama):
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(model=tiny_llama, quantization="int4")
+        EngineConfig(model=tiny_llama, quantization="int2")
