@@ -38,6 +38,7 @@ from loraplex.platform.cluster.messages import (
     AbortMatch,
     AdapterSource,
     ControlStatus,
+    DrainProgress,
     EngineState,
     HeartbeatAnswer,
     HeldReservation,
@@ -145,8 +146,17 @@ class ControlPlane:
         return self.holds.adopt(held, owner)
 
     def live_reservations(self) -> int:
-        """Admitted requests not settled yet, over every ingress (what a drain waits for)."""
+        """Admitted requests not settled yet, over every ingress."""
         return self.holds.live()
+
+    def drain_progress(self) -> DrainProgress:
+        """What the driver's drain waits for (``drain.py``)."""
+        return DrainProgress(
+            reservations=self.holds.live(),
+            in_flight=self.ingresses.in_flight(),
+            ingresses=self.ingresses.reporting(),
+            by_owner=self.holds.by_owner(),
+        )
 
     # -- desired engine state (RemoteEngineClient writes, replicas pull) ---------------------
     def set_tenant(self, tenant_id: str, settings: TenantSettings) -> int:

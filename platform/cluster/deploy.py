@@ -13,11 +13,11 @@ import math
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from loraplex.platform.cluster.control import ACTOR_NAME, NAMESPACE, ControlConfig, ControlPlane
+from loraplex.platform.cluster.drain import drain
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.platform.cluster")
@@ -363,7 +363,10 @@ def run(settings: Settings) -> None:
             rollout = None
     try:
         drain(control, settings.cluster.drain_timeout_s, settings.cluster.sync_interval_s)
-        serve.delete(APP_NAME)  # replicas first, the control plane they talk to last
+        try:
+            serve.delete(APP_NAME)  # replicas first, the control plane they talk to last
+        except TimeoutError as exc:  # Serve's own 60 s bound: a replica slow to go; Ray's shutdown takes it
+            log.warning("taking the app down: %s", exc)
         serve.shutdown()
     finally:
         del control
@@ -383,34 +386,3 @@ def _rollout_done(generation: int, seen: list[str]) -> bool:
         return False
     print(f"loraplex: rolling restart {generation} complete ({running} engine replicas running)", flush=True)
     return True
-
-
-def drain(control: Any, timeout_s: float, tick_s: float) -> int:
-    """The one-process contract on Ray: new requests are refused with 503 (every ingress reads
-    ``draining`` at its next tick), requests in flight run to their end (their reservations are
-    settled) for up to ``timeout_s``. Returns how many were still running when it gave up."""
-    import ray
-
-    print("loraplex: draining (new requests get 503; in-flight requests finish)", flush=True)
-    ray.get(control.set_draining.remote(True), timeout=30)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:  # every ingress refuses new requests from here on
-        try:
-            if ray.get(control.drain_acknowledged.remote(), timeout=10):
-                break
-        except Exception as exc:  # noqa: BLE001 - the control plane restarting: ask again
-            log.warning("drain: %s", exc)
-        time.sleep(tick_s)
-    left = -1
-    while time.monotonic() < deadline:
-        try:
-            left = int(ray.get(control.live_reservations.remote(), timeout=10))
-        except Exception as exc:  # noqa: BLE001 - the control plane restarting: ask again
-            log.warning("drain: %s", exc)
-            left = -1
-        if left == 0:
-            break
-        time.sleep(0.2)
-    time.sleep(1.0)  # settled just before the last bytes: let them leave the ingress
-    print(f"loraplex: drained ({max(left, 0)} request(s) still running at the end)", flush=True)
-    return max(left, 0)

@@ -193,6 +193,17 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class DrainProgress:
+    """What a drain waits for (driver <- control plane): the live reservations (by the ingress
+    that holds them), and the requests in flight the ingresses reported at their last tick."""
+
+    reservations: int
+    in_flight: int
+    ingresses: int  # how many ingresses reported recently
+    by_owner: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ControlStatus:
     """The control-plane instance as ``/admin/v1/engine`` → ``control`` shows it."""
 

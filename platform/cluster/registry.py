@@ -85,6 +85,10 @@ class IngressBoard:
         """Requests in flight over every ingress that reported recently."""
         return sum(i.in_flight for i in self._recent())
 
+    def reporting(self) -> int:
+        """How many ingresses reported recently."""
+        return len(self._recent())
+
     def broadcast_abort(self, reason: str, match: AbortMatch) -> int:
         self.abort_seq += 1
         self._aborts.append(Abort(self.abort_seq, reason, match))

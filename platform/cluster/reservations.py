@@ -26,6 +26,7 @@ Ray, the GCS unreachable): until ``expected_ingresses`` have reported, for at mo
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
@@ -34,6 +35,8 @@ from loraplex.platform.cluster.liveness import IngressDirectory, Verdict
 from loraplex.platform.cluster.messages import HeldReservation, Hold, Refusal, ReserveAnswer, ReserveItem, Retry
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
+
+ENDED_KEPT = 65_536  # ended keys remembered (~5 MB); a call late by more than that many ends is not expected
 
 
 class ReservationBook:
@@ -58,6 +61,11 @@ class ReservationBook:
         self._owner: dict[str, str] = {}  # reservation key -> the ingress holding it ("": no lease)
         self._leases: dict[str, float] = {}  # ingress -> when it last called (monotonic)
         self._lapsed: set[str] = set()  # ingresses whose holds expired: told at their next snapshot
+        # Keys settled or cancelled here, newest last: an adopt or a reserve of one of them that
+        # arrives after its end (calls from different threads, or a call retried across a restart,
+        # are not ordered) must not hold it again: nothing would ever settle it (a leaked slot,
+        # and a drain waiting for it)
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._lease_s = lease_s
         self.released_by_lease = 0  # holds released because their ingress went silent (admin view)
         self._reported: set[str] = set()  # ingresses that handed their holds back to this instance
@@ -81,6 +89,8 @@ class ReservationBook:
         """Check every limit and hold; a key already held is answered with its hold."""
         self.renew(owner)
         res = self._reservations.get(item.key)
+        if res is None and item.key in self._ended:  # its cancel came first: the caller gave up
+            return Refusal("the admission was withdrawn before it was held", "request_cancelled", {})
         if res is None:
             if self._adopting() and not item.quota.unlimited:
                 return Retry(self._epoch)
@@ -98,6 +108,13 @@ class ReservationBook:
             self._ingresses.held_by(owner)
 
     def settle(self, key: str, used_tokens: int) -> None:
+        """The ingress ended this request (``_ended`` remembers it)."""
+        self._end(key)
+        self._release(key, used_tokens)
+
+    def _release(self, key: str, used_tokens: int) -> None:
+        """Give the hold back; not remembered as ended: a lease's expiry releases the holds of a
+        stalled ingress, which hands the live ones back when it answers again (``adopt``)."""
         res = self._reservations.pop(key, None)
         self._owner.pop(key, None)
         if res is not None:
@@ -105,9 +122,16 @@ class ReservationBook:
 
     def cancel(self, key: str) -> None:
         res = self._reservations.pop(key, None)
-        self._owner.pop(key, None)
+        self._end(key)
         if res is not None:
             self._quotas.cancel(res)
+
+    def _end(self, key: str) -> None:
+        self._owner.pop(key, None)
+        self._ended[key] = None
+        self._ended.move_to_end(key)
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     def running(self, tenant_id: str) -> int:
         self.expire_leases()
@@ -122,6 +146,14 @@ class ReservationBook:
         with its lease)."""
         self.expire_leases()
         return len(self._reservations)
+
+    def by_owner(self) -> dict[str, int]:
+        """The live reservations counted by the ingress holding them ("": held with no lease)."""
+        counts: dict[str, int] = {}
+        for key in self._reservations:
+            owner = self._owner.get(key, "")
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
 
     # -- leases ----------------------------------------------------------------------------------
     def renew(self, owner: str) -> None:
@@ -161,7 +193,7 @@ class ReservationBook:
             if verdict is Verdict.UNNAMED:  # released on the clock alone: it may be stalled, not dead
                 self._lapsed.add(owner)
             for key in [k for k, o in self._owner.items() if o == owner]:
-                self.settle(key, 0)
+                self._release(key, 0)
                 released += 1
         self.released_by_lease += released
         return released
@@ -177,7 +209,7 @@ class ReservationBook:
             self._reported.add(owner)
         adopted = 0
         for h in held:
-            if h.key in self._reservations:
+            if h.key in self._reservations or h.key in self._ended:
                 continue
             # An empty view checks nothing; a budget view re-holds the tokens against the budget.
             view = QuotaView(token_budget=2**62, budget_period=h.budget_period) if h.budget_period else QuotaView()

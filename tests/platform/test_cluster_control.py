@@ -360,3 +360,40 @@ def test_router_scoring_prefers_cache_then_adapter_and_the_guard_caps_load():
     small = PrefixSummary(max_keys=2)
     small.add([1, 2, 3])
     assert small.snapshot() == [2, 3]  # bounded: the least recently served go first
+
+
+def test_a_settle_that_arrives_before_the_adopt_of_its_key_is_not_undone():
+    """After a restart an ingress hands its live holds back (adopt) from its poller thread while a
+    request thread settles one of them: the two calls are not ordered, and a settle that landed
+    first used to be undone by the adopt (a slot held forever, a drain waiting for it)."""
+    cp = _plane()
+    q = QuotaView(max_concurrent=2)
+    cp.settle("k1", 5)  # reaches the new instance first
+    assert cp.adopt([HeldReservation("k1", "t", 10, None), HeldReservation("k2", "t", 10, None)], "ing") == 1
+    assert cp.running("t") == 1 and cp.live_reservations() == 1  # k2 only
+    assert isinstance(_reserve(cp, q, 1), Hold)  # the second slot is free
+    assert isinstance(_reserve(cp, q, 1), Refusal)
+
+
+def test_a_cancel_that_lands_before_its_reserve_leaves_nothing_held():
+    """An ingress whose reserve timed out sends a cancel after it; if the cancel lands first, the
+    late reserve must not hold (nobody would ever settle it)."""
+    cp = _plane()
+    q = QuotaView(max_concurrent=1)
+    cp.cancel("late")
+    refused = _refused(_reserve(cp, q, 5, key="late"))
+    assert refused.code == "request_cancelled"
+    assert cp.running("t") == 0 and cp.live_reservations() == 0
+    assert isinstance(_reserve(cp, q, 5), Hold)  # the one slot is still free
+
+
+def test_holds_released_by_a_lapsed_lease_are_handed_back_by_the_adopt():
+    """A lease's expiry is not an end: the stalled ingress's live holds come back with its adopt
+    (only settles and cancels are remembered as ended)."""
+    cp = _plane()
+    q = QuotaView(max_concurrent=3)
+    _held(_reserve(cp, q, 5, key="a1", owner="ing"))
+    cp.holds._release("a1", 0)  # as expire_leases does for a silent ingress
+    assert cp.live_reservations() == 0
+    assert cp.adopt([HeldReservation("a1", "t", 5, None)], "ing") == 1
+    assert cp.live_reservations() == 1
