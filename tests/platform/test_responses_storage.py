@@ -15,8 +15,10 @@ import httpx
 import openai
 import pytest
 from billing_helpers import H, auth, new_tenant
+from platform_helpers import make_settings
 from sqlalchemy import select, update
 
+from loraplex.platform.app import build_context
 from loraplex.platform.db.base import utcnow
 from loraplex.platform.inference.responses_api import retention
 from loraplex.platform.inference.responses_api.store import StoredResponse
@@ -198,16 +200,21 @@ def test_expired_responses_read_as_absent_and_are_swept(live_factory):
     assert client.responses.retrieve(fresh.id).id == fresh.id
 
 
-def test_sweep_deletes_every_expired_response_in_batches(platform, monkeypatch):
-    ctx = platform.ctx
+def test_sweep_deletes_every_expired_response_in_batches(tmp_path, db_url, demo_engine, monkeypatch):
+    # a context without the app: the app's own periodic sweep runs once at its start, and on a
+    # loaded machine that first sweep came after the inserts below and took the 7 itself
+    ctx, _ = build_context(make_settings(tmp_path, db_url), demo_engine, upgrade_db=False)
     monkeypatch.setattr(retention, "BATCH", 3)
     long_ago = utcnow() - timedelta(days=31)
     with ctx.sessions() as s, s.begin():
         for i in range(7):
             s.add(StoredResponse(id=f"resp_old{i}", tenant_id="t", conversation="[]", body="{}", created_at=long_ago))
         s.add(StoredResponse(id="resp_new", tenant_id="t", conversation="[]", body="{}"))
-    assert retention.sweep_once(ctx) == 7
-    assert [r.id for r in _rows(ctx, "t")] == ["resp_new"]
+    try:
+        assert retention.sweep_once(ctx) == 7
+        assert [r.id for r in _rows(ctx, "t")] == ["resp_new"]
+    finally:
+        ctx.close()
 
 
 def test_deleting_a_tenant_deletes_its_stored_responses(live_factory):
