@@ -66,8 +66,9 @@ def _libraries(names: list[str]) -> dict[str, object]:
 
 def _direct(lib: object, x: torch.Tensor, w) -> torch.Tensor:
     """``lp_int4_linear_f32`` of one library build (what ``cpu_int4.int4_linear`` calls for few rows)."""
-    m, kp = x.shape
-    n = w.codes.shape[0]
+    kp = w.codes.shape[1] * 2  # K padded to whole groups: the kernel reads x zero-padded to it
+    x = cpu_int4._padded_f32(x, kp)
+    m, n = x.shape[0], w.codes.shape[0]
     y = torch.empty(m, n)
     lib.lp_int4_linear_f32(  # type: ignore[attr-defined]
         x.data_ptr(), x.stride(0), m, kp, w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(), n,
