@@ -139,6 +139,11 @@ BAD = {
     "unknown_method": ("gptq", lambda c: _edit_config(c, quant_method="exl2"), r"exl2.*not supported"),
     "gptq_marlin_format": ("gptq", lambda c: _edit_config(c, checkpoint_format="marlin"), r"marlin"),
     "config_group_differs": ("gptq", lambda c: _edit_config(c, group_size=64), r"q_proj.*group"),
+    "desc_act_without_g_idx": (
+        "gptq",
+        lambda c: (_edit_config(c, desc_act=True), _edit_tensor(c, "model.layers.0.mlp.up_proj.g_idx", lambda t: None)),
+        r"up_proj: desc_act checkpoint without g_idx",
+    ),
     "gptq_missing_qzeros": ("gptq", lambda c: _edit_tensor(c, f"{Q}.qzeros", lambda t: None), r"qzeros"),
     "gptq_scales_groups": ("gptq", lambda c: _edit_tensor(c, f"{DOWN}.scales", lambda t: t[:2]), rf"{DOWN}.*scales"),
     "gptq_scales_outputs": ("gptq", lambda c: _edit_tensor(c, f"{Q}.scales", lambda t: t[:, :56]), rf"{Q}.*scales"),
