@@ -23,7 +23,8 @@ TIE = 0.02  # logits: what the bf16 decode head may reorder (measured gaps of ~5
 ASSIGN = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", "attn_r8", "mlp_r4"]
 
 
-@pytest.fixture(scope="module", params=["int4_at_load", "awq_checkpoint"])
+# The AWQ base runs in the whole suite (the inner loop keeps the base quantized at load).
+@pytest.fixture(scope="module", params=["int4_at_load", pytest.param("awq_checkpoint", marks=pytest.mark.slow)])
 def setup(request, model_factory, tmp_path_factory):
     float_dir = model_factory("llama_gqa")
     root = tmp_path_factory.mktemp(f"lora_int4_{request.param}")

@@ -41,14 +41,20 @@ def _oracle_dir(model: torch.nn.Module, path: Path) -> str:
 @pytest.mark.parametrize(
     "fmt, variant, group, backend",
     [
+        # The inner loop: each format once on the native kernels; the rest in the whole suite.
         ("gptq", "llama_gqa", 32, "cpu"),
-        ("gptq", "llama_gqa", 32, "torch"),
-        ("gptq_v2", "llama_gqa", 64, "cpu"),
         ("gptq_v2", "qwen2_bias", -1, "cpu"),  # one group per row; q/k/v biases next to the codes
-        ("gptq", "llama3_rope_tied", 128, "cpu"),  # group larger than K=64: one partial group
         ("awq", "llama_gqa", 32, "cpu"),
-        ("awq", "llama_gqa", 32, "torch"),
-        ("awq", "qwen2_bias", 64, "cpu"),
+        *(
+            pytest.param(*case, marks=pytest.mark.slow)
+            for case in [
+                ("gptq", "llama_gqa", 32, "torch"),
+                ("gptq_v2", "llama_gqa", 64, "cpu"),
+                ("gptq", "llama3_rope_tied", 128, "cpu"),  # group larger than K=64: one partial group
+                ("awq", "llama_gqa", 32, "torch"),
+                ("awq", "qwen2_bias", 64, "cpu"),
+            ]
+        ),
     ],
 )
 def test_checkpoint_serves_its_dequantized_model(model_factory, tmp_path, fmt, variant, group, backend):
