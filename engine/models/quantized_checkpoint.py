@@ -40,6 +40,8 @@ from loraplex.kernels import INT4_CHUNK, Int4Weight, check_group_size, pack_int4
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word nibble j holds output column AWQ_ORDER[j] of its 8
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+# (codes [N, K], scales [N, G], zeros [N, G], input permutation [K] or None)
+Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,9 @@ class QuantizedCheckpoint:
         module, _, part = name.rpartition(".")
         return (module, part) if part in PARTS and module else None
 
-    def to_int4(self, parts: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One layer's tensors -> (codes uint8 [N, K], scales float32 [N, G], zeros float32 [N, G])."""
+    def to_int4(self, parts: dict[str, torch.Tensor], module: str) -> Unpacked:
+        """One layer's tensors -> (codes [N, K], scales float32 [N, G], zeros float32 [N, G], the
+        input permutation [K] the codes are stored in, or None)."""
         missing = [p for p in ("qweight", "qzeros", "scales") if p not in parts]
         if missing:
             raise ValueError(f"{module}: quantized layer without {missing}")
@@ -68,7 +71,7 @@ class QuantizedCheckpoint:
                 raise ValueError(f"{module}: desc_act checkpoint without g_idx")
             return unpack_gptq(parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"),
                                self.group_size, self.zero_offset, module)  # fmt: skip
-        return unpack_awq(parts["qweight"], parts["qzeros"], parts["scales"], self.group_size, module)
+        return (*unpack_awq(parts["qweight"], parts["qzeros"], parts["scales"], self.group_size, module), None)
 
     def kernel_group_size(self, k: int) -> int:
         """The group size ``pack_int4`` gets for an input size ``k`` (-1: one group of all of K)."""
@@ -135,17 +138,35 @@ def unpack_gptq(
     groups = _groups(k, group_size)
     _expect(scales, (groups, n), f"{module}.scales", f"[groups, N] for K={k}, group_size {group_size}")
     _expect(qzeros, (groups, -(-n // 8)), f"{module}.qzeros", f"[groups, N / 8] for K={k}, N={n}")
+    perm = None
     if g_idx is not None:
         _expect(g_idx, (k,), f"{module}.g_idx", f"[K] for K={k}")
-        if not torch.equal(g_idx.to(torch.int32), _group_of(k, group_size)):
-            raise ValueError(
-                f"{module}: g_idx is not k // group_size: an act-order (desc_act) GPTQ checkpoint, not "
-                "supported (quantize with desc_act=False, or static_groups=True)"
-            )
+        perm = _act_order_permutation(g_idx.to(torch.int64), k, group_size, groups, module)
     # [K/8, N, 8] -> [K/8, 8, N] -> [K, N]: input column 8i + j is nibble j of row i.
     codes = _nibbles(qweight).permute(0, 2, 1).reshape(k, n).T
     zeros = _nibbles(qzeros).reshape(groups, -1)[:, :n].T.float() + zero_offset  # [N, G]
-    return codes, scales.float().T, zeros
+    if perm is not None:
+        codes = codes[:, perm]  # groups contiguous: the kernels' layout
+    return codes, scales.float().T, zeros, perm
+
+
+def _act_order_permutation(
+    g_idx: torch.Tensor, k: int, group_size: int, groups: int, module: str
+) -> torch.Tensor | None:
+    """None when ``g_idx`` is k // group (the columns' own order); otherwise the input order in which
+    the groups are contiguous runs of ``group_size`` columns (act-order GPTQ cut its groups along its
+    permuted order), or an error for a g_idx no such order explains."""
+    if torch.equal(g_idx, _group_of(k, group_size).to(torch.int64)):
+        return None
+    g = k if group_size == -1 else group_size
+    expected = torch.full((groups,), g, dtype=torch.int64)
+    expected[-1] = k - g * (groups - 1)
+    if g_idx.min() < 0 or g_idx.max() >= groups or not torch.equal(torch.bincount(g_idx, minlength=groups), expected):
+        raise ValueError(
+            f"{module}: g_idx does not cut the inputs into groups of {g} columns (in any order): not a "
+            "GPTQ act-order layout loraplex can serve"
+        )
+    return torch.sort(g_idx, stable=True).indices
 
 
 def unpack_awq(
@@ -178,10 +199,18 @@ def _expect(t: torch.Tensor, shape: tuple[int, ...], name: str, what: str) -> No
 
 
 def fuse_int4(
-    spec: QuantizedCheckpoint, slices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], k: int
-) -> Int4Weight:
-    """The unpacked slices of one fused projection (q|k|v, gate|up: concatenated along N), packed."""
-    codes = torch.cat([c[:, :k] for c, _, _ in slices])
-    scales = torch.cat([s for _, s, _ in slices])
-    zeros = torch.cat([z for _, _, z in slices])
-    return pack_int4(codes, scales, zeros, spec.kernel_group_size(k))
+    spec: QuantizedCheckpoint, slices: list[Unpacked], k: int, names: list[str] | None = None
+) -> tuple[Int4Weight, torch.Tensor | None]:
+    """The unpacked slices of one fused projection (q|k|v, gate|up: concatenated along N), packed,
+    and their common input permutation (act-order GPTQ; the slices read one input, so one order)."""
+    perms = [p for *_, p in slices]
+    first = perms[0]
+    if any((p is None) != (first is None) or (p is not None and not torch.equal(p, first)) for p in perms):
+        raise ValueError(
+            f"{', '.join(names or [])}: act-order GPTQ slices of one fused projection with different input "
+            "orders (g_idx): not supported"
+        )
+    codes = torch.cat([c[:, :k] for c, _, _, _ in slices])
+    scales = torch.cat([s for _, s, _, _ in slices])
+    zeros = torch.cat([z for _, _, z, _ in slices])
+    return pack_int4(codes, scales, zeros, spec.kernel_group_size(k)), first

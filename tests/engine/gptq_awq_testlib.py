@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import torch
@@ -147,12 +148,13 @@ def write_quantized_checkpoint(
     group_size: int,
     *,
     desc_act: bool = False,
-    act_order: bool = False,
+    act_order: str | None = None,
     seed: int = 0,
 ) -> tuple[str, torch.nn.Module]:
     """The ``fmt`` ("gptq", "gptq_v2", "awq") checkpoint of the float checkpoint at ``base_dir``, and
     the HF model (float32) holding what it stands for. ``group_size`` -1: one group per row.
-    ``act_order``: a permuted g_idx (GPTQ only)."""
+    ``act_order`` (GPTQ only): a permuted g_idx, "shared" by the projections that read one input
+    (q/k/v, gate/up: what GPTQ computes, their Hessians being the same) or "per_module"."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
@@ -164,7 +166,13 @@ def write_quantized_checkpoint(
             w = module.weight.double()
             k = w.shape[1]
             g = k if group_size == -1 else group_size
-            g_idx = act_order_g_idx(k, g, seed + i) if act_order else torch.arange(k) // g
+            if act_order:
+                parent, leaf = name.rsplit(".", 1)
+                reads = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(leaf, leaf)
+                key = f"{parent}.{reads}" if act_order == "shared" else name
+                g_idx = act_order_g_idx(k, g, seed + zlib.crc32(key.encode()))
+            else:
+                g_idx = torch.arange(k) // g
             groups = -(-k // g)
             q, zero, scale16 = rtn_quantize(w, g_idx, groups, ZERO_RANGE[fmt], seed + i)
             parts = pack_awq(q, zero, scale16) if fmt == "awq" else pack_gptq(q, zero, scale16, g_idx, fmt)

@@ -105,11 +105,29 @@ def test_desc_act_with_static_groups_loads(model_factory, tmp_path):
     assert _rel(prefill_logits(LLM(model=ckpt, dtype="float32", kernel_backend="cpu"), toks), ref) <= TOL
 
 
-@pytest.mark.parametrize("desc_act", [True, False])
-def test_act_order_g_idx_is_refused(model_factory, tmp_path, desc_act):
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_act_order_checkpoint_serves_its_dequantized_model(model_factory, tmp_path, backend):
+    """desc_act with a permuted g_idx: the groups are runs of the permuted input order, so the
+    engine stores the codes in that order and permutes each projection's input to match (the
+    projections that read one input, q/k/v and gate/up, share it as GPTQ computes them)."""
     base = model_factory("llama_gqa")
-    ckpt, _ = write_quantized_checkpoint(base, tmp_path / "q", "gptq", 32, desc_act=desc_act, act_order=True)
-    with pytest.raises(ValueError, match=r"q_proj.*act-order"):
+    ckpt, oracle = write_quantized_checkpoint(base, tmp_path / "q", "gptq", 32, desc_act=True, act_order="shared")
+    ref_dir = _oracle_dir(oracle, tmp_path / "oracle")
+    llm = LLM(model=ckpt, dtype="float32", kernel_backend=backend)
+    assert llm.engine.runner.model.layers[0].mlp.down_proj.q4_perm is not None
+    toks = _tokens(40, 700, seed=3)
+    ref = hf_logits(ref_dir, toks)
+    rel = _rel(prefill_logits(llm, toks), ref)
+    assert rel <= TOL < _rel(hf_logits(base, toks), ref), rel
+    prompts = [_tokens(n, 700, seed=s) for s, n in enumerate((4, 11))]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy(ref_dir, prompts, 8)
+
+
+def test_act_order_with_different_orders_in_one_fused_projection_is_refused(model_factory, tmp_path):
+    base = model_factory("llama_gqa")
+    ckpt, _ = write_quantized_checkpoint(base, tmp_path / "q", "gptq", 32, desc_act=True, act_order="per_module")
+    with pytest.raises(ValueError, match=r"q_proj.*k_proj.*different input orders"):
         LLM(model=ckpt, dtype="float32")
 
 
@@ -155,6 +173,11 @@ BAD = {
     "gptq_scales_outputs": ("gptq", lambda c: _edit_tensor(c, f"{Q}.scales", lambda t: t[:, :56]), rf"{Q}.*scales"),
     "gptq_qzeros_outputs": ("gptq", lambda c: _edit_tensor(c, f"{Q}.qzeros", lambda t: t[:, :7]), rf"{Q}.*qzeros"),
     "gptq_qweight_inputs": ("gptq", lambda c: _edit_tensor(c, f"{DOWN}.qweight", lambda t: t[:8]), rf"{DOWN}"),
+    "gptq_g_idx_uneven_groups": (
+        "gptq",
+        lambda c: _edit_tensor(c, f"{Q}.g_idx", lambda t: torch.cat([t[:1] * 0 + 1, t[1:]])),
+        rf"{Q}: g_idx does not cut the inputs into groups of 32",
+    ),
     "gptq_g_idx_length": ("gptq", lambda c: _edit_tensor(c, f"{Q}.g_idx", lambda t: t[:32]), rf"{Q}.*g_idx"),
     "awq_scales_outputs": ("awq", lambda c: _edit_tensor(c, f"{Q}.scales", lambda t: t[:, :56]), rf"{Q}.*scales"),
     "awq_qzeros_groups": ("awq", lambda c: _edit_tensor(c, f"{DOWN}.qzeros", lambda t: t[:3]), rf"{DOWN}.*qzeros"),
