@@ -19,12 +19,15 @@ is: the codes are the checkpoint's, not re-quantized. GPTQ v1's offset: a stored
 a stored 15 is a zero point of 16, which the float offsets hold exactly); v2's zero points are 0..15.
 
 Supported: bits 4; group sizes that are multiples of 32 (the kernels' chunk) or -1 (one group per
-row); GPTQ "gptq" (also what a config without ``checkpoint_format`` means) and "gptq_v2", with or
-without ``desc_act`` as long as ``g_idx`` is k // group (``static_groups``: the groups were cut in
-the stored column order); AWQ "gemm" with zero points. Refused with an error naming the layer or
-the config key: other bits, group sizes, methods, GPTQ formats (marlin...) and AWQ versions (gemv),
-AWQ without zero points, act-order GPTQ whose ``g_idx`` really permutes the groups (it would need a
-column permutation of every projection's input), tensors of the wrong dtype or shape.
+row); GPTQ "gptq" (also what a config without ``checkpoint_format`` means) and "gptq_v2"; GPTQ
+act-order (``desc_act``): a ``g_idx`` of k // group (static groups) is an ordinary checkpoint, and a
+permuted one whose groups are runs of ``group`` columns in some input order (what act-order
+writes) is served by storing the codes in that order and permuting the projection's input to it
+(``Projection.q4_perm``; the fused q|k|v and gate|up slices must share the order, as GPTQ gives
+projections that read one input); AWQ "gemm" with zero points. Refused with an error naming the
+layer or the config key: other bits, group sizes, methods, GPTQ formats (marlin...) and AWQ
+versions (gemv), AWQ without zero points, a ``g_idx`` that cuts no such groups, fused slices with
+different orders, ``desc_act`` without ``g_idx``, tensors of the wrong dtype or shape.
 """
 
 from __future__ import annotations
