@@ -44,7 +44,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word nibble j holds output column AWQ_OR
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 # (codes [N, K], scales [N, G], zeros [N, G], input permutation [K] or None)
-Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def unpack_gptq(
     group_size: int,
     zero_offset: int,
     module: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Unpacked:
     k8, n = _shape(qweight, 2, f"{module}.qweight")
     k = k8 * 8
     groups = _groups(k, group_size)
@@ -201,6 +201,12 @@ def _expect(t: torch.Tensor, shape: tuple[int, ...], name: str, what: str) -> No
         raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {list(shape)} ({what})")
 
 
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a, b)
+
+
 def fuse_int4(
     spec: QuantizedCheckpoint, slices: list[Unpacked], k: int, names: list[str] | None = None
 ) -> tuple[Int4Weight, torch.Tensor | None]:
@@ -208,7 +214,7 @@ def fuse_int4(
     and their common input permutation (act-order GPTQ; the slices read one input, so one order)."""
     perms = [p for *_, p in slices]
     first = perms[0]
-    if any((p is None) != (first is None) or (p is not None and not torch.equal(p, first)) for p in perms):
+    if any(not _same_order(p, first) for p in perms):
         raise ValueError(
             f"{', '.join(names or [])}: act-order GPTQ slices of one fused projection with different input "
             "orders (g_idx): not supported"
