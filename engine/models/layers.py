@@ -133,6 +133,10 @@ class Projection(nn.Module):
         self.register_buffer("q4_codes", None)
         self.register_buffer("q4_scales", None)
         self.register_buffer("q4_offsets", None)
+        # An act-order GPTQ checkpoint's input permutation: the codes' column j is input column
+        # q4_perm[j] (groups are contiguous only in that order); None: the inputs' own order.
+        self.q4_perm: torch.Tensor | None
+        self.register_buffer("q4_perm", None)
         self.act_dtype: torch.dtype | None = None
         # The kernel backend's own copy of ``weight`` (``KernelOps.pack_linear_weight``: on the
         # native CPU kernels, oneDNN's blocked copy of a bf16 weight, which then replaces ``weight``
@@ -155,15 +159,19 @@ class Projection(nn.Module):
         assert w is not None, "Projection has neither a float, an int8, an int4 nor a packed weight"
         return w.device
 
-    def set_int4(self, weight: Int4Weight, act_dtype: torch.dtype) -> None:
-        """Serve this projection from 4-bit codes (the float weight is dropped)."""
+    def set_int4(self, weight: Int4Weight, act_dtype: torch.dtype, input_perm: torch.Tensor | None = None) -> None:
+        """Serve this projection from 4-bit codes (the float weight is dropped); ``input_perm``: the
+        order of the input columns the codes are stored in (act-order GPTQ), None for their own."""
         out, kp = weight.codes.shape[0], weight.codes.shape[1] * 2
         if out != self.slice_offsets[-1] or kp < self.in_features:
             raise ValueError(
                 f"int4 weight [{out}, {kp}] does not fit projection [{self.slice_offsets[-1]}, {self.in_features}]"
             )
         self.weight = None
+        if input_perm is not None and tuple(input_perm.shape) != (self.in_features,):
+            raise ValueError(f"int4 input permutation of {tuple(input_perm.shape)} for {self.in_features} inputs")
         self.q4_codes, self.q4_scales, self.q4_offsets = weight
+        self.q4_perm = None if input_perm is None else input_perm.to(torch.int64)
         self.act_dtype = act_dtype
 
     def int4_weight(self) -> Int4Weight | None:
@@ -197,7 +205,8 @@ class Projection(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q4 = self.int4_weight()
         if q4 is not None:
-            y = batch.ops.int4_linear(x, q4, self.bias)
+            xq = x if self.q4_perm is None else x.index_select(-1, self.q4_perm)
+            y = batch.ops.int4_linear(xq, q4, self.bias)  # LoRA below reads x in its own order
         elif self.qweight is not None:
             assert self.wscale is not None
             y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)

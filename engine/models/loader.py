@@ -117,16 +117,20 @@ def _install_int4(
         for ours, hf_modules in by_ours.items():
             proj = model.get_submodule(f"layers.{i}.{ours}")
             assert isinstance(proj, Projection)
-            slices = []
+            slices, names = [], []
             for _, hf in sorted(hf_modules):
                 if hf not in quantized:
                     raise ValueError(f"{cfg.name_or_path}: {spec.method} checkpoint has no 4-bit tensors for {hf}")
-                codes, scales, zeros = spec.to_int4(quantized[hf], hf)
-                if codes.shape[1] < proj.in_features:
-                    raise ValueError(f"{hf}: 4-bit weight has {codes.shape[1]} inputs, the model {proj.in_features}")
-                slices.append((codes, scales, zeros))
+                unpacked = spec.to_int4(quantized[hf], hf)
+                if unpacked[0].shape[1] < proj.in_features:
+                    raise ValueError(
+                        f"{hf}: 4-bit weight has {unpacked[0].shape[1]} inputs, the model {proj.in_features}"
+                    )
+                slices.append(unpacked)
+                names.append(hf)
                 used.add(hf)
-            proj.set_int4(fuse_int4(spec, slices, proj.in_features), dtype)
+            weight, perm = fuse_int4(spec, slices, proj.in_features, names)
+            proj.set_int4(weight, dtype, perm)
     extra = sorted(set(quantized) - used)
     if extra:
         raise ValueError(f"unexpected 4-bit tensors in checkpoint, e.g. {extra[:3]}")

@@ -84,8 +84,10 @@ def quantize_head_and_embedding_int8(model: LlamaForCausalLM, act_dtype: torch.d
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's weights (parameters and persistent buffers, each shared tensor once);
-    computed tables (rotary cos/sin) and LoRA slots are not weights."""
+    """Bytes of the model's weights (parameters and persistent buffers, each shared tensor once),
+    plus the kernel backend's packed copies (``Projection.packed``, the model's ``packed_head``:
+    oneDNN's blocked bf16 weight replaces the plain one, and a bf16-exact float32 model keeps bf16
+    panels beside its weights); computed tables (rotary cos/sin) and LoRA slots are not weights."""
     seen: set[int] = set()
     total = 0
     for t in model.state_dict().values():
@@ -93,4 +95,10 @@ def weight_bytes(model: nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
+    for module in model.modules():
+        for attr in ("packed", "packed_head"):
+            t = getattr(module, attr, None)
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))  # an opaque oneDNN tensor has no data pointer to ask
+                total += int(torch.ops.mkldnn._nbytes(t)) if t.is_mkldnn else t.numel() * t.element_size()
     return total

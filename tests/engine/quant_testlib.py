@@ -1,4 +1,5 @@
-"""Helpers for the INT8 tests: full-sequence logits of our model (one prefill forward)."""
+"""Helpers for the INT8/INT4 tests: full-sequence logits of our model (one prefill forward), and the
+HF checkpoint holding what ``quantization="int4"`` makes of a float one."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import torch
 
 from loraplex.engine import LLM
 from loraplex.engine.models.forward_batch import ForwardBatch
-from loraplex.kernels import make_lora_segments
+from loraplex.kernels import dequantize_int4, make_lora_segments, pack_int4, quantize_int4
+from loraplex.kernels.int8 import dequantize_int8, quantize_per_channel_int8
+
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @torch.inference_mode()
@@ -44,3 +48,24 @@ def hf_logits(model_dir: str, tokens: list[int]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         return model(torch.tensor([tokens])).logits[0].float()
+
+
+def int4_dequantized_checkpoint(model_dir: str, out_dir, group_size: int) -> str:
+    """The HF model with every decoder linear's weight replaced by its int4 round trip and the
+    head (and embedding) by its per-row int8 round trip: what the engine's int4 model computes."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in DECODER_LINEARS:
+                w = module.weight
+                packed = pack_int4(*quantize_int4(w, group_size), group_size)
+                w.copy_(dequantize_int4(packed, w.shape[1]))
+        head = model.get_output_embeddings().weight
+        head.copy_(dequantize_int8(*quantize_per_channel_int8(head), torch.float32))
+        emb = model.get_input_embeddings().weight
+        if emb.data_ptr() != head.data_ptr():
+            emb.copy_(dequantize_int8(*quantize_per_channel_int8(emb), torch.float32))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return str(out_dir)

@@ -9,41 +9,15 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from quant_testlib import hf_logits, prefill_logits
+from quant_testlib import hf_logits, int4_dequantized_checkpoint, prefill_logits
 
 from loraplex.engine import LLM, EngineConfig
 from loraplex.engine.models.quantization import weight_bytes
-from loraplex.kernels import dequantize_int4, pack_int4, quantize_int4
-from loraplex.kernels.int8 import dequantize_int8, quantize_per_channel_int8
-
-DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(5, vocab) for _ in range(n)]
-
-
-def _dequantized_checkpoint(model_dir: str, out_dir, group_size: int) -> str:
-    """The HF model with every decoder linear's weight replaced by its int4 round trip and the
-    head (and embedding) by its per-row int8 round trip: what the engine's int4 model computes."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in DECODER_LINEARS:
-                w = module.weight
-                packed = pack_int4(*quantize_int4(w, group_size), group_size)
-                w.copy_(dequantize_int4(packed, w.shape[1]))
-        head = model.get_output_embeddings().weight
-        head.copy_(dequantize_int8(*quantize_per_channel_int8(head), torch.float32))
-        emb = model.get_input_embeddings().weight
-        if emb.data_ptr() != head.data_ptr():
-            emb.copy_(dequantize_int8(*quantize_per_channel_int8(emb), torch.float32))
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return str(out_dir)
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa", "qwen2_bias", "llama3_rope_tied"])
@@ -58,7 +32,7 @@ def test_int4_logits_are_the_dequantized_models(model_factory, tmp_path, variant
     ratio = weight_bytes(int4.engine.runner.model) / weight_bytes(fp32.engine.runner.model)
     assert ratio <= 0.4, f"int4 weights are {ratio:.2f}x fp32"
     toks = _tokens(40, 700)
-    ref = hf_logits(_dequantized_checkpoint(model_dir, tmp_path / "deq", group), toks)
+    ref = hf_logits(int4_dequantized_checkpoint(model_dir, tmp_path / "deq", group), toks)
     ours = prefill_logits(int4, toks)
     # Same numbers up to summation order; a wrong layer, group or zero point is off by far more
     # (the plain fp32 model, the control below, differs by the quantization error itself).

@@ -19,7 +19,7 @@ from loraplex.kernels import (
     quantize_int4,
 )
 
-# (M rows, K in, N out, group): decode rows (1, 3, odd counts that leave a partial 4-row tile),
+# (M rows, K in, N out, group): decode rows (1, 3, odd counts that leave a partial row tile),
 # K not a multiple of the group (a partial last group) and not of 32, odd N, and rows past
 # cpu_int4.DIRECT_MAX_ROWS (the dequantize + dense GEMM path).
 SHAPES = [
@@ -122,6 +122,17 @@ def test_reference_torch_and_native_paths_match_oracle(m, k, n, group, dtype):
     ):
         assert y.dtype == dtype and y.shape == (m, n), name
         assert (y.double() - exp).abs().max().item() <= tol * scale, (name, m, k, n, group)
+
+
+def test_native_kernel_every_decode_row_count():
+    """Every row count the direct kernel takes (whole 4-row tiles and every remainder tile), each
+    row against the float64 oracle."""
+    _, x, b, q, packed = _case(cpu_int4.DIRECT_MAX_ROWS, 160, 24, 32, bias=True, seed=4)
+    exp = _oracle(x, q, b, 32)
+    ops = get_kernel_ops("cpu")
+    for m in range(1, cpu_int4.DIRECT_MAX_ROWS + 1):
+        y = ops.int4_linear(x[:m], packed, b)
+        assert (y.double() - exp[:m]).abs().max().item() <= 2e-5 * exp.abs().max().item(), m
 
 
 def test_leading_dims_and_empty_batches():
