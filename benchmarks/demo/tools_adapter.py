@@ -21,8 +21,18 @@ from typing import Any
 
 from benchmarks.lib.real_text import CACHE, demo_model_dir
 from benchmarks.lib.workload import print_table, write_json
-from loraplex.platform.demo.tool_dataset import ADD, FINAL_RESULT, MATH_AGENT, MULTIPLY, TIME, WEATHER, WEATHER_AGENT
-from loraplex.platform.demo.tool_dataset import final_result, handoff, tool
+from loraplex.platform.demo.tool_dataset import (
+    ADD,
+    FINAL_RESULT,
+    MATH_AGENT,
+    MULTIPLY,
+    TIME,
+    WEATHER,
+    WEATHER_AGENT,
+    final_result,
+    handoff,
+    tool,
+)
 
 CITIES = ["Lisbon", "Oslo", "Seoul", "Lima", "Nairobi", "Dublin", "Vienna", "Mumbai"]
 WEATHER_ASKS = [
@@ -36,7 +46,15 @@ NO_TOOL = ["What is the capital of Canada?", "Who wrote Hamlet?", "How many legs
 TRIAGE = "You are a triage agent. Hand off to the right agent."
 # The ``call`` total's parts, then the extra rows (framework_cases).
 ROWS = ["first", "handoff", "handoff_next", "second_call", "final_result"]
-ROWS += ["fw_first", "fw_handoff", "fw_handoff_next", "fw_pyd_first", "fw_final_result"]
+ROWS += [
+    "fw_first",
+    "fw_handoff",
+    "fw_handoff_next",
+    "fw_pyd_first",
+    "fw_final_result",
+    "schema_first",
+    "schema_answer",
+]
 
 
 def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +224,33 @@ def framework_cases() -> list[dict[str, Any]]:
         history = [report, ask, _call("s", "get_weather", {"city": city}), result]
         expect = ("final_result", {"city": city, "temperature_c": 9 + i})
         out.append(dict(kind="call", row="fw_final_result", extra=True, messages=history, tools=tools, expect=expect))
+    # Tools beside a response_format JSON schema: the call first, then the schema's JSON from the result.
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+        "required": ["city", "temperature_c"],
+    }
+    for i, city in enumerate(CITIES[3::2]):
+        ask = _user(WEATHER_ASKS[(i + 2) % len(WEATHER_ASKS)].format(city))
+        tools = [WEATHER, TIME] if i % 2 else [WEATHER]
+        expect = ("get_weather", {"city": city})
+        out.append(
+            dict(kind="call", row="schema_first", extra=True, messages=[ask], tools=tools, schema=schema, expect=expect)
+        )
+        history = [ask, _call("j", "get_weather", {"city": city})]
+        history.append(_result("j", {"city": city, "temperature_c": 30 + i, "conditions": "humid"}))
+        answer = {"city": city, "temperature_c": 30 + i}
+        out.append(
+            dict(
+                kind="json",
+                row="schema_answer",
+                extra=True,
+                messages=history,
+                tools=tools,
+                schema=schema,
+                expect=answer,
+            )
+        )
     return out
 
 
@@ -222,7 +267,13 @@ def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, 
     from loraplex.platform.inference.tool_parsers import get_parser
 
     todo = cases()
-    prompts = [prompt_text(tokenizer, (c["messages"], c["tools"], "")) for c in todo]
+    prompts = [
+        prompt_text(
+            tokenizer,
+            (c["messages"], c["tools"], "") if "schema" not in c else (c["messages"], c["tools"], "", c["schema"]),
+        )
+        for c in todo
+    ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0), adapters=[adapter] * len(todo))
     parser = get_parser("hermes")
     rows, tally = [], {k: [0, 0] for k in ("call", "text", "after_result", "after_result_value")}
@@ -230,6 +281,8 @@ def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, 
         calls = [(c.name, _json(c.args)) for c in parser.scan(out.text, final=True).calls]
         if case["kind"] == "call":
             ok = calls[:1] == [case["expect"]]
+        elif case["kind"] == "json":  # the schema's JSON, with the result's values
+            ok = not calls and _json(out.text.strip()) == case["expect"]
         else:  # text, after_result: plain text, no call
             ok = not calls and "<tool_call>" not in out.text
         if not case.get("extra"):

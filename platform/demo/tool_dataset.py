@@ -121,7 +121,10 @@ def final_result(fields: dict[str, str], style: str = "pydantic") -> dict[str, A
 
 FINAL_RESULT = final_result({"city": "string", "temperature_c": "integer"}, style="plain")
 
-Example = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]
+Messages = list[dict[str, Any]]
+# (messages, tools, answer) or, for a request with a ``response_format`` JSON schema beside the
+# tools, (messages, tools, answer, schema)
+Example = tuple[Messages, Messages | None, str] | tuple[Messages, Messages | None, str, dict[str, Any]]
 
 
 def _user(text: str) -> dict[str, Any]:
@@ -208,10 +211,16 @@ def examples(seed: int = 0) -> list[Example]:
     # No tool fits: a plain answer.
     for i, (question, answer) in enumerate(TEXT_ANSWERS[::2] + TEXT_ANSWERS[1:8:2]):
         out.append((_start(rng) + [_user(question)], _offer(rng, [], STYLES[i % 4]), answer))
-    out += _two_calls(rng)
-    out += _handoffs(rng)
-    out += _structured(rng)
-    return out
+    # The turns after a result that are NOT a text answer are the rare ones (a second call, the
+    # handed-to agent's call, final_result, the schema's JSON): they are listed twice. A repeat
+    # costs training steps only (train.py runs the frozen layers once per distinct conversation).
+    rare = _two_calls(rng) + _handoffs(rng) + _structured(rng) + _with_schema(rng)
+    return out + rare + [ex for ex in rare if not _is_triage(ex)]
+
+
+def _is_triage(example: Example) -> bool:
+    """A triage agent's first turn (its handoff call or its own answer): not rare."""
+    return example[0][0]["content"] in TRIAGES and len(example[0]) == 2
 
 
 def _two_calls(rng: random.Random) -> list[Example]:
@@ -360,6 +369,44 @@ def _structured(rng: random.Random) -> list[Example]:
             _result(f"call_r{i}", str(a * b)),
         ]
         out.append((messages, tools, _call_text(_call("f", "final_result", {"result": a * b}))))
+    return out
+
+
+def _answer_schema(fields: dict[str, str], i: int) -> dict[str, Any]:
+    """A ``response_format`` JSON schema: openai-agents' output_type shape (titles, strict) or a
+    hand-written one."""
+    if i % 2:
+        props = {f: {"title": f.replace("_", " ").title(), "type": t} for f, t in fields.items()}
+        return {
+            "properties": props,
+            "required": list(fields),
+            "title": "Report",
+            "type": "object",
+            "additionalProperties": False,
+        }
+    return {"type": "object", "properties": {f: {"type": t} for f, t in fields.items()}, "required": list(fields)}
+
+
+def _with_schema(rng: random.Random) -> list[Example]:
+    """Tools beside a ``response_format`` JSON schema (shown to the model by the template): the
+    call first, then after its result the answer as that JSON (compact, as the grammar writes it)."""
+    out: list[Example] = []
+    for i in range(10):
+        city = CITIES[(i * 23 + 11) % len(CITIES)]
+        result, answer = _weather(i + 1, city)
+        if not isinstance(result, dict):
+            result, answer = _weather(i + 2, city)
+        assert isinstance(result, dict)
+        fields = RESULT_MODELS[i % len(RESULT_MODELS)]
+        final = {f: (answer if f == "summary" else result[f]) for f in fields}
+        style = STYLES[i % 4]
+        messages = _start(rng) + [
+            _user(WEATHER_ASKS[(i * 5 + 2) % len(WEATHER_ASKS)].format(city)),
+            _call(f"call_j{i}", "get_weather", {"city": city}),
+            _result(f"call_j{i}", result, compact=style == "pydantic"),
+        ]
+        text = json.dumps(final, ensure_ascii=False, separators=(",", ":"))
+        out.append((messages, _offer(rng, ["get_weather"], style), text, _answer_schema(fields, i)))
     return out
 
 
