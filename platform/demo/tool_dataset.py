@@ -11,12 +11,8 @@ as agent frameworks send them. With tools offered in the system prompt (the demo
 - a structured result through an output tool (``final_result``, as pydantic-ai names it) after the
   tool's result.
 
-The tools are offered in the shapes the frameworks send (openai-agents' strict schemas with titles,
-pydantic-ai's, LangChain's, LlamaIndex's signature descriptions; measured by recording their
-requests) and the results come back as they return them (spaced or compact JSON, plain strings).
-Words are in platform/demo/tool_phrasings.py. Every assistant turn of a conversation is a training
-target (platform/demo/encode.py). Cities, numbers and phrasings the tests and
-benchmarks/demo/tools_adapter.py ask about are NOT in here.
+Every assistant turn of a conversation is a training target (platform/demo/encode.py). Cities,
+numbers and phrasings the tests and benchmarks/demo/tools_adapter.py ask about are NOT in here.
 """
 
 from __future__ import annotations
@@ -26,104 +22,94 @@ import random
 from typing import Any
 
 from loraplex.platform.demo.chat_template import DEFAULT_SYSTEM, tool_call_text
-from loraplex.platform.demo.tool_phrasings import (
-    CITIES,
-    CONDITIONS,
-    MATH_ASKS,
-    SYSTEMS,
-    TEXT_ANSWERS,
-    TIME_ASKS,
-    WEATHER_ASKS,
-)
-
-Params = dict[str, tuple[str, str]]
-STYLES = ["plain", "agents", "pydantic", "langchain", "llamaindex"]
 
 
-def _tool(name: str, description: str, params: Params, style: str = "plain") -> dict[str, Any]:
-    """A function tool as a framework sends it: ``plain`` (the README's), ``agents`` (openai-agents:
-    strict, titles), ``pydantic`` (pydantic-ai), ``langchain``, ``llamaindex`` (the signature in the
-    description)."""
-    required = list(params)
-    if style == "plain":
-        props = {p: {"type": t, "description": d} for p, (t, d) in params.items()}
-        schema: dict[str, Any] = {"type": "object", "properties": props, "required": required}
-        return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
-    if style in ("agents", "llamaindex"):
-        props = {p: {"title": p.capitalize(), "type": t} for p, (t, _d) in params.items()}
-        schema = {"properties": props, "required": required, "type": "object", "additionalProperties": False}
-        if style == "agents":
-            schema = {"properties": props, "required": required, "title": f"{name}_args", "type": "object"}
-            schema["additionalProperties"] = False
-        else:
-            signature = ", ".join(f"{p}: 'float'" if t == "number" else f"{p}: 'str'" for p, (t, _d) in params.items())
-            ret = "'float'" if all(t == "number" for t, _d in params.values()) else "'str'"
-            description = f"{name}({signature}) -> {ret}\n{description.rstrip('.')}"
-        function = {"name": name, "description": description, "parameters": schema, "strict": style == "agents"}
-        return {"type": "function", "function": function}
-    props = {p: {"type": t} for p, (t, _d) in params.items()}
-    if style == "pydantic":
-        schema = {"additionalProperties": False, "properties": props, "required": required, "type": "object"}
-        return {
-            "type": "function",
-            "function": {"name": name, "description": description, "parameters": schema, "strict": True},
-        }
-    schema = {"properties": props, "required": required, "type": "object"}  # langchain
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+def _tool(name: str, description: str, params: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": t, "description": d} for p, (t, d) in params.items()},
+                "required": list(params),
+            },
+        },
+    }
 
 
-def handoff(agent: str, style: str = "plain") -> dict[str, Any]:
-    """A handoff tool as openai-agents offers it (no arguments; ``agents``: exactly its wording)."""
+def handoff(agent: str) -> dict[str, Any]:
+    """A handoff tool as openai-agents offers it (no arguments)."""
     name = "transfer_to_" + agent.lower().replace(" ", "_")
-    schema: dict[str, Any] = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
-    if style == "plain":
-        function = {"name": name, "description": f"Handoff to the {agent} agent to handle the request. "}
-        return {"type": "function", "function": {**function, "parameters": schema}}
-    schema = {"additionalProperties": False, "type": "object", "properties": {}, "required": []}
-    function = {"name": name, "description": f"Handoff to the {agent} agent to handle the request. "}
-    return {"type": "function", "function": {**function, "parameters": schema, "strict": True}}
-
-
-_CITY: Params = {"city": ("string", "The city name")}
-_AB: Params = {"a": ("number", "first"), "b": ("number", "second")}
-_DESCRIPTIONS = {
-    "get_weather": ("Get the current weather in a city", _CITY),
-    "get_time": ("Get the current local time in a city", _CITY),
-    "multiply": ("Multiply two numbers", _AB),
-    "add": ("Add two numbers", _AB),
-}
-
-
-def tool(name: str, style: str = "plain") -> dict[str, Any]:
-    description, params = _DESCRIPTIONS[name]
-    return _tool(name, description if style == "plain" else description + ".", params, style)
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"Handoff to the {agent} agent to handle the request. ",
+            "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        },
+    }
 
 
 # The README's tool is get_weather with a `city` argument; the others are there so the adapter
 # learns to choose by what the question asks, not to call whatever is offered.
-WEATHER, TIME, MULTIPLY, ADD = (tool(n) for n in ("get_weather", "get_time", "multiply", "add"))
+WEATHER = _tool("get_weather", "Get the current weather in a city", {"city": ("string", "The city name")})
+TIME = _tool("get_time", "Get the current local time in a city", {"city": ("string", "The city name")})
+MULTIPLY = _tool("multiply", "Multiply two numbers", {"a": ("number", "first"), "b": ("number", "second")})
+ADD = _tool("add", "Add two numbers", {"a": ("number", "first"), "b": ("number", "second")})
 WEATHER_AGENT, MATH_AGENT = handoff("Weather agent"), handoff("Math agent")
-
-
-def final_result(fields: dict[str, str], style: str = "pydantic") -> dict[str, Any]:
-    """pydantic-ai's output tool for a result model with these fields (name -> JSON type)."""
-    props = {f: {"type": t} for f, t in fields.items()}
-    schema: dict[str, Any] = {"properties": props, "required": list(fields), "type": "object"}
-    function: dict[str, Any] = {
+FINAL_RESULT = {
+    "type": "function",
+    "function": {
         "name": "final_result",
         "description": "The final response which ends this conversation",
-    }
-    if style == "pydantic":
-        schema["additionalProperties"] = False
-        return {"type": "function", "function": {**function, "parameters": schema, "strict": True}}
-    return {"type": "function", "function": {**function, "parameters": schema}}
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+            "required": ["city", "temperature_c"],
+        },
+    },
+}
+DISTRACTORS = [WEATHER, TIME, MULTIPLY, ADD]
 
-
-FINAL_RESULT = final_result({"city": "string", "temperature_c": "integer"}, style="plain")
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney", "Cairo", "Toronto"]
+WEATHER_ASKS = [
+    "What's the weather in {}?",
+    "What is the weather like in {} today?",
+    "Is it raining in {}?",
+    "How hot is it in {} right now?",
+    "Do I need an umbrella in {} today?",
+    "Tell me the weather in {}.",
+    "How cold is it in {}?",
+    "Is it sunny in {}?",
+    "What's the temperature in {} right now?",
+    "Weather in {}, please.",
+]
+TIME_ASKS = ["What time is it in {}?", "What's the local time in {}?", "Tell me the current time in {}."]
+MATH_ASKS = [("What is {} times {}?", "multiply"), ("Multiply {} by {}.", "multiply"), ("What is {} plus {}?", "add")]
+# Questions no offered tool answers: plain English text, as the base model would answer.
+TEXT_ANSWERS = [
+    ("What is the capital of Italy?", "The capital of Italy is Rome."),
+    ("How many days are in a week?", "There are seven days in a week."),
+    ("What color is grass?", "Grass is green."),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
+    ("Tell me a fun fact.", "Octopuses have three hearts."),
+    ("What do bees make?", "Bees make honey."),
+    ("Say hello.", "Hello! How can I help you today?"),
+    ("What is the largest ocean?", "The Pacific Ocean is the largest ocean."),
+    ("Can you recommend a good book?", "Try The Little Prince by Antoine de Saint-Exupery."),
+    ("What animal says moo?", "A cow says moo."),
+    ("How many continents are there?", "There are seven continents."),
+    ("Thanks!", "You're welcome!"),
+]
+# What agents put in the system prompt (the framework's instructions); None: the template's default.
+SYSTEMS = [None, None, "You are a helpful assistant.", "Answer briefly.", "You are a helpful agent. Use the tools."]
+CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
 Messages = list[dict[str, Any]]
 # (messages, tools, answer) or, for a request with a ``response_format`` JSON schema beside the
-# tools, (messages, tools, answer, schema)
+# tools, (messages, tools, answer, schema): the template shows the schema (encode.prompt_text)
 Example = tuple[Messages, Messages | None, str] | tuple[Messages, Messages | None, str, dict[str, Any]]
 
 
@@ -136,22 +122,17 @@ def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def _result(call_id: str, content: Any, compact: bool = False) -> dict[str, Any]:
-    if isinstance(content, str):
-        text = content
-    else:
-        text = json.dumps(content, ensure_ascii=False, separators=(",", ":") if compact else None)
+def _result(call_id: str, content: Any) -> dict[str, Any]:
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _offer(rng: random.Random, needed: list[str], style: str, extra: int | None = None) -> list[dict[str, Any]]:
-    """The needed tools plus up to one other (two when none is needed), in a random order."""
-    others = [n for n in _DESCRIPTIONS if n not in needed]
-    names = needed + rng.sample(
-        others, extra if extra is not None else rng.randint(0 if needed else 1, 1 if needed else 2)
-    )
-    rng.shuffle(names)
-    return [tool(n, style) for n in names]
+def _offer(rng: random.Random, needed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The needed tools plus up to two others, in a random order."""
+    others = [t for t in DISTRACTORS if t not in needed]
+    tools = needed + rng.sample(others, rng.randint(0 if needed else 1, 2))
+    rng.shuffle(tools)
+    return tools
 
 
 def _start(rng: random.Random, system: str | None = None) -> list[dict[str, Any]]:
@@ -159,24 +140,17 @@ def _start(rng: random.Random, system: str | None = None) -> list[dict[str, Any]
     return [] if system is None else [{"role": "system", "content": system}]
 
 
-def _weather(i: int, city: str) -> tuple[dict[str, Any] | str, str]:
+def _weather(rng: random.Random, i: int, city: str) -> tuple[dict[str, Any] | str, str]:
     """A weather result (JSON or a framework's plain string) and the answer written from it."""
-    degrees, cond = -4 + (i * 7) % 38, CONDITIONS[i % len(CONDITIONS)]
-    if degrees in (4, 11, 12, 13, 14, 15, 16, 17, 18, 23):  # the held-out results' numbers
-        degrees += 20
-    if i % 4 == 3:
+    degrees, cond = 3 + (i * 7) % 27, CONDITIONS[i % len(CONDITIONS)]
+    if i % 3 == 2:
         return f"{cond.capitalize()}, {degrees} °C", f"It is {cond} and {degrees} °C in {city}."
-    answer = f"It is {degrees} °C and {cond} in {city}." if i % 2 else f"In {city} it is {cond}, {degrees} °C."
-    return {"city": city, "temperature_c": degrees, "conditions": cond}, answer
+    return {"city": city, "temperature_c": degrees, "conditions": cond}, f"It is {degrees} °C and {cond} in {city}."
 
 
 def _time(i: int, city: str) -> tuple[dict[str, Any], str]:
-    clock = f"{(7 + 5 * i) % 24:02d}:{(13 * i + 2) % 60:02d}"
+    clock = f"{(7 + 5 * i) % 24:02d}:{(13 * i) % 60:02d}"
     return {"city": city, "time": clock}, f"It is {clock} in {city}."
-
-
-def _number(value: float, style: str) -> str:
-    return f"{float(value)}" if style == "llamaindex" else str(value)
 
 
 def examples(seed: int = 0) -> list[Example]:
@@ -184,70 +158,47 @@ def examples(seed: int = 0) -> list[Example]:
     rng = random.Random(seed)
     out: list[Example] = []
     # One call, its result, the answer (and so also the call alone: the call turn is a target too).
-    for i in range(36):
-        city, ask, style = CITIES[(i * 7) % len(CITIES)], WEATHER_ASKS[i % len(WEATHER_ASKS)], STYLES[i % 4]
-        result, answer = _weather(i, city)
+    for i, ask in enumerate(WEATHER_ASKS * 2):
+        city = CITIES[(i * 3) % len(CITIES)]
+        result, answer = _weather(rng, i, city)
         messages = _start(rng) + [_user(ask.format(city)), _call(f"call_w{i}", "get_weather", {"city": city})]
-        messages.append(_result(f"call_w{i}", result, compact=style == "pydantic"))
-        out.append((messages, _offer(rng, ["get_weather"], style), answer))
-    for i in range(12):  # the weather tool offered too: choose by the question
-        city, ask, style = CITIES[(i * 11 + 3) % len(CITIES)], TIME_ASKS[i % len(TIME_ASKS)], STYLES[(i + 1) % 4]
+        out.append((messages + [_result(f"call_w{i}", result)], _offer(rng, [WEATHER]), answer))
+    for i, ask in enumerate(TIME_ASKS * 4):  # the weather tool offered too: choose by the question
+        city = CITIES[(i * 7 + 1) % len(CITIES)]
         result, answer = _time(i, city)
         messages = _start(rng) + [_user(ask.format(city)), _call(f"call_t{i}", "get_time", {"city": city})]
-        out.append(
-            (messages + [_result(f"call_t{i}", result)], _offer(rng, ["get_time", "get_weather"], style, 0), answer)
-        )
-    for i in range(12):
+        out.append((messages + [_result(f"call_t{i}", result)], _offer(rng, [TIME, WEATHER]), answer))
+    for i in range(9):
         ask, name = MATH_ASKS[i % len(MATH_ASKS)]
-        a, b = 3 + (i * 5) % 23, 2 + (i * 3) % 13
+        a, b = 3 + (i * 5) % 17, 2 + (i * 3) % 11
         value = a * b if name == "multiply" else a + b
         word = "times" if name == "multiply" else "plus"
-        style = ["plain", "llamaindex", "langchain", "agents"][i % 4]
         messages = _start(rng) + [_user(ask.format(a, b)), _call(f"call_m{i}", name, {"a": a, "b": b})]
-        other = "add" if name == "multiply" else "multiply"
-        needed = [name, other] if style == "llamaindex" else [name]
-        tools = _offer(rng, needed, style, 0 if style == "llamaindex" else None)
-        out.append((messages + [_result(f"call_m{i}", _number(value, style))], tools, f"{a} {word} {b} is {value}."))
+        tool = MULTIPLY if name == "multiply" else ADD
+        out.append((messages + [_result(f"call_m{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
     # No tool fits: a plain answer.
-    for i, (question, answer) in enumerate(TEXT_ANSWERS[::2] + TEXT_ANSWERS[1:8:2]):
-        out.append((_start(rng) + [_user(question)], _offer(rng, [], STYLES[i % 4]), answer))
-    # The turns after a result that are NOT a text answer are the rare ones (a second call, the
-    # handed-to agent's call, final_result, the schema's JSON): they are listed twice. A repeat
-    # costs training steps only (train.py runs the frozen layers once per distinct conversation).
-    rare = _two_calls(rng) + _handoffs(rng) + _structured(rng) + _with_schema(rng)
-    return out + rare + [ex for ex in rare if not _is_triage(ex)]
-
-
-def _is_triage(example: Example) -> bool:
-    """A triage agent's first turn (its handoff call or its own answer): not rare."""
-    return example[0][0]["content"] in TRIAGES and len(example[0]) == 2
-
-
-def _two_calls(rng: random.Random) -> list[Example]:
-    """Two calls, each after the previous result, then one answer."""
-    out: list[Example] = []
-    for i in range(8):
-        first, second = CITIES[(i * 5 + 2) % len(CITIES)], CITIES[(i * 5 + 31) % len(CITIES)]
-        (ra, _), (rb, _) = _weather(i + 5, first), _weather(i + 9, second)
-        ask = [
-            "What's the weather in {} and in {}?",
-            "Compare the weather in {} and {}.",
-            "Is it warmer in {} or in {}?",
-            "How is the weather in {} and {}?",
-        ][i % 4]
-        style = STYLES[i % 4]
+    for question, answer in TEXT_ANSWERS * 2:
+        out.append((_start(rng) + [_user(question)], _offer(rng, []), answer))
+    # Two calls, each after the previous result, then one answer.
+    for i in range(10):
+        first, second = CITIES[(i * 3 + 1) % len(CITIES)], CITIES[(i * 3 + 5) % len(CITIES)]
+        (ra, _), (rb, _) = _weather(rng, i, first), _weather(rng, i + 4, second)
+        da, db = _degrees(ra), _degrees(rb)
         messages = _start(rng) + [
-            _user(ask.format(first, second)),
+            _user(
+                f"What's the weather in {first} and in {second}?"
+                if i % 2
+                else f"Compare the weather in {first} and {second}."
+            ),
             _call(f"call_a{i}", "get_weather", {"city": first}),
-            _result(f"call_a{i}", ra, compact=style == "pydantic"),
+            _result(f"call_a{i}", ra),
             _call(f"call_b{i}", "get_weather", {"city": second}),
-            _result(f"call_b{i}", rb, compact=style == "pydantic"),
+            _result(f"call_b{i}", rb),
         ]
-        answer = f"It is {_degrees(ra)} °C in {first} and {_degrees(rb)} °C in {second}."
-        out.append((messages, _offer(rng, ["get_weather"], style), answer))
-    for i in range(2):
-        city = CITIES[(i * 13 + 6) % len(CITIES)]
-        (rw, _), (rt, _) = _weather(i + 2, city), _time(i + 3, city)
+        out.append((messages, _offer(rng, [WEATHER]), f"It is {da} °C in {first} and {db} °C in {second}."))
+    for i in range(3):
+        city = CITIES[(i * 3 + 2) % len(CITIES)]
+        (rw, _), (rt, _) = _weather(rng, i, city), _time(i + 3, city)
         messages = _start(rng) + [
             _user(f"What is the weather and the time in {city}?"),
             _call(f"call_c{i}", "get_weather", {"city": city}),
@@ -256,7 +207,9 @@ def _two_calls(rng: random.Random) -> list[Example]:
             _result(f"call_d{i}", rt),
         ]
         answer = f"It is {_degrees(rw)} °C in {city}, and the local time is {rt['time']}."
-        out.append((messages, _offer(rng, ["get_weather", "get_time"], STYLES[i % 4], 0), answer))
+        out.append((messages, _offer(rng, [WEATHER, TIME]), answer))
+    out += _handoffs(rng)
+    out += _structured(rng)
     return out
 
 
@@ -266,147 +219,51 @@ def _degrees(result: dict[str, Any] | str) -> int:
     return int(result.split(", ")[1].split(" ")[0])
 
 
-TRIAGES = [
-    "You are a triage agent. Hand off to the right agent.",
-    "Route the user to the right specialist agent.",
-    "You are a front-desk agent. Transfer the user to the agent that can help.",
-]
-AGENT_SYSTEMS = {
-    "Weather agent": ["You are the weather agent. Use your tool.", "You answer weather questions.", None],
-    "Math agent": ["You are the math agent. Use your tools.", "You do arithmetic.", None],
-    "Time agent": ["You are the time agent. Use your tool.", "You tell the time.", None],
-}
-
-
 def _handoffs(rng: random.Random) -> list[Example]:
     """openai-agents' handoff: the triage agent calls ``transfer_to_<agent>``; the agent handed to
     sees that call and its ``{"assistant": name}`` result, then does its own job."""
     out: list[Example] = []
-    for i in range(16):
-        kind = ["Weather agent", "Weather agent", "Math agent", "Time agent"][i % 4]
-        style = "agents" if i % 3 else "plain"
-        agents = ["Weather agent", "Math agent", "Time agent"]
-        offered = [handoff(a, style) for a in rng.sample(agents, 3 if i % 2 else 2) if a == kind or rng.random() < 0.8]
-        if not any(t["function"]["name"] == handoff(kind)["function"]["name"] for t in offered):
-            offered.append(handoff(kind, style))
-        rng.shuffle(offered)
-        city = CITIES[(i * 17 + 5) % len(CITIES)]
-        if kind == "Weather agent":
-            ask, name, args = WEATHER_ASKS[(i * 5 + 3) % len(WEATHER_ASKS)].format(city), "get_weather", {"city": city}
-            result, answer = _weather(i + 3, city)
-        elif kind == "Time agent":
-            ask, name, args = TIME_ASKS[(i * 3) % len(TIME_ASKS)].format(city), "get_time", {"city": city}
-            result, answer = _time(i + 5, city)
-        else:
-            a, b = 6 + (i * 7) % 19, 3 + (i * 5) % 9
-            ask, name = MATH_ASKS[i % len(MATH_ASKS)]
-            ask, args = ask.format(a, b), {"a": a, "b": b}
-            value = a * b if name == "multiply" else a + b
-            result, answer = str(value), f"{a} {'times' if name == 'multiply' else 'plus'} {b} is {value}."
-        transfer = "transfer_to_" + kind.lower().replace(" ", "_")
-        triage = TRIAGES[i % len(TRIAGES)]
-        head = [_user(ask), _call(f"call_h{i}", transfer, {})]
-        out.append(([{"role": "system", "content": triage}, head[0]], offered, _call_text(head[1])))
-        own = [tool(name, style)] + (
-            [tool("add" if name == "multiply" else "multiply", style)] if kind == "Math agent" else []
-        )
-        system = AGENT_SYSTEMS[kind][i % 3]
-        messages = _start(rng, system) + [
+    triage = "You are a triage agent. Hand off to the right agent."
+    for i in range(10):
+        city = CITIES[(i * 7 + 3) % len(CITIES)]
+        ask = WEATHER_ASKS[(i * 3) % len(WEATHER_ASKS)].format(city)
+        tools = [WEATHER_AGENT, MATH_AGENT] if i % 2 else [MATH_AGENT, WEATHER_AGENT]
+        head = [_user(ask), _call(f"call_h{i}", WEATHER_AGENT["function"]["name"], {})]
+        out.append(([{"role": "system", "content": triage}, *head[:1]], tools, _call_text(head[1])))
+        result, answer = _weather(rng, i + 1, city)
+        messages = [
+            {"role": "system", "content": "You are the weather agent. Use your tool."},
             *head,
-            _result(f"call_h{i}", {"assistant": kind}),
-            _call(f"call_x{i}", name, args),
+            _result(f"call_h{i}", {"assistant": "Weather agent"}),
+            _call(f"call_x{i}", "get_weather", {"city": city}),
             _result(f"call_x{i}", result),
         ]
-        out.append((messages, own, answer))
+        out.append((messages, [WEATHER], answer))
+    for i in range(3):
+        a, b = 4 + i * 6, 3 + i
+        head = [_user(f"What is {a} times {b}?"), _call(f"call_g{i}", MATH_AGENT["function"]["name"], {})]
+        out.append(([{"role": "system", "content": triage}, head[0]], [WEATHER_AGENT, MATH_AGENT], _call_text(head[1])))
     # Nothing to hand off: the triage agent answers itself.
-    for i, (question, answer) in enumerate(TEXT_ANSWERS[3:6]):
-        offered = [handoff("Weather agent", "agents"), handoff("Math agent", "agents")]
-        out.append(([{"role": "system", "content": TRIAGES[i % 3]}, _user(question)], offered, answer))
+    for question, answer in TEXT_ANSWERS[:3]:
+        out.append(([{"role": "system", "content": triage}, _user(question)], [WEATHER_AGENT, MATH_AGENT], answer))
     return out
-
-
-RESULT_MODELS: list[dict[str, str]] = [
-    {"city": "string", "temperature_c": "integer"},
-    {"city": "string", "conditions": "string"},
-    {"temperature_c": "integer", "conditions": "string"},
-    {"city": "string", "temperature_c": "integer", "conditions": "string"},
-    {"summary": "string"},
-]
 
 
 def _structured(rng: random.Random) -> list[Example]:
-    """pydantic-ai's structured result: its system prompt, the real tool and the ``final_result``
-    output tool offered (tool_choice required); the real tool first, then after its result
-    ``final_result`` with the answer's fields (it ends the run; no answer text)."""
+    """pydantic-ai's structured result: after the tool's result, the ``final_result`` output tool
+    is called with the answer's fields (it ends the run; no answer text)."""
     out: list[Example] = []
-    systems = ["Report the weather.", None, "You are a weather reporter.", "Be concise."]
-    for i in range(12):
-        city = CITIES[(i * 19 + 8) % len(CITIES)]
-        result, answer = _weather(i + 6, city)
-        if not isinstance(result, dict):
-            result, answer = _weather(i + 7, city)
-        assert isinstance(result, dict)
+    for i in range(8):
+        city = CITIES[(i * 3 + 4) % len(CITIES)]
+        result, _ = _weather(rng, i + 2, city)
         ask = WEATHER_ASKS[(i * 7 + 1) % len(WEATHER_ASKS)].format(city)
-        fields = RESULT_MODELS[i % len(RESULT_MODELS)]
-        final = {f: (answer if f == "summary" else result[f]) for f in fields}
-        style = "pydantic" if i % 4 else "plain"
-        tools = [tool("get_weather", style)] + ([tool("get_time", style)] if i % 5 == 2 else [])
-        tools.append(final_result(fields, style))
-        system = systems[i % len(systems)] or (DEFAULT_SYSTEM if i % 2 else "")
-        messages = (_start(rng, system) if system else []) + [
+        messages = _start(rng, DEFAULT_SYSTEM if i % 2 else "Report the weather.") + [
             _user(ask),
             _call(f"call_s{i}", "get_weather", {"city": city}),
-            _result(f"call_s{i}", result, compact=style == "pydantic"),
+            _result(f"call_s{i}", result),
         ]
-        out.append((messages, tools, _call_text(_call("f", "final_result", final))))
-    for i in range(2):  # a math tool, then the number as the result
-        a, b = 5 + i * 4, 9 + i
-        tools = [tool("multiply", "pydantic"), final_result({"result": "number"})]
-        messages = [
-            {"role": "system", "content": "Compute the answer."},
-            _user(f"What is {a} times {b}?"),
-            _call(f"call_r{i}", "multiply", {"a": a, "b": b}),
-            _result(f"call_r{i}", str(a * b)),
-        ]
-        out.append((messages, tools, _call_text(_call("f", "final_result", {"result": a * b}))))
-    return out
-
-
-def _answer_schema(fields: dict[str, str], i: int) -> dict[str, Any]:
-    """A ``response_format`` JSON schema: openai-agents' output_type shape (titles, strict) or a
-    hand-written one."""
-    if i % 2:
-        props = {f: {"title": f.replace("_", " ").title(), "type": t} for f, t in fields.items()}
-        return {
-            "properties": props,
-            "required": list(fields),
-            "title": "Report",
-            "type": "object",
-            "additionalProperties": False,
-        }
-    return {"type": "object", "properties": {f: {"type": t} for f, t in fields.items()}, "required": list(fields)}
-
-
-def _with_schema(rng: random.Random) -> list[Example]:
-    """Tools beside a ``response_format`` JSON schema (shown to the model by the template): the
-    call first, then after its result the answer as that JSON (compact, as the grammar writes it)."""
-    out: list[Example] = []
-    for i in range(10):
-        city = CITIES[(i * 23 + 11) % len(CITIES)]
-        result, answer = _weather(i + 1, city)
-        if not isinstance(result, dict):
-            result, answer = _weather(i + 2, city)
-        assert isinstance(result, dict)
-        fields = RESULT_MODELS[i % len(RESULT_MODELS)]
-        final = {f: (answer if f == "summary" else result[f]) for f in fields}
-        style = STYLES[i % 4]
-        messages = _start(rng) + [
-            _user(WEATHER_ASKS[(i * 5 + 2) % len(WEATHER_ASKS)].format(city)),
-            _call(f"call_j{i}", "get_weather", {"city": city}),
-            _result(f"call_j{i}", result, compact=style == "pydantic"),
-        ]
-        text = json.dumps(final, ensure_ascii=False, separators=(",", ":"))
-        out.append((messages, _offer(rng, ["get_weather"], style), text, _answer_schema(fields, i)))
+        final = {"city": city, "temperature_c": _degrees(result)}
+        out.append((messages, [WEATHER, FINAL_RESULT], _call_text(_call("f", "final_result", final))))
     return out
 
 
