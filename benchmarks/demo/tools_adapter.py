@@ -6,6 +6,12 @@ plain-text answer from the result, not another call; the second call of a two-ci
 chat template; calls read by the server's default parser (hermes). No grammar: this measures the
 adapter itself.
 
+The first table's ``call`` total (24) stays comparable with earlier runs; the second splits it
+(``first`` call of a question, ``handoff``, the handed-to agent's call ``handoff_next``,
+``second_call``, ``final_result``) and adds rows outside it (``fw_*``: the tools in the exact shapes
+openai-agents and pydantic-ai send; ``schema_*``: tools beside a ``response_format`` JSON schema,
+the call first, then the schema's JSON with the result's values).
+
     python -m benchmarks.demo.tools_adapter                       # the adapter `loraplex demo adapters` trains
     python -m benchmarks.demo.tools_adapter --adapter old=PATH --adapter new=PATH   # compare folders
 
@@ -29,9 +35,6 @@ from loraplex.platform.demo.tool_dataset import (
     TIME,
     WEATHER,
     WEATHER_AGENT,
-    final_result,
-    handoff,
-    tool,
 )
 
 CITIES = ["Lisbon", "Oslo", "Seoul", "Lima", "Nairobi", "Dublin", "Vienna", "Mumbai"]
@@ -156,6 +159,61 @@ def cases() -> list[dict[str, Any]]:
     return out + framework_cases()
 
 
+# The tools exactly as the frameworks send them (recorded from examples/agents' requests).
+AGENTS_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "properties": {"city": {"title": "City", "type": "string"}},
+            "required": ["city"],
+            "title": "get_weather_args",
+            "type": "object",
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+AGENTS_HANDOFF = {
+    "type": "function",
+    "function": {
+        "name": "transfer_to_weather_agent",
+        "description": "Handoff to the Weather agent agent to handle the request. ",
+        "parameters": {"additionalProperties": False, "type": "object", "properties": {}, "required": []},
+        "strict": True,
+    },
+}
+PYDANTIC_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "additionalProperties": False,
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        },
+        "strict": True,
+    },
+}
+PYDANTIC_FINAL_RESULT = {
+    "type": "function",
+    "function": {
+        "name": "final_result",
+        "description": "The final response which ends this conversation",
+        "parameters": {
+            "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+            "required": ["city", "temperature_c"],
+            "type": "object",
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+
+
 def framework_cases() -> list[dict[str, Any]]:
     """Extra rows (not in the ``call`` total, which stays comparable with earlier runs): the tools
     in the exact shapes openai-agents and pydantic-ai send (recorded from their requests), with
@@ -165,7 +223,7 @@ def framework_cases() -> list[dict[str, Any]]:
     helpful = {"role": "system", "content": "You are a helpful assistant."}
     for i, city in enumerate(CITIES[::2]):
         ask = WEATHER_ASKS[(i + 1) % len(WEATHER_ASKS)].format(city)
-        weather = tool("get_weather", "agents")
+        weather = AGENTS_WEATHER
         out.append(
             dict(
                 kind="call",
@@ -179,7 +237,7 @@ def framework_cases() -> list[dict[str, Any]]:
     for city in CITIES[1::3]:
         ask = f"Will it be windy in {city} today?"
         system = {"role": "system", "content": TRIAGE}
-        transfer = handoff("Weather agent", "agents")
+        transfer = AGENTS_HANDOFF
         expect: tuple[str, dict[str, Any]] = ("transfer_to_weather_agent", {})
         out.append(
             dict(
@@ -197,14 +255,14 @@ def framework_cases() -> list[dict[str, Any]]:
             _call("h1", "transfer_to_weather_agent", {}),
             _result("h1", {"assistant": "Weather agent"}),
         ]
-        weather = tool("get_weather", "agents")
+        weather = AGENTS_WEATHER
         expect = ("get_weather", {"city": city})
         out.append(
             dict(kind="call", row="fw_handoff_next", extra=True, messages=history, tools=[weather], expect=expect)
         )
     for i, city in enumerate(CITIES[2::3]):
         report = {"role": "system", "content": "Report the weather."}
-        tools = [tool("get_weather", "pydantic"), final_result({"city": "string", "temperature_c": "integer"})]
+        tools = [PYDANTIC_WEATHER, PYDANTIC_FINAL_RESULT]
         ask = _user(WEATHER_ASKS[i % len(WEATHER_ASKS)].format(city))
         out.append(
             dict(
