@@ -12,8 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE, default_template, is_demo_model
-from loraplex.platform.demo.tool_dataset import examples
 from loraplex.platform.demo.encode import response_schema
+from loraplex.platform.demo.tool_dataset import examples
 from loraplex.platform.demo.train import _encode, prompt_text
 from loraplex.platform.inference.chat_prompt import render
 from loraplex.platform.inference.openai_schemas import ChatRequest
