@@ -6,6 +6,12 @@ plain-text answer from the result, not another call; the second call of a two-ci
 chat template; calls read by the server's default parser (hermes). No grammar: this measures the
 adapter itself.
 
+The first table's ``call`` total (24) stays comparable with earlier runs; the second splits it
+(``first`` call of a question, ``handoff``, the handed-to agent's call ``handoff_next``,
+``second_call``, ``final_result``) and adds rows outside it (``fw_*``: the tools in the exact shapes
+openai-agents and pydantic-ai send; ``schema_*``: tools beside a ``response_format`` JSON schema,
+the call first, then the schema's JSON with the result's values).
+
     python -m benchmarks.demo.tools_adapter                       # the adapter `loraplex demo adapters` trains
     python -m benchmarks.demo.tools_adapter --adapter old=PATH --adapter new=PATH   # compare folders
 
@@ -21,7 +27,15 @@ from typing import Any
 
 from benchmarks.lib.real_text import CACHE, demo_model_dir
 from benchmarks.lib.workload import print_table, write_json
-from loraplex.platform.demo.tool_dataset import ADD, FINAL_RESULT, MATH_AGENT, MULTIPLY, TIME, WEATHER, WEATHER_AGENT
+from loraplex.platform.demo.tool_dataset import (
+    ADD,
+    FINAL_RESULT,
+    MATH_AGENT,
+    MULTIPLY,
+    TIME,
+    WEATHER,
+    WEATHER_AGENT,
+)
 
 CITIES = ["Lisbon", "Oslo", "Seoul", "Lima", "Nairobi", "Dublin", "Vienna", "Mumbai"]
 WEATHER_ASKS = [
@@ -33,6 +47,17 @@ WEATHER_ASKS = [
 TIME_ASKS = ["What's the current time over in {}?", "I need the local time in {}."]
 NO_TOOL = ["What is the capital of Canada?", "Who wrote Hamlet?", "How many legs does a spider have?"]
 TRIAGE = "You are a triage agent. Hand off to the right agent."
+# The ``call`` total's parts, then the extra rows (framework_cases).
+ROWS = ["first", "handoff", "handoff_next", "second_call", "final_result"]
+ROWS += [
+    "fw_first",
+    "fw_handoff",
+    "fw_handoff_next",
+    "fw_pyd_first",
+    "fw_final_result",
+    "schema_first",
+    "schema_answer",
+]
 
 
 def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -55,23 +80,35 @@ def cases() -> list[dict[str, Any]]:
     for i, city in enumerate(CITIES):
         ask = WEATHER_ASKS[i % len(WEATHER_ASKS)].format(city)
         tools = [WEATHER, TIME] if i % 2 else [MULTIPLY, WEATHER]
-        out.append(dict(kind="call", messages=[_user(ask)], tools=tools, expect=("get_weather", {"city": city})))
+        out.append(
+            dict(kind="call", row="first", messages=[_user(ask)], tools=tools, expect=("get_weather", {"city": city}))
+        )
         degrees = 11 + i
         result = {"city": city, "temperature_c": degrees, "conditions": "foggy"}
         history = [_user(ask), _call("c1", "get_weather", {"city": city}), _result("c1", result)]
         out.append(dict(kind="after_result", messages=history, tools=tools, expect=str(degrees)))
     for i, city in enumerate(CITIES[:4]):
         ask = TIME_ASKS[i % len(TIME_ASKS)].format(city)
-        out.append(dict(kind="call", messages=[_user(ask)], tools=[WEATHER, TIME], expect=("get_time", {"city": city})))
+        out.append(
+            dict(
+                kind="call",
+                row="first",
+                messages=[_user(ask)],
+                tools=[WEATHER, TIME],
+                expect=("get_time", {"city": city}),
+            )
+        )
         history = [_user(ask), _call("c1", "get_time", {"city": city}), _result("c1", {"time": f"0{i + 1}:45"})]
         out.append(dict(kind="after_result", messages=history, tools=[WEATHER, TIME], expect=f"0{i + 1}:45"))
     for a, b in [(7, 8), (12, 30)]:
-        name, tool = ("multiply", MULTIPLY) if a == 7 else ("add", ADD)
+        name, fn = ("multiply", MULTIPLY) if a == 7 else ("add", ADD)
         ask = f"Compute {a} times {b}." if name == "multiply" else f"What's {a} plus {b}?"
         value = a * b if name == "multiply" else a + b
-        out.append(dict(kind="call", messages=[_user(ask)], tools=[tool, WEATHER], expect=(name, {"a": a, "b": b})))
+        out.append(
+            dict(kind="call", row="first", messages=[_user(ask)], tools=[fn, WEATHER], expect=(name, {"a": a, "b": b}))
+        )
         history = [_user(ask), _call("c1", name, {"a": a, "b": b}), _result("c1", str(value))]
-        out.append(dict(kind="after_result", messages=history, tools=[tool, WEATHER], expect=str(value)))
+        out.append(dict(kind="after_result", messages=history, tools=[fn, WEATHER], expect=str(value)))
     for question in NO_TOOL:
         out.append(dict(kind="text", messages=[_user(question)], tools=[WEATHER, TIME], expect=None))
     # Handoff, then the agent handed to calls its tool.
@@ -81,6 +118,7 @@ def cases() -> list[dict[str, Any]]:
         out.append(
             dict(
                 kind="call",
+                row="handoff",
                 messages=[system, _user(ask)],
                 tools=[WEATHER_AGENT, MATH_AGENT],
                 expect=("transfer_to_weather_agent", {}),
@@ -92,12 +130,22 @@ def cases() -> list[dict[str, Any]]:
             _call("h1", "transfer_to_weather_agent", {}),
             _result("h1", {"assistant": "Weather agent"}),
         ]
-        out.append(dict(kind="call", messages=history, tools=[WEATHER], expect=("get_weather", {"city": city})))
+        out.append(
+            dict(
+                kind="call",
+                row="handoff_next",
+                messages=history,
+                tools=[WEATHER],
+                expect=("get_weather", {"city": city}),
+            )
+        )
     # Two cities: the second call after the first result, then the answer.
     for a, b in [("Oslo", "Lima"), ("Dublin", "Seoul")]:
         ask = f"What's the weather in {a} and in {b}?"
         first = [_user(ask), _call("a", "get_weather", {"city": a}), _result("a", {"temperature_c": 4})]
-        out.append(dict(kind="call", messages=first, tools=[WEATHER], expect=("get_weather", {"city": b})))
+        out.append(
+            dict(kind="call", row="second_call", messages=first, tools=[WEATHER], expect=("get_weather", {"city": b}))
+        )
         both = first + [_call("b", "get_weather", {"city": b}), _result("b", {"temperature_c": 23})]
         out.append(dict(kind="after_result", messages=both, tools=[WEATHER], expect="23"))
     # pydantic-ai's structured result: the output tool after the result.
@@ -105,7 +153,162 @@ def cases() -> list[dict[str, Any]]:
         history = [_user(f"Weather report for {city}, please."), _call("s", "get_weather", {"city": city})]
         history.append(_result("s", {"city": city, "temperature_c": 17, "conditions": "clear"}))
         expect = ("final_result", {"city": city, "temperature_c": 17})
-        out.append(dict(kind="call", messages=history, tools=[WEATHER, FINAL_RESULT], expect=expect))
+        out.append(
+            dict(kind="call", row="final_result", messages=history, tools=[WEATHER, FINAL_RESULT], expect=expect)
+        )
+    return out + framework_cases()
+
+
+# The tools exactly as the frameworks send them (recorded from examples/agents' requests).
+AGENTS_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "properties": {"city": {"title": "City", "type": "string"}},
+            "required": ["city"],
+            "title": "get_weather_args",
+            "type": "object",
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+AGENTS_HANDOFF = {
+    "type": "function",
+    "function": {
+        "name": "transfer_to_weather_agent",
+        "description": "Handoff to the Weather agent agent to handle the request. ",
+        "parameters": {"additionalProperties": False, "type": "object", "properties": {}, "required": []},
+        "strict": True,
+    },
+}
+PYDANTIC_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "additionalProperties": False,
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        },
+        "strict": True,
+    },
+}
+PYDANTIC_FINAL_RESULT = {
+    "type": "function",
+    "function": {
+        "name": "final_result",
+        "description": "The final response which ends this conversation",
+        "parameters": {
+            "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+            "required": ["city", "temperature_c"],
+            "type": "object",
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+
+
+def framework_cases() -> list[dict[str, Any]]:
+    """Extra rows (not in the ``call`` total, which stays comparable with earlier runs): the tools
+    in the exact shapes openai-agents and pydantic-ai send (recorded from their requests), with
+    held-out cities and phrasings: a single tool, the handoff and the handed-to agent's call, and
+    pydantic-ai's real tool then ``final_result`` after its result."""
+    out: list[dict[str, Any]] = []
+    helpful = {"role": "system", "content": "You are a helpful assistant."}
+    for i, city in enumerate(CITIES[::2]):
+        ask = WEATHER_ASKS[(i + 1) % len(WEATHER_ASKS)].format(city)
+        weather = AGENTS_WEATHER
+        out.append(
+            dict(
+                kind="call",
+                row="fw_first",
+                extra=True,
+                messages=[helpful, _user(ask)],
+                tools=[weather],
+                expect=("get_weather", {"city": city}),
+            )
+        )
+    for city in CITIES[1::3]:
+        ask = f"Will it be windy in {city} today?"
+        system = {"role": "system", "content": TRIAGE}
+        transfer = AGENTS_HANDOFF
+        expect: tuple[str, dict[str, Any]] = ("transfer_to_weather_agent", {})
+        out.append(
+            dict(
+                kind="call",
+                row="fw_handoff",
+                extra=True,
+                messages=[system, _user(ask)],
+                tools=[transfer],
+                expect=expect,
+            )
+        )
+        history = [
+            {"role": "system", "content": "You are the weather agent. Use your tool."},
+            _user(ask),
+            _call("h1", "transfer_to_weather_agent", {}),
+            _result("h1", {"assistant": "Weather agent"}),
+        ]
+        weather = AGENTS_WEATHER
+        expect = ("get_weather", {"city": city})
+        out.append(
+            dict(kind="call", row="fw_handoff_next", extra=True, messages=history, tools=[weather], expect=expect)
+        )
+    for i, city in enumerate(CITIES[2::3]):
+        report = {"role": "system", "content": "Report the weather."}
+        tools = [PYDANTIC_WEATHER, PYDANTIC_FINAL_RESULT]
+        ask = _user(WEATHER_ASKS[i % len(WEATHER_ASKS)].format(city))
+        out.append(
+            dict(
+                kind="call",
+                row="fw_pyd_first",
+                extra=True,
+                messages=[report, ask],
+                tools=tools,
+                expect=("get_weather", {"city": city}),
+            )
+        )
+        result = {
+            "role": "tool",
+            "tool_call_id": "s",
+            "content": json.dumps({"city": city, "temperature_c": 9 + i, "conditions": "hazy"}, separators=(",", ":")),
+        }
+        history = [report, ask, _call("s", "get_weather", {"city": city}), result]
+        expect = ("final_result", {"city": city, "temperature_c": 9 + i})
+        out.append(dict(kind="call", row="fw_final_result", extra=True, messages=history, tools=tools, expect=expect))
+    # Tools beside a response_format JSON schema: the call first, then the schema's JSON from the result.
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+        "required": ["city", "temperature_c"],
+    }
+    for i, city in enumerate(CITIES[3::2]):
+        ask = _user(WEATHER_ASKS[(i + 2) % len(WEATHER_ASKS)].format(city))
+        tools = [WEATHER, TIME] if i % 2 else [WEATHER]
+        expect = ("get_weather", {"city": city})
+        out.append(
+            dict(kind="call", row="schema_first", extra=True, messages=[ask], tools=tools, schema=schema, expect=expect)
+        )
+        history = [ask, _call("j", "get_weather", {"city": city})]
+        history.append(_result("j", {"city": city, "temperature_c": 30 + i, "conditions": "humid"}))
+        answer = {"city": city, "temperature_c": 30 + i}
+        out.append(
+            dict(
+                kind="json",
+                row="schema_answer",
+                extra=True,
+                messages=history,
+                tools=tools,
+                schema=schema,
+                expect=answer,
+            )
+        )
     return out
 
 
@@ -122,7 +325,13 @@ def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, 
     from loraplex.platform.inference.tool_parsers import get_parser
 
     todo = cases()
-    prompts = [prompt_text(tokenizer, (c["messages"], c["tools"], "")) for c in todo]
+    prompts = [
+        prompt_text(
+            tokenizer,
+            (c["messages"], c["tools"], "") if "schema" not in c else (c["messages"], c["tools"], "", c["schema"]),
+        )
+        for c in todo
+    ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0), adapters=[adapter] * len(todo))
     parser = get_parser("hermes")
     rows, tally = [], {k: [0, 0] for k in ("call", "text", "after_result", "after_result_value")}
@@ -130,17 +339,21 @@ def score(llm, adapter: str, tokenizer) -> tuple[dict[str, Any], list[dict[str, 
         calls = [(c.name, _json(c.args)) for c in parser.scan(out.text, final=True).calls]
         if case["kind"] == "call":
             ok = calls[:1] == [case["expect"]]
-            tally["call"][0] += ok
-        elif case["kind"] == "text":
+        elif case["kind"] == "json":  # the schema's JSON, with the result's values
+            ok = not calls and _json(out.text.strip()) == case["expect"]
+        else:  # text, after_result: plain text, no call
             ok = not calls and "<tool_call>" not in out.text
-            tally["text"][0] += ok
-        else:
-            ok = not calls and "<tool_call>" not in out.text
-            tally["after_result"][0] += ok
+        if not case.get("extra"):
+            tally[case["kind"]][0] += ok
+            tally[case["kind"]][1] += 1
+        if case["kind"] == "after_result":
             tally["after_result_value"][0] += ok and case["expect"] in out.text
             tally["after_result_value"][1] += 1
-        tally[case["kind"]][1] += 1
-        rows.append({"kind": case["kind"], "ok": ok, "text": out.text})
+        if "row" in case:
+            tally.setdefault(case["row"], [0, 0])
+            tally[case["row"]][0] += ok
+            tally[case["row"]][1] += 1
+        rows.append({"kind": case.get("row", case["kind"]), "ok": ok, "text": out.text})
     summary = {f"{k}": f"{v[0]}/{v[1]}" for k, v in tally.items()}
     return summary, rows
 
@@ -169,6 +382,7 @@ def main() -> None:
             for r in rows:
                 print(f"[{name}] {r['kind']:<13} {'ok ' if r['ok'] else 'BAD'} {r['text']!r}")
     print_table(table, ["adapter", "call", "text", "after_result", "after_result_value"])
+    print_table(table, ["adapter", *ROWS])
     print("wrote", write_json("demo_tools_adapter", {"adapters": adapters, "summary": table, "rows": detail}))
 
 

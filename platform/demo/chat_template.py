@@ -25,6 +25,9 @@ _TOOLS_BLOCK = (
     "{{- '</tools>\\nTo call a tool, answer with <tool_call>\\n"
     '{"name": <tool name>, "arguments": <JSON object>}'
     "\\n</tool_call>' -}}"
+    "{%- if response_schema is defined and response_schema -%}"
+    "{{- '\\nYour final answer (no tool call) is JSON with this schema:\\n' + (response_schema | tojson) -}}"
+    "{%- endif -%}"
 )
 
 DEMO_CHAT_TEMPLATE = (

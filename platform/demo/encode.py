@@ -17,10 +17,19 @@ from loraplex.platform.demo.tool_dataset import Example
 IGNORE = -100
 
 
+def response_schema(example: Example) -> dict[str, Any] | None:
+    """The JSON schema the example's request asks the answer to follow (``response_format``), if any."""
+    return example[3] if len(example) == 4 else None
+
+
 def prompt_text(tokenizer, example: Example) -> str:
-    """The prompt of one example's final turn, rendered as the server renders a chat request."""
-    messages, tools, _answer = example
-    kwargs = {"tools": tools} if tools else {}
+    """The prompt of one example's final turn, rendered as the server renders a chat request
+    (the answer's schema reaches the template as ``response_schema`` when tools are offered too)."""
+    messages, tools, _answer = example[:3]
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    schema = response_schema(example)
+    if tools and schema is not None:
+        kwargs["response_schema"] = schema
     return tokenizer.apply_chat_template(
         messages, chat_template=DEMO_CHAT_TEMPLATE, tokenize=False, add_generation_prompt=True, **kwargs
     )
@@ -36,8 +45,12 @@ def assistant_text(message: dict[str, Any]) -> str:
 
 def turns(example: Example) -> list[tuple[Example, str]]:
     """(the example cut before an assistant turn, that turn's text) for every assistant turn."""
-    messages, tools, answer = example
-    out = [((messages[:j], tools, ""), assistant_text(m)) for j, m in enumerate(messages) if m["role"] == "assistant"]
+    messages, tools, answer = example[:3]
+    schema = response_schema(example)
+    cuts = [(messages[:j], m) for j, m in enumerate(messages) if m["role"] == "assistant"]
+    out: list[tuple[Example, str]] = [
+        ((cut, tools, "") if schema is None else (cut, tools, "", schema), assistant_text(m)) for cut, m in cuts
+    ]
     return out + [(example, answer)]
 
 

@@ -107,7 +107,10 @@ TEXT_ANSWERS = [
 SYSTEMS = [None, None, "You are a helpful assistant.", "Answer briefly.", "You are a helpful agent. Use the tools."]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
-Example = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]
+Messages = list[dict[str, Any]]
+# (messages, tools, answer) or, for a request with a ``response_format`` JSON schema beside the
+# tools, (messages, tools, answer, schema): the template shows the schema (encode.prompt_text)
+Example = tuple[Messages, Messages | None, str] | tuple[Messages, Messages | None, str, dict[str, Any]]
 
 
 def _user(text: str) -> dict[str, Any]:

@@ -209,7 +209,13 @@ def _resume(checkpoint: Path, key: str | None, named: dict, optimizer, schedule)
 def _frozen_inputs(model, prompts: list[list[int]], first: int) -> list:
     """The input of layer ``first`` for every example: only layers ``0..first-1`` run (the input of
     the final norm is the output of the last layer that ran), in right-padded batches of similar
-    lengths (causal attention: padding at the end changes nothing before it)."""
+    lengths (causal attention: padding at the end changes nothing before it). An example the data
+    repeats (to weigh a rare turn more) is run once: repeats cost training steps, not this pass."""
+    unique = list(dict.fromkeys(tuple(p) for p in prompts))
+    if len(unique) < len(prompts):
+        index = {p: k for k, p in enumerate(unique)}
+        once = _frozen_inputs(model, [list(p) for p in unique], first)
+        return [once[index[tuple(p)]] for p in prompts]
     import torch
 
     captured: list = []

@@ -63,6 +63,8 @@ def render(body: ChatRequest, tok: Any, plan: ToolPlan, default_template: str | 
     kwargs: dict[str, Any] = dict(body.chat_template_kwargs or {})
     if plan.template_tools:
         kwargs["tools"] = plan.template_tools
+        if plan.answer_schema is not None:  # a template that knows the variable shows it (the demo's does)
+            kwargs.setdefault("response_schema", plan.answer_schema)
     if body.documents is not None:
         kwargs["documents"] = body.documents
     try:

@@ -54,6 +54,9 @@ class ToolPlan:
     template_tools: list[dict[str, Any]] | None = None
     parser: ToolParser | None = None  # reads the calls back (None: plain text)
     parallel: bool = True  # more than one call per answer allowed
+    # The answer's JSON schema (response_format / guided_json beside tools): the chat template gets
+    # it as ``response_schema``, so a model can see what its final answer must look like
+    answer_schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -69,6 +72,17 @@ class ToolCallOut:
 def plan_tools(body: ChatRequest, parser: str = "hermes", answer: Spec | None = None) -> ToolPlan:
     """How ``body``'s tools shape the output; ``answer``: its other output constraint
     (``response_format`` / ``guided_*``). The plan's ``spec`` is the request's whole constraint."""
+    plan = _plan(body, parser, answer)
+    if plan.template_tools and answer is not None and answer[0] == "json_schema":
+        try:
+            schema = json.loads(answer[1])
+        except ValueError:
+            schema = None
+        plan.answer_schema = schema if isinstance(schema, dict) else None
+    return plan
+
+
+def _plan(body: ChatRequest, parser: str, answer: Spec | None) -> ToolPlan:
     tools = body.tools or []
     choice = body.tool_choice
     if choice is not None and choice != "none" and not tools:

@@ -12,10 +12,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from loraplex.platform.demo.chat_template import DEMO_CHAT_TEMPLATE, default_template, is_demo_model
+from loraplex.platform.demo.encode import response_schema
 from loraplex.platform.demo.tool_dataset import examples
 from loraplex.platform.demo.train import _encode, prompt_text
 from loraplex.platform.inference.chat_prompt import render
 from loraplex.platform.inference.openai_schemas import ChatRequest
+from loraplex.platform.inference.structured import response_spec
 from loraplex.platform.inference.tool_parsers import get_parser
 from loraplex.platform.inference.tools import parse_output, plan_tools
 
@@ -65,11 +67,18 @@ def test_without_tools_it_is_the_models_own_template(tok):
 def test_server_renders_the_training_prompts_and_reads_the_trained_calls(tok, smollm2_dir):
     template = default_template(None, smollm2_dir)
     data = examples()
-    assert any(len(m) > 1 for m, _t, _a in data)  # calls and tool results in the history too
+    assert any(len(ex[0]) > 1 for ex in data)  # calls and tool results in the history too
+    # tools beside a response_format schema: the template shows it (no such example is trained yet)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    data += [(ex[0], ex[1], '{"city":"Paris"}', schema) for ex in data[:3]]
     for example in data:
-        messages, tools, answer = example
-        body = ChatRequest.model_validate({"model": "tools", "messages": on_the_wire(messages), "tools": tools})
-        served = render(body, tok, plan_tools(body), template)
+        messages, tools, answer = example[:3]
+        request = {"model": "tools", "messages": on_the_wire(messages), "tools": tools}
+        schema = response_schema(example)
+        if schema is not None:
+            request["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        body = ChatRequest.model_validate(request)
+        served = render(body, tok, plan_tools(body, "hermes", response_spec(body)), template)
         ids, labels = _encode(tok, example)
         # The served prompt is the training example's prompt, and the loss starts right after it.
         assert served == ids[: len(served)] and labels[len(served) - 1] == -100 and labels[len(served)] != -100
@@ -80,3 +89,5 @@ def test_server_renders_the_training_prompts_and_reads_the_trained_calls(tok, sm
             assert [(c.name, json.loads(c.arguments)) for c in calls] == [(expected["name"], expected["arguments"])]
         else:
             assert not get_parser("hermes").scan(answer, final=True).calls
+            if schema is not None:  # the schema is in the prompt, and the answer is its JSON
+                assert json.dumps(schema) in tok.decode(served) and set(json.loads(answer)) == set(schema["required"])

@@ -136,7 +136,7 @@ def test_every_trained_demo_call_is_one_the_required_grammar_ends_after(grammar)
     """The tools demo adapter's calls (its training answers) are what the grammar accepts, and the
     grammar lets it stop right after one: the one-tool question ends with one call."""
     seen = 0
-    for _messages, tools, answer in examples():
+    for _messages, tools, answer, *_schema in examples():
         if tools and answer.startswith("<tool_call>"):
             funcs = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
             assert grammar(spec("required", funcs=funcs), answer) == "end", answer
