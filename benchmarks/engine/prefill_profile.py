@@ -16,13 +16,11 @@ with the CPU model, flags and load; JSON: benchmarks/results/prefill_profile.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
-import time
 
-from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.cpu_result import write_cpu_result
 from benchmarks.peers.step_profile import GROUPS, _wrapped, profile_steps
 
 
@@ -96,11 +94,7 @@ def main() -> None:
         print(f"{b:5d} {rows[0]['steps']:5d} " + " ".join(f"{med[c]:12.0f}" for c in cols))
         print("      top element-wise: " + ", ".join(f"{k} {v:.0f}" for k, v in rows[-1]["top elementwise"].items()))
         table.append({"batch": b, "steps": rows[0]["steps"], **med, "top_elementwise": rows[-1]["top elementwise"]})
-    meta = {"cpu": kind.model, "kind": kind.name, "flags": list(kind.flags), "args": vars(args),
-            "load_after": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    out = RESULTS / "prefill_profile.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "table": table}, indent=2))
+    out = write_cpu_result("prefill_profile", {"args": vars(args)}, table=table)
     print(f"wrote {out}")
 
 

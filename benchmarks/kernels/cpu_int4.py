@@ -19,7 +19,6 @@ wall time on a shared machine), median of the rounds. Writes ``benchmarks/result
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -28,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.cpu_result import write_cpu_result
 from loraplex.kernels import cpu_int4, cpu_native, cpu_packed, pack_int4, quantize_int4
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}  # name: (K, N)
@@ -140,12 +139,8 @@ def main() -> None:
             results.append(row)
             best = min(med, key=med.__getitem__)
             print(f"{shape:8s} {m:4d} " + " ".join(f"{med[c]:12.1f}" for c in names) + f"   {best}")
-    meta = {"cpu": kind.model, "kind": kind.name, "flags": list(kind.flags), "threads": args.threads,
-            "group": args.group, "load_start": load_start, "load_end": os.getloadavg(),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    out = RESULTS / "cpu_int4.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": results}, indent=2))
+    meta = {"threads": args.threads, "group": args.group, "load_start": load_start}
+    out = write_cpu_result("cpu_int4", meta, rows=results)
     print(f"load {os.getloadavg()}; wrote {out}")
 
 

@@ -15,13 +15,12 @@ benchmarks/results/cpu_int8_dynamic.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
 
-from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.cpu_result import write_cpu_result
 from loraplex.kernels import cpu_packed
 
 
@@ -89,11 +88,7 @@ def main() -> None:
         print(
             f"rows {m:4d}: bf16 packed {tb * 1e3:.3f} ms, int8 {tq * 1e3:.3f} ms, ratio {tb / tq:.2f}, rel err {err:.4f}"
         )
-    meta = {"cpu": kind.model, "kind": kind.name, "flags": list(kind.flags), "args": vars(args),
-            "load_after": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    out = RESULTS / "cpu_int8_dynamic.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    out = write_cpu_result("cpu_int8_dynamic", {"args": vars(args)}, rows=rows)
     print(f"wrote {out}")
 
 
