@@ -36,7 +36,7 @@ from loraplex.platform.cluster.messages import HeldReservation, Hold, Refusal, R
 from loraplex.platform.errors import RateLimited
 from loraplex.platform.quotas.store import InProcessQuotaStore, QuotaView, Reservation
 
-ENDED_KEPT = 65_536  # ended keys remembered (~5 MB); a call late by more than that many ends is not expected
+ENDED_KEPT = 65_536  # ended keys remembered (measured ~10 MB); a call late by more than that many ends is not expected
 
 
 class ReservationBook:
