@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -85,6 +86,25 @@ class ServeCluster(ServeProcess):
             return self.engine().get("replicas", [])
         except (httpx.HTTPError, ValueError):
             return []
+
+    def wait_for_replicas(self, n: int, timeout: float, *, fresh_s: float = 10.0, steady_s: float = 15.0) -> list[dict]:
+        """The n engine replicas once n report, each heard from within ``fresh_s``, and the same
+        processes for ``steady_s`` on end. A replica a test froze or killed can be replaced by
+        Serve some seconds after it reports again (its health checks timed out while it was
+        stopped); the next test must start from two replicas that stay, not from that one."""
+        deadline = time.time() + timeout
+        since, pids = 0.0, frozenset()
+        while True:
+            reps = self.replicas()
+            now = time.time()
+            ok = len(reps) == n and all(now - r["seen"] < fresh_s for r in reps)
+            current = frozenset(r["pid"] for r in reps)
+            if not ok or current != pids:
+                since, pids = now, current if ok else frozenset()
+            elif now - since >= steady_s:
+                return reps
+            assert now < deadline, f"not {n} steady replicas within {timeout:.0f} s: {reps}"
+            time.sleep(0.5)
 
     def control(self) -> dict:
         """The control-plane actor as the ingress last saw it (pid, epoch, live reservations)."""
