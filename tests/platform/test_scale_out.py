@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from decimal import Decimal
 
 import billing_helpers
 import httpx
@@ -324,6 +325,41 @@ def test_admin_abort_reaches_streams_on_every_ingress(cluster):
     for r in results:
         assert r.error is not None and r.error["code"] == "request_cancelled", r
         assert r.chunks < 2000
+
+
+def test_budget_is_exact_across_two_ingress_replicas(cluster):
+    """Budgets in currency across both ingresses: 40 simultaneous streaming requests against a
+    budget with room for exactly 10 worst cases. The ingresses share the database and each
+    admission locks the budget row there, so exactly 10 are admitted whichever ingress took them;
+    the other 30 get OpenAI's 429 insufficient_quota, and once the streams close every hold is
+    settled (nothing reserved, the spend equal to the ledger's records). (Its own module once:
+    it shares this cluster now, a Ray start less per suite run; the price it sets is put back to
+    zero for the tests after it.)"""
+    tid, key = new_tenant(cluster.url, "spender")
+    price = {"model": "*", "input_per_mtok": "0", "output_per_mtok": "10000"}
+    assert _admin("POST", cluster.url + "/admin/v1/prices", json=price).status_code == 201
+    try:
+        # 400 output tokens x $0.01 = $4 per request: room for exactly 10
+        budget = _admin("PUT", f"{cluster.url}/admin/v1/tenants/{tid}/budget", json={"amount": "40"})
+        assert budget.status_code == 200, budget.text
+        body = {"model": "demo", "prompt": [5, 6, 7, 8], "max_tokens": 400, "temperature": 0}
+        res = asyncio.run(_burst(cluster.url, key, body, 40))
+        codes = [c for c, _, _ in res]
+        assert codes.count(200) == 10 and codes.count(429) == 30, res
+        assert {e["code"] for c, _, e in res if c == 429} == {"insufficient_quota"}
+        deadline = time.time() + WAIT_S
+        while True:  # the closed streams settle (each ingress's worker)
+            b = _admin("GET", f"{cluster.url}/admin/v1/tenants/{tid}/budget").json()
+            rows = usage_rows(cluster.url, tid)
+            if b["reserved"] == "0" and len(rows) == 10 and all(r["status"] != "running" for r in rows.values()):
+                break
+            assert time.time() < deadline, (b, rows)
+            time.sleep(0.3)
+        want = sum((Decimal(r["completion_tokens"]) * Decimal("0.01") for r in rows.values()), Decimal(0))
+        assert Decimal(b["spent"]) == want <= Decimal(40)
+    finally:
+        free = {"model": "*", "input_per_mtok": "0", "output_per_mtok": "0"}
+        assert _admin("POST", cluster.url + "/admin/v1/prices", json=free).status_code == 201
 
 
 def test_frozen_replica_never_hangs_the_ingress(cluster):
