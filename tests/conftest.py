@@ -97,9 +97,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("LORAPLEX_HYPOTHESIS_PROFILE", "dev")
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:
-        # Two xdist workers (scripts/test.sh) keep both cores busy, so each worker, and every server
-        # it starts, computes on one thread: two threads each would oversubscribe the cores and every
-        # OpenMP barrier would wait for a descheduled thread. (torch is already imported above.)
+        # Several xdist workers (scripts/test.sh: three on two cores) keep both cores busy, so each
+        # worker, and every server it starts, computes on one thread: more threads each would
+        # oversubscribe the cores and every OpenMP barrier would wait for a descheduled thread. (torch is already imported above.)
         import torch
 
         os.environ["OMP_NUM_THREADS"] = "1"

@@ -1,6 +1,6 @@
 """Which tests share a pytest-xdist worker, and which groups start first.
 
-``scripts/test.sh`` runs the suite on two xdist workers. A group of tests always runs on one worker,
+``scripts/test.sh`` runs the suite on three xdist workers (two cores). A group of tests always runs on one worker,
 in collection order, so that a module's module-scoped servers start once, only one Ray cluster
 runs at a time, and one copy of the real demo model is in memory.
 
@@ -10,9 +10,11 @@ no longer takes effect (pytest-xdist issue #1386), so every group was silently s
 workers: both started every module server and both started Ray clusters. Here the grouping is a
 pure function of the node id, computed where the work is scheduled.
 
-Order matters on two workers: the longest groups go first (longest-processing-time first), so the
-Ray group and the demo model start at once on the two workers and the many short modules fill in
-around them instead of queuing behind them at the end.
+Order matters: the longest groups go first (longest-processing-time first), so the Ray group and
+the demo model start at once and the many short modules fill in around them instead of queuing
+behind them at the end. Long groups that are mostly waiting (the crash soak's idle gaps, the lease
+tests' restarts) count by their wall time too: costed by their one or six tests they were queued
+last and ran alone at the end (quiet run, three workers: the soak's 92 s was the last 100 s).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ HEAVY_SECONDS = {
     "tests/platform/test_faults_processes.py": 150,
     "tests/platform/test_instances_processes.py": 150,
     "tests/platform/test_api_fuzz.py": 120,
+    "tests/platform/test_cluster_leases.py": 180,  # ray.init and actor restarts: mostly waiting
+    "tests/platform/test_crash_soak.py": 95,  # four idle gaps of 12 s on purpose
 }
 
 
