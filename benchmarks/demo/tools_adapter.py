@@ -17,22 +17,24 @@ the call first, then the schema's JSON with the result's values).
 
 ~1-2 min on 2 cores (a few dozen short generations per adapter) after the adapter is trained.
 
-Tries that did not (yet) beat the shipped adapter, measured here (2-core AMD EPYC Zen 4, 2026-12-06,
-branch adapter36; ``first``/``handoff``/``handoff_next``/``second_call``/``final_result``, text,
-after_result):
+Tries that did not (yet) beat the shipped adapter, measured here (2-core AMD EPYC Zen 4, 2026-12-06;
+the trainer options below lived on a branch, not merged). Rows: ``first``, ``handoff``,
+``handoff_next``, ``second_call``, ``final_result``; then text and after_result:
 
 - shipped recipe and data, seed 0 (reproduces the shipped adapter): 8/14, 0/3, 0/3, 0/2, 0/2; text
   3/3, after_result 16/16; training 354 CPU s (546 s wall on a busy machine).
 - the 135-conversation mix in the frameworks' own tool shapes (branch agents3), bigger recipes, and
   8 layers / 45 steps (handoff_next 3/3, the loop-ending rows still 0).
-- ``decision_weight=8`` + ``own_turns_only`` + LoRA on 8 layers (train.py; 30 steps), seed 1:
+- a loss weight of 8 on each post-result turn's decision tokens (the first text token, or a call
+  through its tool name) + the handed-to agent not trained on the triage agent's handoff call +
+  LoRA on 8 layers (30 steps), seed 1:
   9/14, 0/3, 3/3, 0/2, 0/2; text 2/3 (and 1/3 of tests/demo's three no-tool questions: that test
   would fail), after_result 16/16; fw_handoff_next 2/3, fw_final_result 1/2; 601 CPU s (1.7x).
-- the same + ``loop_endings()`` (18 targeted conversations, 130 in all), seed 1: 7/14, 0/3, 0/3,
-  0/2, 2/2; text 3/3, after_result 11/16 (calls again after 5 results: the loop the adapter must
+- the same + 18 targeted conversations (the handed-to agent's call, the second city, final_result;
+  130 in all), seed 1: 7/14, 0/3, 0/3, 0/2, 2/2; text 3/3, after_result 11/16 (calls again after 5 results: the loop the adapter must
   end); fw_final_result 2/2; 646 CPU s (1.8x).
 - not measured (a saturated machine: nice-19 jobs got ~15 CPU s a minute): seed 0 of both, and
-  ``decision_weight`` on the shipped 4 layers. Neither candidate met the bar (loop-ending rows up
+  the decision weight on the shipped 4 layers. Neither candidate met the bar (loop-ending rows up
   on both seeds, first calls and plain answers kept), so the shipped recipe and data are unchanged.
 """
 
