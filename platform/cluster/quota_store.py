@@ -49,9 +49,12 @@ class ActorReservation(Reservation):
 class ActorQuotaStore:
     """``actor``: the control plane's Ray handle (``ControlPlane`` methods, called ``.remote``)."""
 
-    def __init__(self, actor: Any, owner: str = "") -> None:
+    def __init__(self, actor: Any, owner: str = "", *, retry_budget_s: float = RETRY_BUDGET_S) -> None:
         self._actor = actor
         self._owner = owner
+        # how long a reserve waits for an admit or a refusal (a restarting control plane answers
+        # Retry until the ingresses have handed their holds back) before it is a 503
+        self._retry_budget_s = retry_budget_s
         self._calls = ActorLoop("loraplex-quota-calls")
         self._queue: list[tuple[ReserveItem, asyncio.Future[ReserveAnswer]]] = []
         self._sending = False  # a reserve_many is in flight (only the loop's thread reads this)
@@ -79,7 +82,7 @@ class ActorQuotaStore:
             return self._reserve_unlimited(tenant_id, quota, tokens, key)
         try:
             got = self._calls.run(
-                self._reserve(ReserveItem(key, tenant_id, quota, tokens)), timeout=RETRY_BUDGET_S + 10
+                self._reserve(ReserveItem(key, tenant_id, quota, tokens)), timeout=self._retry_budget_s + 10
             )
         except BaseException:
             self._actor.cancel.remote(key)  # sent after the reserve: undoes it if it lands after all
@@ -120,10 +123,10 @@ class ActorQuotaStore:
             self._sending = True
             asyncio.ensure_future(self._send())
         try:  # bounded: a restarted instance may keep asking for a resend while an ingress is frozen
-            got = await asyncio.wait_for(answer, timeout=RETRY_BUDGET_S)
+            got = await asyncio.wait_for(answer, timeout=self._retry_budget_s)
         except asyncio.TimeoutError:
             raise ServiceUnavailable(
-                f"the quota coordinator did not admit or refuse in {RETRY_BUDGET_S:.0f} s",
+                f"the quota coordinator did not admit or refuse in {self._retry_budget_s:.0f} s",
                 headers={"retry-after": "5"},
             ) from None
         assert not isinstance(got, Retry)  # the sender sends a Retry again, never answers it
