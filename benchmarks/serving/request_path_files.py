@@ -13,11 +13,12 @@ benchmarks/results/request_path_files.json. Takes ~20 s.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from benchmarks.lib.workload import write_json
 
 
 def main() -> None:
@@ -78,9 +79,7 @@ def main() -> None:
     for i, f in enumerate(files, 1):
         print(f"{i:>3}  {f:<52} {'yes' if f in inbound else ''}")
     print(f"\nplatform files: inbound (to the engine's submit) {len(inbound)}, whole request {len(files)}")
-    out = Path(__file__).resolve().parent / "results" / "request_path_files.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"inbound": inbound, "all": files}, indent=1))
+    write_json("request_path_files", {"inbound": inbound, "all": files})
 
 
 if __name__ == "__main__":
