@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.adapters.sources.resolver import AdapterResolver
 from loraplex.platform.adapters.sources.serving import ServedReferences
 from loraplex.platform.adapters.store import AdapterStore
+from loraplex.platform.admin.sso.oidc import OIDCClient
 from loraplex.platform.alerts.dispatcher import Dispatcher
 from loraplex.platform.alerts.limits import LimitAlerts
 from loraplex.platform.alerts.outbox import Outbox
@@ -60,6 +61,9 @@ class PlatformContext:
     # tests answer as an attacker's DNS server would (DNS rebinding).
     webhook_resolver: Resolver = field(default=system_resolver)
     budgets: BudgetStore = field(init=False)  # budgets in currency (platform/budgets)
+    # The admin page's sign-in (sso.enabled): one per context, it caches the provider's discovery
+    # document and keys. None when single sign-on is off.
+    oidc: OIDCClient | None = field(init=False, default=None)
 
     def __post_init__(self, quota_store: QuotaStore | None) -> None:
         obs = self.settings.observability
@@ -90,6 +94,8 @@ class PlatformContext:
             shared = LedgerAdmission(self.sessions, self.ledger, self.outbox)
             self.quotas = InProcessQuotaStore(self._tokens_since, shared=shared, alerts=alerts)
         self.budgets = build_budget_store(self)
+        if self.settings.sso.enabled:
+            self.oidc = OIDCClient(self.settings.sso)
 
     def _metric_stats(self) -> dict:
         """What /metrics reads of the platform at scrape time (observability/metrics.py)."""

@@ -22,7 +22,8 @@ from loraplex.platform.quotas.store import QuotaView
 
 
 def get_context(request: Request) -> PlatformContext:
-    return request.app.state.ctx
+    # put there by http/context_binding.BindContext: the routes are shared by every app of a process
+    return request.state.ctx
 
 
 ContextDep = Annotated[PlatformContext, Depends(get_context)]

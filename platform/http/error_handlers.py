@@ -42,7 +42,7 @@ def error_response(status: int, message: str, *, param=None, code=None, headers=
 
 async def _platform_error(_req: Request, exc: PlatformError) -> JSONResponse:
     if exc.status_code == 429:
-        observer = getattr(getattr(_req.app.state, "ctx", None), "observer", None)
+        observer = getattr(getattr(_req.state, "ctx", None), "observer", None)
         if observer is not None:
             # the tenant the key belonged to (deps.require_tenant), for refusals by tenant
             observer.rate_limited(exc.message, exc.code, getattr(_req.state, "tenant_id", None))

@@ -39,8 +39,8 @@ def sso_server(tmp_path, db_url, issuer: str, tenant_id: str = "acme", **sso) ->
     )
     ctx, _ = build_context(settings, upgrade_db=False)
     srv = LiveServer(create_app(ctx), ctx)
-    # The server's own origin is only known once it listens (port 0); the OIDC client is built on
-    # the first sign-in, from the settings as they are then.
+    # The server's own origin is only known once it listens (port 0); the OIDC client reads it
+    # from the settings at each sign-in.
     ctx.settings.sso.base_url = srv.url
     return srv
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi.routing import iter_route_contexts
 
-from loraplex.platform.app import KEY_POLICY
+from loraplex.platform.app import KEY_POLICY, api_app
 from loraplex.platform.deps import require_admin, require_tenant
 
 
@@ -23,7 +23,7 @@ def _needed_key(dependant) -> str | None:
 
 
 def test_the_gate_policy_matches_every_routes_dependencies(platform):
-    app = platform.client.app
+    app = api_app()  # the routes every server of this process serves
     checked = 0
     for route in iter_route_contexts(app.routes):
         dependant = getattr(route, "dependant", None)

@@ -13,7 +13,7 @@ import pytest
 from billing_helpers import H, auth
 from fastapi.routing import APIRoute, iter_route_contexts
 
-from loraplex.platform.app import TENANT_PREFIXES, create_app
+from loraplex.platform.app import TENANT_PREFIXES, api_app
 from loraplex.platform.deps import require_admin, require_tenant
 
 
@@ -144,13 +144,13 @@ def tenant_routes(app) -> set[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def env(module_tenant_setup):
     """The module's server and tenant (adapter "bot"), a key scoped to "bot" and three stored
-    responses; ``app``: the route table the server was built from."""
+    responses; ``app``: the route table every server of this process serves."""
     ctx, url, tid, key, _ada, _client = module_tenant_setup
     e = Env(url, ctx.engine.model_name, tid, key, "", "", "", "")
     e.scoped = e.key(allowed_models=["bot"])
     e.other_resp, e.bot_resp = e.respond(e.full, e.base), e.respond(e.full, "bot")
     e.own_resp = e.respond(e.scoped, "bot")
-    e.app = create_app(ctx, owns_engine=False)  # type: ignore[attr-defined]  # the same routes, not served
+    e.app = api_app()  # type: ignore[attr-defined]
     return e
 
 

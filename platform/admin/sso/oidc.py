@@ -75,10 +75,15 @@ class PendingLogin:
 class OIDCClient:
     def __init__(self, settings: SSOSettings) -> None:
         self.settings = settings
-        self.redirect_uri = settings.base_url.rstrip("/") + CALLBACK_PATH
         self._metadata: dict[str, Any] | None = None
         self._keys: dict[str, Any] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def redirect_uri(self) -> str:
+        # read at each sign-in, not kept: a server started on port 0 learns its own origin after
+        # the client is made (tests/platform/sso_helpers.py)
+        return self.settings.base_url.rstrip("/") + CALLBACK_PATH
 
     def _client(self) -> OAuth2Client:
         s = self.settings

@@ -29,11 +29,9 @@ def _sso(ctx: Any) -> SSOSettings:
     return ctx.settings.sso
 
 
-def _client(request: Request, settings: SSOSettings) -> OIDCClient:
-    client = getattr(request.app.state, "oidc_client", None)
-    if client is None:  # one per app: it caches the provider's discovery document and keys
-        client = request.app.state.oidc_client = OIDCClient(settings)
-    return client
+def _client(ctx: Any) -> OIDCClient:
+    assert ctx.oidc is not None  # made with the context when sso.enabled (``_sso`` checked it)
+    return ctx.oidc
 
 
 def _secure(settings: SSOSettings) -> bool:
@@ -43,7 +41,7 @@ def _secure(settings: SSOSettings) -> bool:
 @router.get("/login", include_in_schema=False)
 def login(request: Request, ctx: ContextDep) -> Response:
     settings = _sso(ctx)
-    url, pending = _client(request, settings).begin(time.time())
+    url, pending = _client(ctx).begin(time.time())
     resp = RedirectResponse(url, status_code=302)
     resp.set_cookie(
         sessions.LOGIN_COOKIE,
@@ -63,7 +61,7 @@ def callback(request: Request, ctx: ContextDep, state: str = "", code: str = "",
     if error:
         raise LoginRefused(f"the identity provider refused the sign-in: {error[:100]}")
     pending = PendingLogin.unseal(request.cookies.get(sessions.LOGIN_COOKIE, ""), ctx.hasher, time.time())
-    claims = _client(request, settings).finish(pending, state, code)
+    claims = _client(ctx).finish(pending, state, code)
     roles = roles_for_claims(claims, settings.role_claim, settings.role_map)
     email = str(claims.get("email") or claims["sub"])
     if not roles:
