@@ -121,7 +121,7 @@ def api_app() -> FastAPI:
     """Every route (admin API, tenant API, health, metrics, the admin page), built once per
     process and shared by every ``create_app``. The routes hold no context: they read the request's
     (``deps.get_context``), which ``BindContext`` puts there. FastAPI builds each route's dependency
-    model and validators on the first request an app receives, ~100 ms of CPU for these ~170 routes
+    model and validators on the first request an app receives, ~100 ms of CPU for these ~80 routes
     on a 2-core EPYC: shared, a process pays it once instead of once per context (a replica builds
     one; the test suite builds hundreds)."""
     api = FastAPI(
