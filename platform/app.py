@@ -129,7 +129,8 @@ def api_app() -> FastAPI:
         version="0.1.0",
         description="Multi-LoRA, multi-tenant LLM serving: admin API under /admin/v1.",
     )
-    install_error_handlers(api)
+    # No error handlers here: a server mounts only this app's router, so what a route raises is
+    # answered (and an unexpected error logged) once, by the server's own app (``create_app``).
     api.include_router(admin_router, responses=ADMIN_ERRORS)
     api.include_router(tenant_router, responses=TENANT_ERRORS)
     api.include_router(tokenize_router, responses=TENANT_ERRORS)
@@ -190,7 +191,9 @@ def create_app(ctx: PlatformContext, *, owns_engine: bool = True, watchdog: Engi
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.openapi = api.openapi  # type: ignore[method-assign]  # app.openapi() in code sees the real schema
     install_error_handlers(app)
-    app.mount("", api)
+    # the router, not the app: the API app's own middleware (its error middleware among it) would
+    # answer an unexpected error and re-raise it to this app's, which logged it a second time
+    app.mount("", api.router)
     _add_request_guards(app, ctx)
     return app
 

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.platform.errors import PlatformError
+from loraplex.platform.http import request_id
 
 log = logging.getLogger("loraplex.platform")
 
@@ -247,7 +248,12 @@ async def _database_error(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
 
 async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
-    return error_response(500, "internal server error", code="internal_error")
+    # Starlette answers this from its error middleware, outside every guard: RequestId never sees
+    # this answer, so the id it chose is set here
+    rid = request_id.of(_req.scope)
+    return error_response(
+        500, "internal server error", code="internal_error", headers={"x-request-id": rid} if rid else None
+    )
 
 
 _E = TypeVar("_E", bound=Exception)
