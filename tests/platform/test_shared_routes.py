@@ -370,9 +370,17 @@ def test_one_server_mounted_inside_another_serves_its_own_context(tmp_path, db_u
 
 
 # ----------------------------------------------------------------- answers outside the normal routes
-@pytest.fixture
-def edge_client(plain_ctx):
-    with TestClient(create_app(plain_ctx, owns_engine=False), raise_server_exceptions=False) as c:
+@pytest.fixture(scope="module")
+def edge_client(tmp_path_factory, sqlite_template):
+    """One server for the probes below: they change nothing, and routing does not depend on the
+    database (SQLite only; the module's other tests run on both)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("edge")
+    shutil.copy(sqlite_template, folder / "loraplex.db")
+    settings = make_settings(folder, f"sqlite:///{folder / 'loraplex.db'}")
+    ctx, _ = build_context(settings, LocalEngineClient.disabled(), upgrade_db=False)
+    with TestClient(create_app(ctx, owns_engine=False), raise_server_exceptions=False) as c:
         yield c
 
 
