@@ -83,6 +83,8 @@ DATABASE_AGNOSTIC_MODULES = (
     "tests/platform/test_openai_surface.py::",
     "tests/platform/test_vllm_extensions.py::",  # request extensions honoured or refused by name
     "tests/platform/test_hardening_routes.py::",  # bounds checked before templating (in-process quotas)
+    "tests/platform/test_hostile_round4_body_items.py::",  # list bounds applied before validation
+    "tests/platform/test_openai_errors.py::",  # error codes, params and wording as OpenAI's
 )
 
 

@@ -67,9 +67,14 @@ def test_context_overflow_has_openais_code_param_and_wording(module_tenant_setup
         f"you requested {n_short + context} tokens ({n_short} in the messages, {context} in the completion)"
         in e.value.body["message"]
     )
-    # exactly what is left fits (the boundary is prompt + max_tokens <= context)
-    ok = client.chat.completions.create(model=base, messages=short, max_tokens=context - n_short)
-    assert ok.choices[0].finish_reason in ("stop", "length")
+    # exactly what is left fits (the boundary is prompt + max_tokens <= context): accepted, which a
+    # stream shows at its first chunk (a refusal comes before any byte); leaving it then ends the
+    # generation instead of decoding the whole context
+    with client.chat.completions.create(
+        model=base, messages=short, max_tokens=context - n_short, stream=True
+    ) as accepted:
+        first = next(iter(accepted))
+    assert first.choices and first.choices[0].index == 0
     # completions: the prompt; the Responses API: the input
     prompt = messages[0]["content"]
     with pytest.raises(openai.BadRequestError) as e:
