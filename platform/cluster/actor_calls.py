@@ -50,11 +50,14 @@ def call_actor(submit: Callable[[], object], *, what: str = "the cluster control
             ref = submit()
 
 
-async def call_actor_async(submit: Callable[[], Any], *, what: str = "the cluster control plane") -> Any:
-    """``call_actor`` awaited: the same waits, retries and budget, on the running event loop."""
+async def call_actor_async(
+    submit: Callable[[], Any], *, what: str = "the cluster control plane", budget_s: float = RETRY_BUDGET_S
+) -> Any:
+    """``call_actor`` awaited: the same waits and retries, on the running event loop, for at most
+    ``budget_s`` (the caller's own budget, e.g. ``ActorQuotaStore(retry_budget_s=...)``)."""
     from ray.exceptions import RayActorError
 
-    deadline = time.monotonic() + RETRY_BUDGET_S
+    deadline = time.monotonic() + budget_s
     delay = 0.1
     ref = submit()
     answer = asyncio.wrap_future(ref.future())
@@ -63,7 +66,7 @@ async def call_actor_async(submit: Callable[[], Any], *, what: str = "the cluste
             return await asyncio.wait_for(asyncio.shield(answer), timeout=max(0.1, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             _cancel(ref)
-            raise _unavailable(what, f"did not answer in {RETRY_BUDGET_S:.0f} s") from None
+            raise _unavailable(what, f"did not answer in {budget_s:.0f} s") from None
         except RayActorError as exc:
             if time.monotonic() + delay > deadline:
                 raise _unavailable(what, f"is unavailable: {type(exc).__name__}") from None

@@ -142,6 +142,7 @@ class ActorQuotaStore:
                     answers: list[ReserveAnswer] = await _await_actor(
                         functools.partial(self._actor.reserve_many.remote, self._owner, items),
                         what="the quota coordinator",
+                        budget_s=self._retry_budget_s,  # a restart is ridden out within the store's own budget
                     )
                 except Exception as exc:  # noqa: BLE001 - each waiting caller gets the error
                     for _, fut in batch:
@@ -211,8 +212,8 @@ class ActorQuotaStore:
             return True
 
 
-async def _await_actor(submit: Callable[[], Any], what: str) -> Any:  # the seam a test without Ray replaces
-    return await call_actor_async(submit, what=what)
+async def _await_actor(submit: Callable[[], Any], what: str, budget_s: float) -> Any:  # a test without Ray replaces it
+    return await call_actor_async(submit, what=what, budget_s=budget_s)
 
 
 def _key(reservation: Reservation) -> str:

@@ -151,7 +151,7 @@ def test_a_restarted_instance_rebuilds_state_from_the_db_and_adopts_live_reserva
     store = ActorQuotaStore(handle)
     import loraplex.platform.cluster.quota_store as qs
 
-    async def direct(submit, what=""):  # no Ray: the value is the answer
+    async def direct(submit, what="", budget_s=0.0):  # no Ray: the value is the answer
         return submit()
 
     monkeypatch.setattr(qs, "_await_actor", direct)
@@ -238,7 +238,7 @@ def test_the_ingress_store_batches_concurrent_reserves_into_few_actor_calls(monk
     handle = _Direct(cp)
     store = ActorQuotaStore(handle, owner="ingress-x")
 
-    async def held_first(submit, what=""):
+    async def held_first(submit, what="", budget_s=0.0):
         if handle.calls.count("reserve_many") == 0:
             # the first batch is whatever was queued when the sender woke (on a loaded machine,
             # more than one): the rest of the 20 queue behind it. The bound is only a backstop,
@@ -287,7 +287,7 @@ def test_a_tenant_without_limits_is_admitted_without_waiting_for_the_actor(monke
     store = ActorQuotaStore(handle, owner="ingress-x")
     waited: list[str] = []
 
-    async def counted(submit, what=""):
+    async def counted(submit, what="", budget_s=0.0):
         waited.append(what)
         return submit()
 
