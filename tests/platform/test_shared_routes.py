@@ -39,6 +39,19 @@ KEY_B = "server-b-admin-key-0123456789abcdef"
 RID = r"req_[0-9a-f]{32}"
 
 
+def _second_database(tmp_path, db_url: str) -> str:
+    """A second empty, migrated database beside ``db_url`` (a copy of it while still empty), for a
+    second server of this process. SQLite only: the test is skipped on PostgreSQL."""
+    import shutil
+
+    if not db_url.startswith("sqlite:///"):
+        pytest.skip("two databases of one backend: SQLite only here")
+    target = tmp_path / "b-db" / "loraplex.db"
+    target.parent.mkdir()
+    shutil.copy(db_url.removeprefix("sqlite:///"), target)
+    return f"sqlite:///{target}"
+
+
 def _error_shape(resp: httpx.Response, status: int) -> dict:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"] == "application/json"
@@ -67,19 +80,11 @@ def _scrape(url: str) -> dict[str, list]:
 def two_engine_servers(tmp_path, db_url, demo_engine, good_files):
     """Two live servers in this process on two databases (the session's engine shared, as the tests
     share it), with different admin keys; on each a tenant with a key and an adapter "bot"."""
-    import shutil
 
     servers = []
     for name, key in (("a", KEY_A), ("b", KEY_B)):
         # db_url is one database: server B gets a copy of it (empty and migrated, as A's is now)
-        url = db_url
-        if name == "b":
-            if not db_url.startswith("sqlite:///"):
-                pytest.skip("two databases of one backend: SQLite only here")
-            target = tmp_path / "b-db" / "loraplex.db"
-            target.parent.mkdir()
-            shutil.copy(db_url.removeprefix("sqlite:///"), target)
-            url = f"sqlite:///{target}"
+        url = _second_database(tmp_path, db_url) if name == "b" else db_url
         settings = make_settings(tmp_path / name, url, admin_key=key, observability={"tenant_labels": True})
         ctx, _ = build_context(settings, demo_engine, upgrade_db=False)
         srv = LiveServer(create_app(ctx, owns_engine=False), ctx)
@@ -169,15 +174,10 @@ def test_two_servers_hammered_at_once_each_see_only_their_own_context(two_engine
 def two_plain_servers(tmp_path, db_url):
     """Two live servers without an engine in this process, on two databases, with different
     settings: A serves /metrics, B does not; different admin keys."""
-    import shutil
 
-    if not db_url.startswith("sqlite:///"):
-        pytest.skip("two databases of one backend: SQLite only here")
-    b_db = tmp_path / "b-db" / "loraplex.db"
-    b_db.parent.mkdir()
-    shutil.copy(db_url.removeprefix("sqlite:///"), b_db)
+    b_db = _second_database(tmp_path, db_url)
     out = []
-    for name, url, key, metrics in (("a", db_url, KEY_A, True), ("b", f"sqlite:///{b_db}", KEY_B, False)):
+    for name, url, key, metrics in (("a", db_url, KEY_A, True), ("b", b_db, KEY_B, False)):
         settings = make_settings(tmp_path / name, url, admin_key=key, observability={"metrics": metrics})
         ctx, _ = build_context(settings, LocalEngineClient.disabled(), upgrade_db=False)
         out.append((name, key, LiveServer(create_app(ctx, owns_engine=False), ctx)))
@@ -221,15 +221,10 @@ def test_servers_with_different_settings_answer_each_with_their_own(two_plain_se
 def test_two_apps_interleaved_on_one_event_loop(tmp_path, db_url):
     """Many requests to two apps at once on ONE event loop (httpx's ASGI transport): the context of
     one request never bleeds into another's, whatever the interleaving."""
-    import shutil
 
-    if not db_url.startswith("sqlite:///"):
-        pytest.skip("two databases of one backend: SQLite only here")
-    b_db = tmp_path / "b-db" / "loraplex.db"
-    b_db.parent.mkdir()
-    shutil.copy(db_url.removeprefix("sqlite:///"), b_db)
+    b_db = _second_database(tmp_path, db_url)
     apps = {}
-    for name, url, key in (("a", db_url, KEY_A), ("b", f"sqlite:///{b_db}", KEY_B)):
+    for name, url, key in (("a", db_url, KEY_A), ("b", b_db, KEY_B)):
         ctx, _ = build_context(
             make_settings(tmp_path / name, url, admin_key=key), LocalEngineClient.disabled(), upgrade_db=False
         )
@@ -346,20 +341,13 @@ def test_a_foreign_ctx_in_the_request_state_is_replaced(tmp_path, db_url, plain_
 def test_one_server_mounted_inside_another_serves_its_own_context(tmp_path, db_url):
     """create_app(B) mounted under /b of create_app(A)'s process-level router: a request for /b/...
     is B's (the inner binding wins), one for A's own paths is A's."""
-    import shutil
 
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    if not db_url.startswith("sqlite:///"):
-        pytest.skip("two databases of one backend: SQLite only here")
-    b_db = tmp_path / "b-db" / "loraplex.db"
-    b_db.parent.mkdir()
-    shutil.copy(db_url.removeprefix("sqlite:///"), b_db)
+    b_db = _second_database(tmp_path, db_url)
     ctx_a, _ = build_context(make_settings(tmp_path / "a", db_url, admin_key=KEY_A), LocalEngineClient.disabled())
-    ctx_b, _ = build_context(
-        make_settings(tmp_path / "b", f"sqlite:///{b_db}", admin_key=KEY_B), LocalEngineClient.disabled()
-    )
+    ctx_b, _ = build_context(make_settings(tmp_path / "b", b_db, admin_key=KEY_B), LocalEngineClient.disabled())
     outer = Starlette(routes=[Mount("/b", app=create_app(ctx_b, owns_engine=False))])
     with TestClient(outer) as c:
         made = c.post("/b/admin/v1/tenants", json={"name": "via-mount"}, headers=admin_headers(KEY_B))
@@ -544,18 +532,13 @@ def provider():
 
 
 def test_two_sso_servers_in_one_process_each_use_their_own_settings(tmp_path, db_url, provider):
-    import shutil
 
-    if not db_url.startswith("sqlite:///"):
-        pytest.skip("two databases of one backend: SQLite only here")
-    b_db = tmp_path / "b-db" / "loraplex.db"
-    b_db.parent.mkdir()
-    shutil.copy(db_url.removeprefix("sqlite:///"), b_db)
+    b_db = _second_database(tmp_path, db_url)
     # A: ops are admins; B: ops only view, and its client id differs
     a = sso_server(tmp_path / "a", db_url, provider.issuer)
     b = sso_server(
         tmp_path / "b",
-        f"sqlite:///{b_db}",
+        b_db,
         provider.issuer,
         client_id="another-client",
         role_map={"ops": ["viewer"]},
@@ -609,15 +592,10 @@ def test_two_sso_servers_in_one_process_each_use_their_own_settings(tmp_path, db
 def test_a_refusal_at_the_rate_limit_is_counted_by_its_own_server(tmp_path, db_url):
     """The 429 handler finds the observer through the request's context: a tenant refused on A is
     counted in A's metrics, never in B's (both serve /metrics, in one process, used at once)."""
-    import shutil
 
-    if not db_url.startswith("sqlite:///"):
-        pytest.skip("two databases of one backend: SQLite only here")
-    b_db = tmp_path / "b-db" / "loraplex.db"
-    b_db.parent.mkdir()
-    shutil.copy(db_url.removeprefix("sqlite:///"), b_db)
+    b_db = _second_database(tmp_path, db_url)
     servers = {}
-    for name, url, key in (("a", db_url, KEY_A), ("b", f"sqlite:///{b_db}", KEY_B)):
+    for name, url, key in (("a", db_url, KEY_A), ("b", b_db, KEY_B)):
         ctx, _ = build_context(
             make_settings(tmp_path / name, url, admin_key=key), LocalEngineClient.disabled(), upgrade_db=False
         )
