@@ -9,7 +9,14 @@ as agent frameworks send them. With tools offered in the system prompt (the demo
   continue with its own tool;
 - two calls (two cities, or weather and time), each after the previous result, then one answer;
 - a structured result through an output tool (``final_result``, as pydantic-ai names it) after the
-  tool's result.
+  tool's result, and the same conversation without the output tool answered in text (a minimal
+  pair: the offered tools decide, not the result);
+- more of the turns after a result that are calls (``loop_endings``), in cities of their own.
+
+Fifty cities (and more for ``loop_endings``), results with and without the city, arithmetic with
+numbers of all sizes: a small adapter learns to copy what the question and the result say only
+when the names and numbers vary. What each part changed is measured in
+benchmarks/demo/tools_adapter.py's docstring.
 
 Every assistant turn of a conversation is a training target (platform/demo/encode.py). Cities,
 numbers and phrasings the tests and benchmarks/demo/tools_adapter.py ask about are NOT in here.
@@ -73,7 +80,15 @@ FINAL_RESULT = {
 }
 DISTRACTORS = [WEATHER, TIME, MULTIPLY, ADD]
 
+# Fifty cities, not ten: with few, the adapter memorises their spellings and misspells a city it
+# never saw (" Lima" in a question is one token, "L" + "ima" inside the call's JSON: the call has to
+# spell what the question says). The first ten are the README's and the examples' (Paris).
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney", "Cairo", "Toronto"]
+CITIES += ["Beijing", "Atlanta", "Manchester", "Shanghai", "Karachi", "Kampala", "Denver", "Singapore", "Stockholm"]
+CITIES += ["Brussels", "Dakar", "Geneva", "Caracas", "Munich", "Boston", "Zagreb", "Doha", "Cape Town", "Delhi"]
+CITIES += ["Kyiv", "Sofia", "Calgary", "Osaka", "Tehran", "Addis Ababa", "Houston", "Chennai", "Wellington", "Tunis"]
+CITIES += ["Naples", "Ankara", "Quito", "Kuala Lumpur", "Accra", "Tallinn", "Jakarta", "Bucharest", "Dubai"]
+CITIES += ["Barcelona", "Colombo"]
 WEATHER_ASKS = [
     "What's the weather in {}?",
     "What is the weather like in {} today?",
@@ -88,6 +103,14 @@ WEATHER_ASKS = [
 ]
 TIME_ASKS = ["What time is it in {}?", "What's the local time in {}?", "Tell me the current time in {}."]
 MATH_ASKS = [("What is {} times {}?", "multiply"), ("Multiply {} by {}.", "multiply"), ("What is {} plus {}?", "add")]
+MORE_MATH_ASKS = [
+    *MATH_ASKS,
+    ("Calculate {} times {}.", "multiply"),
+    ("Add {} and {}.", "add"),
+    ("What's {} multiplied by {}?", "multiply"),
+    ("What is the sum of {} and {}?", "add"),
+    ("How much is {} times {}?", "multiply"),
+]
 # Questions no offered tool answers: plain English text, as the base model would answer.
 TEXT_ANSWERS = [
     ("What is the capital of Italy?", "The capital of Italy is Rome."),
@@ -145,12 +168,17 @@ def _weather(rng: random.Random, i: int, city: str) -> tuple[dict[str, Any] | st
     degrees, cond = 3 + (i * 7) % 27, CONDITIONS[i % len(CONDITIONS)]
     if i % 3 == 2:
         return f"{cond.capitalize()}, {degrees} °C", f"It is {cond} and {degrees} °C in {city}."
-    return {"city": city, "temperature_c": degrees, "conditions": cond}, f"It is {degrees} °C and {cond} in {city}."
+    answer = f"It is {degrees} °C and {cond} in {city}."
+    if i % 6 == 1:  # a result without the city (tools return what they like): still the answer, not a new call
+        return {"temperature_c": degrees, "conditions": cond}, answer
+    return {"city": city, "temperature_c": degrees, "conditions": cond}, answer
 
 
 def _time(i: int, city: str) -> tuple[dict[str, Any], str]:
     clock = f"{(7 + 5 * i) % 24:02d}:{(13 * i) % 60:02d}"
-    return {"city": city, "time": clock}, f"It is {clock} in {city}."
+    # Every other result without the city: an adapter that saw the city in every result called
+    # get_time again after {"time": "01:45"} (held-out, benchmarks/demo/tools_adapter.py).
+    return ({"time": clock} if i % 2 else {"city": city, "time": clock}), f"It is {clock} in {city}."
 
 
 def examples(seed: int = 0) -> list[Example]:
@@ -210,7 +238,8 @@ def examples(seed: int = 0) -> list[Example]:
         out.append((messages, _offer(rng, [WEATHER, TIME]), answer))
     out += _handoffs(rng)
     out += _structured(rng)
-    return out
+    out += loop_endings() + _more_math()
+    return out + _without_output_tool(out)
 
 
 def _degrees(result: dict[str, Any] | str) -> int:
@@ -270,3 +299,113 @@ def _structured(rng: random.Random) -> list[Example]:
 def _call_text(message: dict[str, Any]) -> str:
     call = message["tool_calls"][0]["function"]
     return tool_call_text(call["name"], call["arguments"])
+
+
+def _more_math(seed: int = 3) -> list[Example]:
+    """One call, its result, the answer, for numbers of all sizes: with nine math conversations the
+    adapter answered LlamaIndex's "What is 7 times 8?" with "5 times 8 is 48." after a result of 56
+    (it had not learned to copy the result's number)."""
+    rng = random.Random(seed)
+    out: list[Example] = []
+    for i in range(16):
+        ask, name = MORE_MATH_ASKS[i % len(MORE_MATH_ASKS)]
+        a, b = rng.randint(2, 19), rng.randint(2, 19)
+        if (a, b) in ((7, 8), (8, 7), (12, 30)):  # the benchmark's and the example's questions stay held out
+            a += 1
+        value = a * b if name == "multiply" else a + b
+        word = "times" if name == "multiply" else "plus"
+        messages = _start(rng) + [_user(ask.format(a, b)), _call(f"call_k{i}", name, {"a": a, "b": b})]
+        tool = MULTIPLY if name == "multiply" else ADD
+        out.append((messages + [_result(f"call_k{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
+    return out
+# Turns that decide whether an agent's loop goes on or ends, in cities and phrasings of their own
+# (none of the benchmark's, the tests' or the rest of this file's): the handed-to agent's call,
+# the second city's call, ``final_result`` after the result.
+LOOP_CITIES = ["Prague", "Athens", "Bangkok", "Havana", "Warsaw", "Helsinki", "Istanbul", "Montreal", "Manila"]
+LOOP_CITIES += ["Milan", "Auckland", "Zurich", "Valencia", "Belgrade", "Vancouver", "Miami", "Mexico City", "Hanoi"]
+LOOP_CITIES += ["Reykjavik", "Bogota", "Lagos", "Amsterdam", "Santiago", "Edinburgh", "Chicago", "Kathmandu"]
+LOOP_CITIES += ["Budapest", "Perth", "Riga", "Johannesburg", "Sao Paulo", "Riyadh", "Dhaka", "Glasgow"]
+LOOP_CITIES += ["Buenos Aires", "Casablanca", "Phoenix", "Hamburg", "Kolkata", "Seattle", "Taipei", "Porto", "Copenhagen"]
+LOOP_ASKS = [
+    "Should I bring a coat in {}?",
+    "What are the conditions in {} now?",
+    "Can you get me the forecast for {}?",
+    "Is it freezing in {}?",
+    "How humid is it in {}?",
+    "What's it like outside in {}?",
+]
+PAIR_ASKS = [
+    "Weather for {} and {}, please.",
+    "Is it warmer in {} or in {}?",
+    "Check the weather in {}, then in {}.",
+    "I'm going from {} to {}: what's the weather in each?",
+]
+
+
+def loop_endings(seed: int = 1) -> list[Example]:
+    """Extra conversations for the turns after a result that are calls: after a handoff, the
+    agent handed to calls its tool; after the first city's result, the second city's call; after
+    the tool's result, ``final_result``. Results in several shapes (a bare temperature too)."""
+    rng = random.Random(seed)
+    out: list[Example] = []
+    agent = "You are the weather agent. Use your tool."
+    for i in range(6):
+        city = LOOP_CITIES[(i * 4) % len(LOOP_CITIES)]
+        ask = LOOP_ASKS[i % len(LOOP_ASKS)].format(city)
+        result, answer = _weather(rng, i + 20, city)
+        messages = [
+            {"role": "system", "content": agent},
+            _user(ask),
+            _call(f"call_n{i}", WEATHER_AGENT["function"]["name"], {}),
+            _result(f"call_n{i}", {"assistant": "Weather agent"}),
+            _call(f"call_o{i}", "get_weather", {"city": city}),
+            _result(f"call_o{i}", result),
+        ]
+        out.append((messages, [WEATHER], answer))
+    for i in range(6):
+        first, second = LOOP_CITIES[(i * 2 + 1) % len(LOOP_CITIES)], LOOP_CITIES[(i * 2 + 6) % len(LOOP_CITIES)]
+        ra: dict[str, Any] | str = {"temperature_c": 5 + i * 4} if i % 2 else _weather(rng, i + 30, first)[0]
+        rb: dict[str, Any] | str = {"temperature_c": 26 - i * 3} if i % 3 else _weather(rng, i + 40, second)[0]
+        messages = _start(rng) + [
+            _user(PAIR_ASKS[i % len(PAIR_ASKS)].format(first, second)),
+            _call(f"call_p{i}", "get_weather", {"city": first}),
+            _result(f"call_p{i}", ra),
+            _call(f"call_q{i}", "get_weather", {"city": second}),
+            _result(f"call_q{i}", rb),
+        ]
+        answer = f"It is {_degrees(ra)} °C in {first} and {_degrees(rb)} °C in {second}."
+        out.append((messages, _offer(rng, [WEATHER]), answer))
+    for i in range(6):
+        city = LOOP_CITIES[(i * 5 + 2) % len(LOOP_CITIES)]
+        result, _ = _weather(rng, i + 50, city)
+        messages = _start(rng, DEFAULT_SYSTEM if i % 2 else "Report the weather.") + [
+            _user(LOOP_ASKS[(i + 3) % len(LOOP_ASKS)].format(city)),
+            _call(f"call_r{i}", "get_weather", {"city": city}),
+            _result(f"call_r{i}", result),
+        ]
+        final = {"city": city, "temperature_c": _degrees(result)}
+        out.append((messages, [WEATHER, FINAL_RESULT], _call_text(_call("f", "final_result", final))))
+    return out
+
+
+def _without_output_tool(conversations: list[Example]) -> list[Example]:
+    """Every conversation that ends with a ``final_result`` call, again without ``final_result``
+    offered: then the turn after the result is the plain-text answer. Minimal pairs: what decides
+    between the two is whether the output tool is offered, not the result before it (an adapter
+    trained on the output-tool turns alone called get_weather with the result's fields after
+    plain weather results: the loop the adapter must end)."""
+    rng = random.Random(11)
+    out: list[Example] = []
+    for messages, tools, answer, *_schema in conversations:
+        if not (tools and FINAL_RESULT in tools and answer.startswith("<tool_call>") and len(messages) > 2):
+            continue
+        call = [m for m in messages if m.get("tool_calls")][-1]["tool_calls"][0]["function"]
+        city, result = call["arguments"]["city"], messages[-1]["content"]
+        if result.startswith("{"):
+            fields = json.loads(result)
+            text = f"It is {fields['temperature_c']} °C and {fields.get('conditions', 'clear')} in {city}."
+        else:  # "Rainy, 17 °C"
+            conditions, degrees = result.split(", ")
+            text = f"It is {conditions.lower()} and {degrees} in {city}."
+        out.append((messages, _offer(rng, [WEATHER]), text))
+    return out
