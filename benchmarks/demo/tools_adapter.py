@@ -441,7 +441,11 @@ def main() -> None:
             for r in rows:
                 print(f"[{name}] {r['kind']:<13} {'ok ' if r['ok'] else 'BAD'} {r['text']!r}")
     print_table(table, ["adapter", "call", "text", "after_result", "after_result_value"])
-    for part in (ROWS[:5], [r for r in ROWS[5:] if not r.startswith("req_")], [r for r in ROWS if r.startswith("req_")]):
+    for part in (
+        ROWS[:5],
+        [r for r in ROWS[5:] if not r.startswith("req_")],
+        [r for r in ROWS if r.startswith("req_")],
+    ):
         print_table(table, ["adapter", *part])
     print("wrote", write_json("demo_tools_adapter", {"adapters": adapters, "summary": table, "rows": detail}))
 

@@ -318,6 +318,8 @@ def _more_math(seed: int = 3) -> list[Example]:
         tool = MULTIPLY if name == "multiply" else ADD
         out.append((messages + [_result(f"call_k{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
     return out
+
+
 # Turns that decide whether an agent's loop goes on or ends, in cities and phrasings of their own
 # (none of the benchmark's, the tests' or the rest of this file's): the handed-to agent's call,
 # the second city's call, ``final_result`` after the result.
@@ -325,7 +327,17 @@ LOOP_CITIES = ["Prague", "Athens", "Bangkok", "Havana", "Warsaw", "Helsinki", "I
 LOOP_CITIES += ["Milan", "Auckland", "Zurich", "Valencia", "Belgrade", "Vancouver", "Miami", "Mexico City", "Hanoi"]
 LOOP_CITIES += ["Reykjavik", "Bogota", "Lagos", "Amsterdam", "Santiago", "Edinburgh", "Chicago", "Kathmandu"]
 LOOP_CITIES += ["Budapest", "Perth", "Riga", "Johannesburg", "Sao Paulo", "Riyadh", "Dhaka", "Glasgow"]
-LOOP_CITIES += ["Buenos Aires", "Casablanca", "Phoenix", "Hamburg", "Kolkata", "Seattle", "Taipei", "Porto", "Copenhagen"]
+LOOP_CITIES += [
+    "Buenos Aires",
+    "Casablanca",
+    "Phoenix",
+    "Hamburg",
+    "Kolkata",
+    "Seattle",
+    "Taipei",
+    "Porto",
+    "Copenhagen",
+]
 LOOP_ASKS = [
     "Should I bring a coat in {}?",
     "What are the conditions in {} now?",
