@@ -26,7 +26,7 @@ grammar); then the same final_result turns as pydantic-ai asks them, under ``req
 
 | data (conversations) | steps | call | text | after | first, handoff, h_next, 2nd, final | req final | CPU s | examples |
 |---|---|---|---|---|---|---|---|---|
-| the previous data (112) | 30 | 8/24 | 3/3 | 16/16 | 8/14, 0/3, 0/3, 0/2, 0/2 | - | 221 | 4/7 |
+| the previous data (112) | 30 | 8/24 | 3/3 | 16/16 | 8/14, 0/3, 0/3, 0/2, 0/2 | - | 221 | 5/7 (d) |
 | the same | 60 | 13/24 | 3/3 | 16/16 | 10/14, 3/3, 0/3, 0/2, 0/2 | - | 320 | - |
 | + loop_endings (130) | 60 | 16/24 | 3/3 | 16/16 | 10/14, 3/3, 3/3, 0/2, 0/2 | - | 371 | - |
 | + 50 cities | 60 | 16/24 | 3/3 | 12/16 | 10/14, 3/3, 2/3, 0/2, 1/2 | - | 349 | - |
@@ -43,7 +43,8 @@ grammar); then the same final_result turns as pydantic-ai asks them, under ``req
 (a) LlamaIndex: multiply(7, 8) called, then "5 times 8 is 48.": the arithmetic conversations came
 next. (b) the trainer options of branch adapter36 (not merged: no gain). (c) LangChain and the
 openai-agents tool example: the loop ended, but "It is sunny and sunny in Paris." without the
-result's 18.
+result's 18. (d) the last suite's xfails: the handoff (no get_weather call) and pydantic-ai
+(a loop to its 50-request limit); LlamaIndex passed on this CPU (an xpass).
 
 What decides the mix: "after" (a plain answer after a result, i.e. the loop ends) is the row every
 framework needs, and it swings from 16/16 to 7/16 with the share of turns after a result that are
