@@ -8,9 +8,9 @@ ends because the model calls the tool again after the result (or, in a handoff, 
 Whether a free-text answer repeats the result's number is the 135M adapter's quality, not the
 loop's: it is measured on held-out questions by benchmarks/demo/tools_adapter.py
 (``after_result_value``), and printed here (``-rP``). Asserting it here made the suite depend on a
-near-tie: adapters trained on the same data with another seed or step count ended every loop but
-wrote "It is sunny and sunny in Paris." or "5 times 8 is 48." (the record in that docstring), and
-inference on another CPU's bf16 arithmetic can do the same. Where the value reaches a structure
+near-tie: two of the adapters tried for the shipped one ended every loop but wrote "It is sunny and
+sunny in Paris." or "5 times 8 is 48." (the record in that docstring), and inference on another
+CPU's bf16 arithmetic can tip such a tie too. Where the value reaches a structure
 (pydantic-ai's Report), the grammar puts it there and it is asserted."""
 
 from __future__ import annotations
