@@ -44,7 +44,6 @@ def run_example(server, key: str, name: str) -> str:
     return done.stdout
 
 
-@pytest.mark.timeout(900)
 def test_openai_agents_tool(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "openai_agents_tool.py")
     # Measured (greedy): the tool runs once for Paris, then "It is 18 °C and sunny in Paris.",
@@ -53,7 +52,6 @@ def test_openai_agents_tool(server, demo_key_with_adapters):
     assert calls and set(calls) == {"Paris"} and out.split("final:")[1].strip(), out
 
 
-@pytest.mark.timeout(900)
 def test_openai_agents_handoff(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "openai_agents_handoff.py")
     # Measured: "It is 4 °C and snowy in Oslo." from the weather agent.
@@ -61,7 +59,6 @@ def test_openai_agents_handoff(server, demo_key_with_adapters):
     assert out.split("final:")[1].strip() and "<tool_call>" not in out.split("final:")[1], out
 
 
-@pytest.mark.timeout(900)
 def test_openai_agents_streamed(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "openai_agents_streamed.py")
     assert "tool_call_item" in out and "tool_call_output_item" in out and "message_output_item" in out, out
@@ -69,20 +66,17 @@ def test_openai_agents_streamed(server, demo_key_with_adapters):
     assert streamed.strip() and final.strip().endswith(streamed.strip()[-10:]), out
 
 
-@pytest.mark.timeout(900)
 def test_pydantic_ai_tool_and_structured_result(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "pydantic_ai_structured.py")
     assert "tool calls: ['Paris']" in out and "Report(city='Paris', temperature_c=18)" in out, out
 
 
-@pytest.mark.timeout(900)
 def test_llamaindex_function_agent(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "llamaindex_function_agent.py")
     # Measured: "56 is 7 times 8." within LlamaIndex's default max_iterations (20).
     assert "tool calls: [(7, 8)" in out and out.split("final:")[1].strip(), out
 
 
-@pytest.mark.timeout(900)
 def test_langchain_tool_calling_agent(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "langchain_tool_agent.py")
     # The loop ends with a text answer after the result (measured: one call, then "It is 18 °C and
@@ -91,7 +85,6 @@ def test_langchain_tool_calling_agent(server, demo_key_with_adapters):
     assert turns < 5 and out.split("final:")[1].strip(), out
 
 
-@pytest.mark.timeout(900)
 def test_dspy_typed_predict_with_json_mode(server, demo_key_with_adapters):
     out = run_example(server, demo_key_with_adapters, "dspy_typed_predict.py")
     assert "capital: Paris" in out and "population_millions:" in out, out

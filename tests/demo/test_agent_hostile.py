@@ -15,8 +15,9 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-# 900 s: the first test of a fresh machine waits for the demo adapters to train (tests/demo/conftest.py).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# Slow and with the long deadline of every tests/demo test (tests/conftest.py): the first test of a
+# fresh machine waits for the demo model and adapters to be built.
+pytestmark = pytest.mark.slow
 
 WEATHER = {
     "type": "function",
