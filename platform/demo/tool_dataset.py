@@ -198,12 +198,7 @@ def examples(seed: int = 0) -> list[Example]:
         out.append((messages + [_result(f"call_t{i}", result)], _offer(rng, [TIME, WEATHER]), answer))
     for i in range(9):
         ask, name = MATH_ASKS[i % len(MATH_ASKS)]
-        a, b = 3 + (i * 5) % 17, 2 + (i * 3) % 11
-        value = a * b if name == "multiply" else a + b
-        word = "times" if name == "multiply" else "plus"
-        messages = _start(rng) + [_user(ask.format(a, b)), _call(f"call_m{i}", name, {"a": a, "b": b})]
-        tool = MULTIPLY if name == "multiply" else ADD
-        out.append((messages + [_result(f"call_m{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
+        out.append(_arithmetic(rng, f"call_m{i}", ask, name, 3 + (i * 5) % 17, 2 + (i * 3) % 11))
     # No tool fits: a plain answer.
     for question, answer in TEXT_ANSWERS * 2:
         out.append((_start(rng) + [_user(question)], _offer(rng, []), answer))
@@ -312,12 +307,17 @@ def _more_math(seed: int = 3) -> list[Example]:
         a, b = rng.randint(2, 19), rng.randint(2, 19)
         if (a, b) in ((7, 8), (8, 7), (12, 30)):  # the benchmark's and the example's questions stay held out
             a += 1
-        value = a * b if name == "multiply" else a + b
-        word = "times" if name == "multiply" else "plus"
-        messages = _start(rng) + [_user(ask.format(a, b)), _call(f"call_k{i}", name, {"a": a, "b": b})]
-        tool = MULTIPLY if name == "multiply" else ADD
-        out.append((messages + [_result(f"call_k{i}", str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."))
+        out.append(_arithmetic(rng, f"call_k{i}", ask, name, a, b))
     return out
+
+
+def _arithmetic(rng: random.Random, call_id: str, ask: str, name: str, a: int, b: int) -> Example:
+    """One arithmetic question, its call (``multiply`` or ``add``), the result, the answer."""
+    value = a * b if name == "multiply" else a + b
+    word = "times" if name == "multiply" else "plus"
+    messages = _start(rng) + [_user(ask.format(a, b)), _call(call_id, name, {"a": a, "b": b})]
+    tool = MULTIPLY if name == "multiply" else ADD
+    return messages + [_result(call_id, str(value))], _offer(rng, [tool]), f"{a} {word} {b} is {value}."
 
 
 # Turns that decide whether an agent's loop goes on or ends, in cities and phrasings of their own
@@ -327,17 +327,8 @@ LOOP_CITIES = ["Prague", "Athens", "Bangkok", "Havana", "Warsaw", "Helsinki", "I
 LOOP_CITIES += ["Milan", "Auckland", "Zurich", "Valencia", "Belgrade", "Vancouver", "Miami", "Mexico City", "Hanoi"]
 LOOP_CITIES += ["Reykjavik", "Bogota", "Lagos", "Amsterdam", "Santiago", "Edinburgh", "Chicago", "Kathmandu"]
 LOOP_CITIES += ["Budapest", "Perth", "Riga", "Johannesburg", "Sao Paulo", "Riyadh", "Dhaka", "Glasgow"]
-LOOP_CITIES += [
-    "Buenos Aires",
-    "Casablanca",
-    "Phoenix",
-    "Hamburg",
-    "Kolkata",
-    "Seattle",
-    "Taipei",
-    "Porto",
-    "Copenhagen",
-]
+LOOP_CITIES += ["Buenos Aires", "Casablanca", "Phoenix", "Hamburg", "Kolkata", "Seattle", "Taipei"]
+LOOP_CITIES += ["Porto", "Copenhagen"]
 LOOP_ASKS = [
     "Should I bring a coat in {}?",
     "What are the conditions in {} now?",

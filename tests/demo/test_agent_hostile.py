@@ -15,22 +15,12 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
+from loraplex.platform.demo.tool_dataset import WEATHER  # the README's tool, as the adapter learnt it
+
 # Slow and with the long deadline of every tests/demo test (tests/conftest.py): the first test of a
 # fresh machine waits for the demo model and adapters to be built.
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "The city name"}},
-            "required": ["city"],
-        },
-    },
-}
 FORECAST_PARAMS = {
     "type": "object",
     "$defs": {
