@@ -46,6 +46,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_prefill_tokens_with_decodes: int | None = 128
+    prefill_group_tokens: int = 0
     batching: Batching = "continuous"
     scheduling_policy: Policy = "fair"
     max_loras: int = 8  # distinct adapters per step (= device slots)
@@ -63,6 +64,12 @@ class SchedulerConfig:
             _positive_int(name, getattr(self, name))
         if self.max_prefill_tokens_with_decodes is not None:
             _positive_int("max_prefill_tokens_with_decodes", self.max_prefill_tokens_with_decodes)
+        if (
+            not isinstance(self.prefill_group_tokens, int)
+            or isinstance(self.prefill_group_tokens, bool)
+            or self.prefill_group_tokens < 0
+        ):
+            raise ValueError(f"prefill_group_tokens must be an integer >= 0, got {self.prefill_group_tokens!r}")
         _choice("batching", self.batching, BATCHING_MODES)
         _choice("scheduling_policy", self.scheduling_policy, POLICIES)
         if self.vtc_prompt_weight < 0 or self.vtc_output_weight < 0:
@@ -202,7 +209,7 @@ class RequestLimits:
 
 # Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
 # to check the others with before that.
-_AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0}
+_AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0, "prefill_group_tokens": 0}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 
@@ -224,6 +231,15 @@ class EngineConfig:
     # None: only max_num_batched_tokens bounds them.
     max_num_batched_tokens: int = 2048
     max_prefill_tokens_with_decodes: int | None = 128
+    # A burst prefilled in one step gives every prompt its first token at the end of the whole burst
+    # (TTFT p50 = the burst's time). With N > 0, waiting prompts stop joining a step once it carries
+    # N prompt tokens: the burst goes a group at a time and the first groups stream early. A prompt is
+    # never cut for this (the first one admitted may exceed N), so a long prompt alone keeps its
+    # one-step prefill. 0: off (a step fills up to max_num_batched_tokens). None: sized at start from
+    # the CPU kind, the smallest step whose prefill runs at its full rate there
+    # (kernels/cpu_packed.PREFILL_GROUP_TOKENS, measured by benchmarks/engine/prefill_group.py);
+    # 0 on CUDA, for float32 models and on the torch backend (not measured there).
+    prefill_group_tokens: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory
@@ -303,6 +319,8 @@ class EngineConfig:
         self.validate_fields(sizes_may_be_auto=True)  # before sizing reads dtype and device
         if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
             self._size_from_memory()
+        if self.prefill_group_tokens is None:
+            self.prefill_group_tokens = self._auto_prefill_group_tokens()
         self.validate_fields()
         if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
             raise ValueError(
@@ -400,6 +418,16 @@ class EngineConfig:
                 else (int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
             )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
+
+    def _auto_prefill_group_tokens(self) -> int:
+        from loraplex.kernels import cpu_packed
+
+        from .models import ModelConfig
+
+        device = self.torch_device
+        if device.type != "cpu" or self.kernel_backend == "torch":
+            return 0
+        return cpu_packed.prefill_group_tokens(self.torch_dtype(ModelConfig.from_dir(self.model).checkpoint_dtype))
 
     @property
     def torch_device(self) -> torch.device:

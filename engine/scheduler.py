@@ -128,12 +128,14 @@ class Scheduler:
         # would stall the running streams once per arrival and keep later arrivals staggered.
         cap = self.config.max_prefill_tokens_with_decodes
         chunk_cap = cap if cap is not None and queue and queue[0].in_decode else budget
+        prompt_tokens = 0  # this step's prompt tokens, for prefill_group_tokens
         while queue and budget > 0:
             seq = queue.pop(0)
             if not seq.in_decode:
                 n = min(seq.num_uncomputed_tokens, budget, chunk_cap)
                 if self._schedule_running(seq, n, [], queue, out, now):
                     budget -= n
+                    prompt_tokens += n
                 continue
             # Drafts ride on the decode token within the budget; the ones that do not fit wait.
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
@@ -148,7 +150,7 @@ class Scheduler:
             if not self.running and not out.preempted:
                 self._admit_static_batch(out, budget, now)
         elif not out.preempted:  # memory short: don't admit what we would preempt next
-            self._admit_waiting(out, budget, now, chunk_cap)
+            self._admit_waiting(out, budget, now, chunk_cap, prompt_tokens)
         out.block_copies = self.kv.take_block_copies()
         out.forks = {
             s.seq_id: list(self._followers[s.seq_id]) for s in out.sampling_seqs if s.seq_id in self._followers
@@ -170,11 +172,14 @@ class Scheduler:
         out.chunks.append(ScheduledChunk(seq, n, drafts[: n - seq.num_uncomputed_tokens]))
         return True
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, chunk_cap: int) -> None:
+    def _admit_waiting(
+        self, out: SchedulerOutput, budget: int, now: float, chunk_cap: int, prompt_tokens: int = 0
+    ) -> None:
         exclude: set[int] = set()
         running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
         starving = self._starving_adapter()
-        while budget > 0:
+        group = self.config.prefill_group_tokens
+        while budget > 0 and not (group and prompt_tokens >= group):
             seq = self.policy.next_waiting(exclude, now)
             if seq is None:
                 break
@@ -196,6 +201,7 @@ class Scheduler:
                     break  # out of KV: later arrivals must not overtake (they would starve big prompts)
             self._start(seq, n, out, cached)
             budget -= n
+            prompt_tokens += n
             if seq.adapter is not None:
                 running_adapters[seq.adapter] += 1
 

@@ -86,6 +86,23 @@ def packs_bf16(kind: str | None = None) -> bool:
     return (kind or cpu_kind().name) in ("amx", "avx512_bf16") and onednn_bf16()
 
 
+# Prompt tokens one engine step needs before its prefill runs at (about) its full rate on this CPU
+# kind, for a bf16 model on the packed linears: the engine's default ``prefill_group_tokens``
+# (a burst is prefilled in groups of this many tokens, so its first prompts stream early at no cost
+# in throughput). Measured, not chosen: ``benchmarks/engine/prefill_group.py`` (a whole engine step)
+# on the AVX512-BF16 EPYC and ``benchmarks/kernels/cpu_linear_bf16.py`` (the packed GEMM's rate by
+# rows) on the AMX Xeon, tables in docs/cpu-performance.md. ``none`` runs float32 (``auto``), not
+# measured: 0 = no grouping there.
+PREFILL_GROUP_TOKENS = {"amx": 256, "avx512_bf16": 256, "none": 0}
+
+
+def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
+    """The engine's default step size for a burst's prefill groups (0: no grouping)."""
+    if dtype != torch.bfloat16 or not packs_bf16(kind):
+        return 0
+    return PREFILL_GROUP_TOKENS[kind or cpu_kind().name]
+
+
 def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:
     """oneDNN's blocked copy of a bf16 [out, in] ``weight`` for ``linear_bf16``, or None where
     this CPU kind keeps the plain weight (or the weight is not a bf16 CPU matrix)."""
