@@ -93,13 +93,16 @@ def main() -> None:
     if not args.no_fp16:
         copies[torch.float16] = [(a.half(), b.half()) for a, b in copies[mdt]]
     res: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in configs}
-    for r in range(args.rounds):
+    for r in range(-1, args.rounds):  # round -1: a short untimed warm-up of every configuration
         for label, n, ops, storage, lib in configs if r % 2 == 0 else list(reversed(configs)):
             runner.ops = ops
             cpu_native._lib = libs[lib]
             for p, (a, b) in zip(projs, copies[storage]):
                 p.lora_a, p.lora_b = a, b
             adapters = [names[i % n] if n else None for i in range(args.batch)]
+            if r < 0:
+                llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True), adapters=adapters)
+                continue
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             outs = llm.generate(prompts, sp, adapters=adapters)
             wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
