@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 #include <omp.h>
 #if defined(__AVX512F__)
@@ -391,12 +392,16 @@ void expand(TY* y, int64_t y_stride, const float* shrunk, const TW* b, int num_t
     }
     const int n_items = static_cast<int>(items.size());
     const int64_t slice_stride = static_cast<int64_t>(num_tokens) * max_rank;
+    int max_chunks = 1;
+    for (const EItem& item : items) max_chunks = std::max(max_chunks, item.k1 - item.k0);
+    const size_t acc_size = static_cast<size_t>(max_chunks) * kTokenBlock * kExpandCols;
     // Items write disjoint (token, column) regions of y: tokens of different groups are distinct
     // and chunks of one group are distinct columns.
 #pragma omp parallel num_threads(num_threads) if (n_items > 1 && num_threads > 1)
     {
-        std::vector<float> acc_buf(static_cast<size_t>(kSweepChunks) * kTokenBlock * kExpandCols);
-        float* acc = acc_buf.data();
+        // Per thread, uninitialised (expand_item zeroes what it uses): as large as the widest item.
+        std::unique_ptr<float[]> acc_buf(new float[acc_size]);
+        float* acc = acc_buf.get();
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; ++it) {
             const EItem& item = items[it];
