@@ -1,4 +1,5 @@
-"""INT8 weight-only quantization of a loaded model (``EngineConfig.quantization = "int8"``).
+"""INT8 weight-only quantization of a loaded model (``EngineConfig.quantization = "int8"``), and
+W8A8 (``"w8a8"``: the same weights, activations quantized per token in the decoder's linears).
 
 Every linear layer of the decoder (fused q|k|v, o, gate|up, down), the output projection and the
 token embedding get per-output-channel symmetric int8 weights with float32 scales, computed once at
@@ -51,9 +52,14 @@ class Int8Head(nn.Module):
 
 
 @torch.no_grad()
-def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear) -> None:
+def quantize_model_int8(
+    model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear, activations: bool = False
+) -> None:
     """In place. ``model`` must still hold the checkpoint's weights at full precision (load it in
-    float32): quantizing after a cast to bf16 would round every weight twice."""
+    float32): quantizing after a cast to bf16 would round every weight twice. ``activations``:
+    W8A8 (``quantization="w8a8"``): the decoder's projections also quantize their input per row at
+    each call (``KernelOps.w8a8_linear``); the head and the embedding stay weight-only int8, see
+    ``quantize_model_w8a8``."""
     projections = [m for m in model.modules() if isinstance(m, Projection)]
     codes = []
     for proj in projections:
@@ -63,6 +69,19 @@ def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_li
     quantize_head_and_embedding_int8(model, act_dtype, int8_linear)
     for proj, (q, s) in zip(projections, codes):
         proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype
+        proj.quantize_activations = activations
+
+
+def quantize_model_w8a8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear) -> None:
+    """W8A8 (``EngineConfig.quantization = "w8a8"``): the INT8 path's per-channel int8 weights
+    everywhere, and the decoder's linear layers (fused q|k|v, o, gate|up, down) also quantize their
+    activations to int8 per token at each call, multiplying int8 by int8 into int32.
+
+    The head and the embedding stay weight-only int8 (the activations of the head stay float): the
+    embedding is a row lookup, with no matmul whose input could be quantized; the head's rounding
+    lands directly on the logits, unaveraged by any later layer, and it runs on one row per
+    sequence (the sampled positions), so it is a small share of a step's compute at any batch."""
+    quantize_model_int8(model, act_dtype, int8_linear, activations=True)
 
 
 @torch.no_grad()
