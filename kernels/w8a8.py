@@ -22,9 +22,21 @@ No Triton kernel: on CUDA the triton backend runs the reference (float64 matmul:
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from . import cpu_native
+
 QMAX = 127
+# Elements below which the native quantizer / epilogue run on one thread: a 16 x 576 pass takes
+# ~12 us on one core, and an OpenMP region for it cost ~50 us of CPU across two threads (measured,
+# bf16, Zen 4, libiomp5).
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
+def _threads(elements: int) -> int:
+    return torch.get_num_threads() if elements >= PARALLEL_MIN_ELEMENTS else 1
 
 
 def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,9 +67,7 @@ def w8a8_linear_reference(
     return y.to(x.dtype).reshape(*lead, qweight.shape[0])
 
 
-def _lib():  # type: ignore[no-untyped-def]
-    from . import cpu_native
-
+def _lib() -> ctypes.CDLL | None:
     return cpu_native._lib  # read at call time: tests swap in other builds
 
 
@@ -73,7 +83,7 @@ def quantize_rows_cpu(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty(m, dtype=torch.float32)
     fn = lib.lp_w8a8_quant_rows_f32 if x2.dtype == torch.float32 else lib.lp_w8a8_quant_rows_bf16
     with torch.profiler.record_function("loraplex::cpu_w8a8_quant"):
-        fn(x2.data_ptr(), x2.stride(0), m, k, q.data_ptr(), s.data_ptr(), torch.get_num_threads())
+        fn(x2.data_ptr(), x2.stride(0), m, k, q.data_ptr(), s.data_ptr(), _threads(m * k))
     return q, s
 
 
@@ -100,7 +110,7 @@ def rescale_cpu(
     with torch.profiler.record_function("loraplex::cpu_w8a8_rescale"):
         fn(
             acc.contiguous().data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(), None if b is None else b.data_ptr(),
-            out.data_ptr(), torch.get_num_threads(),
+            out.data_ptr(), _threads(m * n),
         )  # fmt: skip
     return out
 

@@ -78,7 +78,7 @@ void quant_row_avx512(const T* xr, int k, int8_t* qr, float* scale) {
 
 template <typename T>
 void quant_rows(const T* x, int64_t xs, int rows, int k, int8_t* q, float* scales, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1)
     for (int r = 0; r < rows; ++r) {
         const T* xr = x + static_cast<int64_t>(r) * xs;
 #if defined(LP_W8A8_AVX512)
@@ -105,7 +105,7 @@ inline void store(uint16_t* p, int64_t i, float v) { p[i] = w8_f2bf(v); }
 template <typename T>
 void rescale(const int32_t* acc, int rows, int n, const float* xscale, const float* wscale, const float* bias, T* out,
              int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1)
     for (int r = 0; r < rows; ++r) {
         const int32_t* a = acc + static_cast<int64_t>(r) * n;
         T* o = out + static_cast<int64_t>(r) * n;
