@@ -28,8 +28,8 @@ from .int4 import (
 )
 from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
-from .w8a8 import quantize_rows_int8, w8a8_linear_reference
 from .ops import KernelOps, packed_replaces_weight
+from .w8a8 import quantize_rows_int8, w8a8_linear_reference
 
 __all__ = [
     "BACKENDS",

@@ -37,7 +37,14 @@ from . import reference
 
 _SOURCES = tuple(
     Path(__file__).resolve().parent / "csrc" / n
-    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp", "cpu_int4.cpp", "cpu_w8a8.cpp")
+    for n in (
+        "cpu_attention.cpp",
+        "cpu_sgmv.cpp",
+        "cpu_linear.cpp",
+        "cpu_elementwise.cpp",
+        "cpu_int4.cpp",
+        "cpu_w8a8.cpp",
+    )
 )
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()

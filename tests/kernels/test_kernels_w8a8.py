@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels import TORCH_OPS, batch_invariant_ops, cpu_native, get_kernel_ops, quantize_per_channel_int8
-from loraplex.kernels import w8a8
+from loraplex.kernels import TORCH_OPS, batch_invariant_ops, cpu_native, get_kernel_ops, quantize_per_channel_int8, w8a8
 
 # (rows, K, N): decode rows, odd counts, K not a multiple of 16/64, odd N, prefill-sized rows.
 SHAPES = [(1, 64, 96), (2, 100, 33), (7, 130, 65), (16, 576, 97), (37, 77, 1), (129, 200, 31), (513, 65, 19)]
