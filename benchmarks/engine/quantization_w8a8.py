@@ -2,7 +2,7 @@
 default packed path) and INT8 weight-only, on the REAL demo model (SmolLM2-135M-Instruct, already
 converted in the test cache: nothing downloads), bf16 activations, native CPU kernels:
 
-    .venv/bin/python -m loraplex.engine.runtime_env -m benchmarks.engine.quantization_w8a8           # ~6 min, 2 cores
+    .venv/bin/python -m loraplex.engine.runtime_env -m benchmarks.engine.quantization_w8a8           # ~8 min, 2 cores
     .venv/bin/python -m loraplex.engine.runtime_env -m benchmarks.engine.quantization_w8a8 --quick   # smoke run
 
 Per configuration: weight bytes (parameters + persistent buffers + packed copies), the process RSS
@@ -37,7 +37,10 @@ from loraplex.engine.models.quantization import weight_bytes
 from loraplex.kernels.cpu_packed import cpu_kind
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "perplexity_text.txt"
-CONFIGS = [("bf16", None), ("int8 (weight-only)", "int8"), ("w8a8", "w8a8")]
+CONFIGS = [("bf16", None), ("int8 (weight-only)", "int8"), ("w8a8", "w8a8"), ("w8a8 + w8a8 head (experiment)", "w8a8")]
+# The last one is not an engine option: the w8a8 model with its head's matmul swapped for the w8a8
+# one after load (the head's activations quantized per row too), to measure what the head choice
+# in engine/models/quantization.py (weight-only int8 head) costs and buys.
 
 
 def _rss_mb() -> float:
@@ -79,6 +82,8 @@ def main() -> None:
             enable_prefix_caching=False, max_num_seqs=64,
         )  # fmt: skip
         llms[name] = llm
+        if "head" in name:
+            llm.engine.runner.model.quantized_head.int8_linear = llm.engine.runner.ops.w8a8_linear
         tok = llm.engine.tokenizer
         text = tok.encode(TEXT.read_text())[: 128 if args.quick else 512]
         prompts = [chat_prompt(tok, q) for q in QUESTIONS[:n_q]]
