@@ -241,7 +241,7 @@ class EngineConfig:
     # quantized at load (LoRA and activations stay in `dtype`). "int4": group-wise asymmetric 4-bit
     # weights for every decoder linear layer (head and embedding int8), quantized at load. "w8a8":
     # int8's weights, and the decoder linears' activations quantized to int8 per token at each call
-    # (int8 x int8 -> int32 matmul; head and embedding weight-only int8; LoRA in `dtype`). None:
+    # (int8 x int8 -> int32 matmul), the head's too (embedding: int8 rows; LoRA in `dtype`). None:
     # weights in `dtype`, or a GPTQ/AWQ 4-bit checkpoint's own codes (its config.json says so).
     quantization: str | None = None
     # Columns per int4 scale/zero point: a multiple of 32 (32, 64, 128, 256); smaller groups track

@@ -102,11 +102,13 @@ class ModelRunner:
             # Loaded in float32 so the codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
             quantize_model_int4(self.model, self.dtype, config.quantization_group_size, self.ops.int8_linear)
-        elif config.quantization in ("int8", "w8a8"):
+        elif config.quantization == "int8":
             # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
-            quantize = quantize_model_w8a8 if config.quantization == "w8a8" else quantize_model_int8
-            quantize(self.model, self.dtype, self.ops.int8_linear)
+            quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
+        elif config.quantization == "w8a8":
+            self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
+            quantize_model_w8a8(self.model, self.dtype, self.ops.w8a8_linear)
         else:
             self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
             self.model.pack_weights(self.ops)

@@ -37,10 +37,15 @@ from loraplex.engine.models.quantization import weight_bytes
 from loraplex.kernels.cpu_packed import cpu_kind
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "perplexity_text.txt"
-CONFIGS = [("bf16", None), ("int8 (weight-only)", "int8"), ("w8a8", "w8a8"), ("w8a8 + w8a8 head (experiment)", "w8a8")]
-# The last one is not an engine option: the w8a8 model with its head's matmul swapped for the w8a8
-# one after load (the head's activations quantized per row too), to measure what the head choice
-# in engine/models/quantization.py (weight-only int8 head) costs and buys.
+CONFIGS = [
+    ("bf16", None),
+    ("int8 (weight-only)", "int8"),
+    ("w8a8", "w8a8"),
+    ("w8a8, weight-only head (experiment)", "w8a8"),
+]
+# The last one is not an engine option: the w8a8 model with its head's matmul swapped for INT8's
+# weight-only one after load (float activations into the head), to measure the head choice of
+# engine/models/quantization.py (the head's activations quantized per token too).
 
 
 def _rss_mb() -> float:
@@ -83,7 +88,7 @@ def main() -> None:
         )  # fmt: skip
         llms[name] = llm
         if "head" in name:
-            llm.engine.runner.model.quantized_head.int8_linear = llm.engine.runner.ops.w8a8_linear
+            llm.engine.runner.model.quantized_head.int8_linear = llm.engine.runner.ops.int8_linear
         tok = llm.engine.tokenizer
         text = tok.encode(TEXT.read_text())[: 128 if args.quick else 512]
         prompts = [chat_prompt(tok, q) for q in QUESTIONS[:n_q]]

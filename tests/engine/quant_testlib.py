@@ -99,15 +99,16 @@ def fake_quantize_rows(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xf / scale).clamp(-127, 127) * scale).to(x.dtype)
 
 
-def quantize_decoder_activations(model: torch.nn.Module) -> int:
-    """Make the HF (or PEFT-wrapped) model's decoder linears see their input's per-row int8 round
-    trip, as ``quantization="w8a8"`` does; a PEFT adapter's own A still reads the float input (its
-    ``base_layer`` gets the hook). Returns how many linears got one."""
+def quantize_linear_activations(model: torch.nn.Module) -> int:
+    """Make the HF (or PEFT-wrapped) model's decoder linears and its head see their input's per-row
+    int8 round trip, as ``quantization="w8a8"`` does; a PEFT adapter's own A still reads the float
+    input (its ``base_layer`` gets the hook). Returns how many linears got one."""
     hooked = 0
     for name, module in model.named_modules():
         parts = name.split(".")
         base = parts[-2] if parts[-1] == "base_layer" else parts[-1]
-        if isinstance(module, torch.nn.Linear) and base in DECODER_LINEARS and "lora_" not in name:
+        targets = (*DECODER_LINEARS, "lm_head")
+        if isinstance(module, torch.nn.Linear) and base in targets and "lora_" not in name:
             module.register_forward_pre_hook(lambda _m, args: (fake_quantize_rows(args[0]), *args[1:]))
             hooked += 1
     return hooked

@@ -1,8 +1,8 @@
 """``quantization="w8a8"`` through the engine: its logits are those of the float32 HF model whose
 weights hold their per-row int8 round trips (decoder linears, head, embedding) AND whose decoder
-linears see their input's per-token int8 round trip (``quant_testlib.quantize_decoder_activations``,
-a forward pre-hook written in the tests). So the engine quantizes the right activations (the
-decoder's, not the head's), per row, with the right scales. Controls: the weight-only int8 model
+linears and head see their input's per-token int8 round trip
+(``quant_testlib.quantize_linear_activations``, a forward pre-hook written in the tests). So the
+engine quantizes the right activations, per row, with the right scales. Controls: the weight-only int8 model
 (the same weights, float activations) and the plain fp32 model are both farther from the oracle
 than the tolerance. LoRA adapters on a w8a8 base, mixed in one batch, against PEFT on that oracle.
 
@@ -26,7 +26,7 @@ from quant_testlib import (
     hf_logits,
     int8_round_trip_checkpoint,
     prefill_logits,
-    quantize_decoder_activations,
+    quantize_linear_activations,
 )
 
 from loraplex.engine import LLM, EngineConfig, SamplingParams
@@ -34,7 +34,7 @@ from loraplex.engine.models.quantization import weight_bytes
 
 TOL = 1e-3
 FLIP_TOL = 0.02  # bound of a rounding-boundary flip's cascade on these models (measured up to 1.4e-2)
-TIE = 0.02  # PEFT logits a near-tie may reorder (the int8 head's bf16 decode rows: kernels/int8.py)
+TIE = 0.02  # PEFT logits a near-tie may reorder (float32 summation order, a rounding-boundary flip)
 ASSIGN = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", "attn_r8", "mlp_r4"]
 
 
@@ -47,7 +47,7 @@ def _oracle_model(round_trip_dir: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(round_trip_dir, dtype=torch.float32).eval()
-    assert quantize_decoder_activations(model) == 7 * model.config.num_hidden_layers
+    assert quantize_linear_activations(model) == 7 * model.config.num_hidden_layers + 1
     return model
 
 
@@ -181,7 +181,7 @@ def lora_setup(model_factory, tmp_path_factory):
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     oracle = PeftOracle(int8_round_trip_checkpoint(float_dir, root / "rt"), adapters)
-    assert quantize_decoder_activations(oracle.model) == 7 * oracle.model.config.num_hidden_layers
+    assert quantize_linear_activations(oracle.model) == 7 * oracle.model.config.num_hidden_layers + 1
     return llm, oracle
 
 
