@@ -27,7 +27,7 @@ BATCHING_MODES: tuple[str, ...] = get_args(Batching)
 POLICIES: tuple[str, ...] = get_args(Policy)
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
 LORA_DTYPES: tuple[str, ...] = get_args(LoraDtype)
-QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8", "int4")
+QUANTIZATION_METHODS: tuple[str | None, ...] = (None, "int8", "int4", "w8a8")
 SPECULATIVE_METHODS: tuple[str | None, ...] = (None, "ngram", "draft")
 
 
@@ -255,7 +255,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # "int8": per-output-channel int8 weights for every linear layer, the head and the embedding,
     # quantized at load (LoRA and activations stay in `dtype`). "int4": group-wise asymmetric 4-bit
-    # weights for every decoder linear layer (head and embedding int8), quantized at load. None:
+    # weights for every decoder linear layer (head and embedding int8), quantized at load. "w8a8":
+    # int8's weights, and the decoder linears' activations quantized to int8 per token at each call
+    # (int8 x int8 -> int32 matmul), the head's too (embedding: int8 rows; LoRA in `dtype`). None:
     # weights in `dtype`, or a GPTQ/AWQ 4-bit checkpoint's own codes (its config.json says so).
     quantization: str | None = None
     # Columns per int4 scale/zero point: a multiple of 32 (32, 64, 128, 256); smaller groups track

@@ -21,7 +21,7 @@ from .config import EngineConfig
 from .kv_cache import KVCacheManager
 from .models import ModelConfig, load_model
 from .models.forward_batch import ForwardBatch
-from .models.quantization import quantize_model_int8
+from .models.quantization import quantize_model_int8, quantize_model_w8a8
 from .models.quantization_int4 import quantize_model_int4
 from .models.quantized_checkpoint import checkpoint_quantization
 from .runner_output import RunnerOutput
@@ -81,6 +81,12 @@ class ModelRunner:
         self.seconds = {"forward": 0.0, "sample": 0.0}  # cumulative time per phase (stats)
         self.model: LlamaForCausalLM
         prequantized = checkpoint_quantization(config.model) if model is None else None
+        if prequantized is not None and config.quantization == "w8a8":
+            raise ValueError(
+                f"{config.model} is a {prequantized.method.upper()} 4-bit checkpoint: quantization='w8a8' "
+                "quantizes a full-precision checkpoint's weights to int8 at load and cannot start from 4-bit "
+                "codes; serve it with quantization unset or 'int4', or point w8a8 at the unquantized model"
+            )
         if prequantized is not None and config.quantization not in (None, "int4"):
             raise ValueError(
                 f"{config.model} is a {prequantized.method.upper()} 4-bit checkpoint: serve it with "
@@ -100,6 +106,9 @@ class ModelRunner:
             # Loaded in float32 so the int8 codes come from the checkpoint's own precision.
             self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
             quantize_model_int8(self.model, self.dtype, self.ops.int8_linear)
+        elif config.quantization == "w8a8":
+            self.model = load_model(config.model, torch.float32, self.device, max_positions=max_model_len)
+            quantize_model_w8a8(self.model, self.dtype, self.ops.w8a8_linear)
         else:
             self.model = load_model(config.model, self.dtype, self.device, max_positions=max_model_len)
             self.model.pack_weights(self.ops)

@@ -4,6 +4,8 @@ Ops (each has a plain-torch twin in ``reference`` and a Triton version in ``trit
   write_kv, paged_decode_attention, paged_prefill_attention, sgmv_shrink, sgmv_expand, int8_linear
   (INT8 weight-only matmul; its CPU path and oracle live in ``int8``), int4_linear (group-wise INT4
   weight-only; layout, quantizer and oracle in ``int4``, the native CPU path in ``cpu_int4``),
+  w8a8_linear (int8 weights and per-row int8 activations, int32 accumulation; oracle and CPU path
+  in ``w8a8``),
   pack_linear_weight + linear
   (a backend's own copy of a float weight and the matmul that reads it: on the native CPU kernels,
   bf16 panels of a bf16-exact float32 weight for decode-sized batches; the twins keep no copy),
@@ -27,6 +29,7 @@ from .int4 import (
 from .int8 import dequantize_int8, int8_linear_reference, quantize_per_channel_int8
 from .lora_meta import LoraSegments, make_lora_segments
 from .ops import KernelOps, packed_replaces_weight
+from .w8a8 import quantize_rows_int8, w8a8_linear_reference
 
 __all__ = [
     "BACKENDS",
@@ -47,6 +50,8 @@ __all__ = [
     "dequantize_int8",
     "int8_linear_reference",
     "quantize_per_channel_int8",
+    "quantize_rows_int8",
+    "w8a8_linear_reference",
     "get_kernel_ops",
     "make_lora_segments",
     "packed_replaces_weight",

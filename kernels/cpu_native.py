@@ -37,7 +37,14 @@ from . import reference
 
 _SOURCES = tuple(
     Path(__file__).resolve().parent / "csrc" / n
-    for n in ("cpu_attention.cpp", "cpu_sgmv.cpp", "cpu_linear.cpp", "cpu_elementwise.cpp", "cpu_int4.cpp")
+    for n in (
+        "cpu_attention.cpp",
+        "cpu_sgmv.cpp",
+        "cpu_linear.cpp",
+        "cpu_elementwise.cpp",
+        "cpu_int4.cpp",
+        "cpu_w8a8.cpp",
+    )
 )
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
@@ -160,6 +167,15 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_int4_linear_f32.restype = None
     lib.lp_int4_dequant_f32.argtypes = [p, p, p, i32, i32, i32, p, i32]
     lib.lp_int4_dequant_f32.restype = None
+    lib.lp_w8a8_isa.argtypes = []
+    lib.lp_w8a8_isa.restype = i32
+    for act in ("f32", "bf16"):
+        fn = getattr(lib, f"lp_w8a8_quant_rows_{act}")
+        fn.argtypes = [p, i64, i32, i32, p, p, i32]
+        fn.restype = None
+        fn = getattr(lib, f"lp_w8a8_rescale_{act}")
+        fn.argtypes = [p, i32, i32, p, p, p, p, i32]
+        fn.restype = None
     return lib
 
 

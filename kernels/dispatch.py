@@ -3,7 +3,8 @@
 ``auto``: CUDA tensors -> Triton; CPU -> ``cpu`` where its native library builds, else ``torch``.
 ``cpu``: native C++ paged attention (``cpu_native``, reads the paged cache in place), grouped
 SGMV (each adapter's weights read once per step), INT4 weight-only matmuls that read the packed
-codes for decode batches (``cpu_int4``), linear layers over packed weights
+codes for decode batches (``cpu_int4``), W8A8 matmuls (``w8a8``: native per-row quantizer and
+epilogue around torch's int8 GEMM), linear layers over packed weights
 (``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
 decode batches of a float32 model over a bf16 copy of bf16-exact weights), one-pass bf16 RMSNorm
 and SiLU x up (``cpu_native.rms_norm`` / ``silu_mul``) + the torch reference
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import int4, int8, reference
+from . import int4, int8, reference, w8a8
 from .ops import KernelOps
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
@@ -30,6 +31,7 @@ TORCH_OPS = KernelOps(
     sgmv_expand=reference.sgmv_expand,
     int8_linear=int8.int8_linear_cpu,
     int4_linear=int4.int4_linear_torch,
+    w8a8_linear=w8a8.w8a8_linear_reference,
     pack_linear_weight=reference.pack_linear_weight,
     linear=reference.linear,
     rms_norm=reference.rms_norm,
@@ -53,6 +55,7 @@ def _cpu_ops() -> KernelOps | None:
         sgmv_expand=cpu_sgmv.sgmv_expand,
         int8_linear=int8.int8_linear_cpu,
         int4_linear=cpu_int4.int4_linear,
+        w8a8_linear=w8a8.w8a8_linear_cpu,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,
         rms_norm=cpu_native.rms_norm,

@@ -72,6 +72,16 @@ class Int8Linear(Protocol):
     ) -> torch.Tensor: ...
 
 
+class W8A8Linear(Protocol):
+    """W8A8 matmul (``w8a8``): x quantized to int8 per row at each call, int32 accumulation against
+    int8 ``qweight`` [N, K], then ``acc * x_scale[row] * scales[col] + bias``, in x's dtype. A row's
+    result never depends on the other rows of ``x``."""
+
+    def __call__(
+        self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
 class Int4Linear(Protocol):
     """INT4 weight-only matmul (group-wise, ``int4.Int4Weight``): x @ dequantize(weight).T + bias,
     in x's dtype."""
@@ -126,6 +136,7 @@ class KernelOps:
     sgmv_expand: SgmvExpand
     int8_linear: Int8Linear
     int4_linear: Int4Linear
+    w8a8_linear: W8A8Linear
     pack_linear_weight: PackLinearWeight
     linear: Linear
     rms_norm: RmsNorm

@@ -19,6 +19,7 @@ from .triton_int8 import int8_linear
 from .triton_kv_write import write_kv
 from .triton_prefill_attention import paged_prefill_attention
 from .triton_sgmv import sgmv_expand, sgmv_shrink
+from .w8a8 import w8a8_linear_reference
 
 TRITON_OPS = KernelOps(
     name="triton",
@@ -29,6 +30,7 @@ TRITON_OPS = KernelOps(
     sgmv_expand=sgmv_expand,
     int8_linear=int8_linear,
     int4_linear=int4_linear_torch,  # no Triton int4 kernel yet: dequantize + cuBLAS
+    w8a8_linear=w8a8_linear_reference,  # no Triton w8a8 kernel: the float64 oracle (correct, slow)
     pack_linear_weight=reference.pack_linear_weight,  # cuBLAS reads the weight itself
     linear=reference.linear,
     rms_norm=reference.rms_norm,

@@ -124,6 +124,9 @@ class Projection(nn.Module):
         self.wscale: torch.Tensor | None
         self.register_buffer("qweight", None)
         self.register_buffer("wscale", None)
+        # W8A8 (``quantization.quantize_model_w8a8``): the same int8 ``qweight``/``wscale``, and the
+        # activations quantized per row at each call (``KernelOps.w8a8_linear``) instead of staying float.
+        self.quantize_activations = False
         # INT4 weight-only (``quantization_int4``: quantized at load, or a GPTQ/AWQ checkpoint's codes):
         # ``weight`` is None and the base matmul reads ``int4.Int4Weight``'s packed codes [out, in/2]
         # with float32 per-group scales and offsets [out, groups].
@@ -209,7 +212,8 @@ class Projection(nn.Module):
             y = batch.ops.int4_linear(xq, q4, self.bias)  # LoRA below reads x in its own order
         elif self.qweight is not None:
             assert self.wscale is not None
-            y = batch.ops.int8_linear(x, self.qweight, self.wscale, self.bias)
+            int8_matmul = batch.ops.w8a8_linear if self.quantize_activations else batch.ops.int8_linear
+            y = int8_matmul(x, self.qweight, self.wscale, self.bias)
         else:
             y = batch.ops.linear(x, self.weight, self.bias, self.packed)
         seg = batch.lora_segments

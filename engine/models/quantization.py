@@ -1,4 +1,6 @@
-"""INT8 weight-only quantization of a loaded model (``EngineConfig.quantization = "int8"``).
+"""INT8 weight-only quantization of a loaded model (``EngineConfig.quantization = "int8"``), and
+W8A8 (``"w8a8"``: the same weights, activations quantized per token in the decoder's linears and
+the head).
 
 Every linear layer of the decoder (fused q|k|v, o, gate|up, down), the output projection and the
 token embedding get per-output-channel symmetric int8 weights with float32 scales, computed once at
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from loraplex.kernels import quantize_per_channel_int8
-from loraplex.kernels.ops import Int8Linear
+from loraplex.kernels.ops import Int8Linear, W8A8Linear
 
 from .layers import Projection
 from .llama import LlamaForCausalLM
@@ -51,9 +53,14 @@ class Int8Head(nn.Module):
 
 
 @torch.no_grad()
-def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear) -> None:
+def quantize_model_int8(
+    model: LlamaForCausalLM, act_dtype: torch.dtype, int8_linear: Int8Linear, activations: bool = False
+) -> None:
     """In place. ``model`` must still hold the checkpoint's weights at full precision (load it in
-    float32): quantizing after a cast to bf16 would round every weight twice."""
+    float32): quantizing after a cast to bf16 would round every weight twice. ``activations``:
+    W8A8 (``quantization="w8a8"``): the decoder's projections also quantize their input per row at
+    each call (``KernelOps.w8a8_linear``); ``int8_linear`` is the head's matmul (see
+    ``quantize_model_w8a8``)."""
     projections = [m for m in model.modules() if isinstance(m, Projection)]
     codes = []
     for proj in projections:
@@ -63,6 +70,22 @@ def quantize_model_int8(model: LlamaForCausalLM, act_dtype: torch.dtype, int8_li
     quantize_head_and_embedding_int8(model, act_dtype, int8_linear)
     for proj, (q, s) in zip(projections, codes):
         proj.qweight, proj.wscale, proj.act_dtype = q, s, act_dtype
+        proj.quantize_activations = activations
+
+
+def quantize_model_w8a8(model: LlamaForCausalLM, act_dtype: torch.dtype, w8a8_linear: W8A8Linear) -> None:
+    """W8A8 (``EngineConfig.quantization = "w8a8"``): the INT8 path's per-channel int8 weights
+    everywhere, and the decoder's linear layers (fused q|k|v, o, gate|up, down) and the output
+    projection also quantize their activations to int8 per token at each call, multiplying int8 by
+    int8 into int32 (``w8a8_linear``, which the head is given as its matmul).
+
+    The embedding is a row lookup (no matmul, nothing to quantize): per-row int8 weights as in INT8.
+    The head's activations are quantized too, by measurement (benchmarks/engine/quantization_w8a8.py,
+    docs/quantization-and-speculation.md): a weight-only int8 head dequantizes the whole 49k x 576
+    matrix on every step of more than 16 sequences (kernels/int8.py), which made decode at batch
+    64 1.16x slower than with the w8a8 head, for no better perplexity (28.9 vs 28.6 on the
+    shipped text; bf16 28.0)."""
+    quantize_model_int8(model, act_dtype, w8a8_linear, activations=True)
 
 
 @torch.no_grad()

@@ -69,3 +69,46 @@ def int4_dequantized_checkpoint(model_dir: str, out_dir, group_size: int) -> str
             emb.copy_(dequantize_int8(*quantize_per_channel_int8(emb), torch.float32))
     model.save_pretrained(out_dir, safe_serialization=True)
     return str(out_dir)
+
+
+def int8_round_trip_checkpoint(model_dir: str, out_dir) -> str:
+    """The HF model with every decoder linear, the head and the embedding holding their per-row int8
+    round trip: the weights of ``quantization="int8"`` and of ``"w8a8"``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        weights = [m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        weights.append(model.get_input_embeddings().weight)
+        seen: set[int] = set()
+        for w in weights:
+            if w.data_ptr() not in seen:  # a tied head and embedding: one matrix
+                seen.add(w.data_ptr())
+                w.copy_(dequantize_int8(*quantize_per_channel_int8(w), torch.float32))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return str(out_dir)
+
+
+def fake_quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """x's per-row symmetric int8 round trip, in float32: scale max|x| / 127 per row (1 for a zero
+    row), round half to even, clamp to +-127, times the scale. Written here, not imported from
+    ``kernels.w8a8``: the engine tests' oracle must not be the code under test."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return (torch.round(xf / scale).clamp(-127, 127) * scale).to(x.dtype)
+
+
+def quantize_linear_activations(model: torch.nn.Module) -> int:
+    """Make the HF (or PEFT-wrapped) model's decoder linears and its head see their input's per-row
+    int8 round trip, as ``quantization="w8a8"`` does; a PEFT adapter's own A still reads the float
+    input (its ``base_layer`` gets the hook). Returns how many linears got one."""
+    hooked = 0
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        base = parts[-2] if parts[-1] == "base_layer" else parts[-1]
+        targets = (*DECODER_LINEARS, "lm_head")
+        if isinstance(module, torch.nn.Linear) and base in targets and "lora_" not in name:
+            module.register_forward_pre_hook(lambda _m, args: (fake_quantize_rows(args[0]), *args[1:]))
+            hooked += 1
+    return hooked

@@ -121,3 +121,16 @@ def test_int8_and_speculative_engine_keys_reach_the_engine(tmp_path, monkeypatch
     cfg.write_text('[engine]\nspeculative_method = "draft"\n')  # a draft method without a draft model
     with pytest.raises(ConfigError, match="draft_model"):
         load_settings(cfg)
+
+
+def test_w8a8_quantization_from_toml_and_env(tmp_path, monkeypatch):
+    from loraplex.platform.settings import engine_config_kwargs
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[engine]\nquantization = "w8a8"\n')
+    assert engine_config_kwargs(load_settings(cfg).engine)["quantization"] == "w8a8"
+    monkeypatch.setenv("LORAPLEX_ENGINE__QUANTIZATION", "w8a8")
+    assert engine_config_kwargs(load_settings().engine)["quantization"] == "w8a8"
+    monkeypatch.setenv("LORAPLEX_ENGINE__QUANTIZATION", "w8a4")
+    with pytest.raises(ConfigError, match="w8a8"):  # the message lists the methods
+        load_settings()
