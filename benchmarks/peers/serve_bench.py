@@ -24,7 +24,7 @@ folded stacks land next to the JSON.
 Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
 adapters on every linear layer (``benchmarks/lib/peer_adapters.py``), registered on each server (loraplex: uploaded
 through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
-``vllm bench serve`` call per system (random 128-token prompts, ``--output-len`` tokens,
+``vllm bench serve`` call per system (random 128-token prompts, new ones every round and row, ``--output-len`` tokens,
 ignore_eos; ``--lora-modules`` spreads requests over the adapters), systems alternating (A B C,
 C B A, ...) over ``--rounds``; the table shows medians: output tok/s, TTFT and ITL p50/p99, the
 server's CPU-seconds per output token and cores used (its whole process tree, from /proc), RSS
@@ -240,13 +240,24 @@ def register_loraplex(server: Server, adapters: dict[str, str]) -> None:
     server.adapter_names = list(adapters)
 
 
-def run_row(server: Server, venv: Path, model: Path, row: str, out_len: int, prompts: int, tmp: Path) -> dict:
+def prompt_seed(rnd: int, row: str) -> int:
+    """The random prompts' seed of one (round, row): the same for every system in that round, a
+    different one for every round and row. With one seed everywhere, every run after a server's first
+    re-sent prompts it had already seen, and a server with small prefix-cache blocks (loraplex: 16
+    tokens) served them from its cache while one with 128-token blocks (vLLM's CPU default) could not
+    hit on 128-token prompts (it logged 0.0%): rounds after the first compared a cache hit with a prefill."""
+    return 1000 * rnd + list(ROWS).index(row)
+
+
+def run_row(
+    server: Server, venv: Path, model: Path, row: str, out_len: int, prompts: int, tmp: Path, seed: int
+) -> dict:
     n_adapters, conc = ROWS[row]
     result = tmp / f"{server.name}-{row}-{time.time_ns()}.json"
     cmd = [*vllm_cli(venv), "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions"]
     cmd += ["--base-url", server.url, "--model", server.model, "--tokenizer", str(model)]
     cmd += ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", str(out_len)]
-    cmd += ["--num-prompts", str(prompts), "--max-concurrency", str(conc), "--ignore-eos", "--seed", "0"]
+    cmd += ["--num-prompts", str(prompts), "--max-concurrency", str(conc), "--ignore-eos", "--seed", str(seed)]
     cmd += ["--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
     cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
     if n_adapters:
@@ -328,7 +339,9 @@ def main() -> None:
                     for other, srv in servers.items():
                         srv.pause(other != s)
                     spy = start_profile(servers[s], tmp, row, rnd) if args.profile and s != "vllm" else None
-                    res = run_row(servers[s], args.vllm_venv, model, row, args.output_len, prompts, tmp)
+                    res = run_row(
+                        servers[s], args.vllm_venv, model, row, args.output_len, prompts, tmp, prompt_seed(rnd, row)
+                    )
                     if spy is not None:
                         profiles.setdefault((s, row), []).append(stop_profile(*spy))
                     results[s][row].append(res)
