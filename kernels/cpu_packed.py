@@ -88,8 +88,9 @@ def packs_bf16(kind: str | None = None) -> bool:
 
 # Prompt tokens one engine step needs before its prefill runs at (about) its full rate on this CPU
 # kind, for a bf16 model on the packed linears: the engine's default ``prefill_group_tokens``
-# (a burst is prefilled in groups of this many tokens, so its first prompts stream early at no cost
-# in throughput). Measured, not chosen: ``benchmarks/engine/prefill_group.py`` (a whole engine step)
+# (a burst is prefilled in groups of this many tokens, so its first prompts stream early; the later
+# groups' steps stretch the first ones' inter-token gaps, and smaller GEMMs cost a few % of
+# throughput: the server-level trade is measured in docs/cpu-performance.md). Measured, not chosen: ``benchmarks/engine/prefill_group.py`` (a whole engine step)
 # on the AVX512-BF16 EPYC and ``benchmarks/kernels/cpu_linear_bf16.py`` (the packed GEMM's rate by
 # rows) on the AMX Xeon, tables in docs/cpu-performance.md. ``none`` runs float32 (``auto``), not
 # measured: 0 = no grouping there.
