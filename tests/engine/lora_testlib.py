@@ -73,6 +73,16 @@ class PeftOracle:
         return lp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
     @torch.inference_mode()
+    def logits(self, tokens: list[int], adapter: str | None) -> torch.Tensor:
+        """The logits of every position of ``tokens`` under ``adapter`` (None: the base), float32."""
+        ids = torch.tensor([tokens])
+        if adapter is None:
+            with self.model.disable_adapter():
+                return self.model(ids).logits[0].float()
+        self.model.set_adapter(adapter)
+        return self.model(ids).logits[0].float()
+
+    @torch.inference_mode()
     def greedy(self, prompt: list[int], adapter: str | None, max_new_tokens: int) -> list[int]:
         ids = torch.tensor([prompt])
         kwargs = dict(
@@ -116,3 +126,36 @@ def make_small_draft(path: Path) -> str:
             initializer_range=0.1,
         )
     )
+
+
+# One batch mixing adapters of different ranks and targets, repeats, and a request without one.
+MIXED_ASSIGN = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", "attn_r8", "mlp_r4"]
+
+
+def assert_mixed_batch_matches_peft(llm, oracle: PeftOracle, tie: float, max_new: int = 8) -> None:
+    """One engine batch over MIXED_ASSIGN: every token the engine picks is PEFT's greedy choice on
+    the same prefix up to a near-tie of ``tie`` logits, all but two requests equal PEFT's greedy
+    output, and the adapters matter (at least three change the base model's output, or the
+    comparison proves nothing; at least four adapters shared a step)."""
+    from loraplex.engine import SamplingParams
+
+    prompts = make_prompts(len(MIXED_ASSIGN), llm.engine.model_config.vocab_size, seed=2)
+    params = SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, adapters=MIXED_ASSIGN)
+    identical, changed = 0, set()
+    for i, (prompt, adapter, out) in enumerate(zip(prompts, MIXED_ASSIGN, outs)):
+        assert len(out.token_ids) == max_new and out.adapter == adapter
+        logits = oracle.logits(prompt + out.token_ids[:-1], adapter)[len(prompt) - 1 :]
+        best = logits.max(dim=-1).values
+        picked = logits.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+        gap = (best - picked).max().item()
+        assert gap <= tie, f"request {i} (adapter {adapter}): a token {gap:.4f} below PEFT's greedy choice"
+        expected = oracle.greedy(prompt, adapter, max_new)
+        identical += out.token_ids == expected
+        if adapter is not None and expected != oracle.greedy(prompt, None, max_new):
+            changed.add(adapter)
+    assert identical >= len(MIXED_ASSIGN) - 2, (
+        f"only {identical}/{len(MIXED_ASSIGN)} requests equal PEFT's greedy output"
+    )
+    assert len(changed) >= 3, f"only {changed} changed the base model's output"
+    assert llm.engine.stats()["lora"]["max_adapters_per_step"] >= 4

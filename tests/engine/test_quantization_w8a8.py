@@ -20,7 +20,7 @@ import random
 import pytest
 import torch
 from gptq_awq_testlib import write_quantized_checkpoint
-from lora_testlib import PeftOracle, make_adapters, make_prompts
+from lora_testlib import PeftOracle, assert_mixed_batch_matches_peft, make_adapters, make_prompts
 from quant_testlib import (
     fake_quantize_rows,
     hf_logits,
@@ -35,7 +35,6 @@ from loraplex.engine.models.quantization import weight_bytes
 TOL = 1e-3
 FLIP_TOL = 0.02  # bound of a rounding-boundary flip's cascade on these models (measured up to 1.4e-2)
 TIE = 0.02  # PEFT logits a near-tie may reorder (float32 summation order, a rounding-boundary flip)
-ASSIGN = ["attn_r8", "mlp_r4", None, "all_r16_rslora", "qv_down_patterns", "layer1_q_up", "attn_r8", "mlp_r4"]
 
 
 def _tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
@@ -185,47 +184,20 @@ def lora_setup(model_factory, tmp_path_factory):
     return llm, oracle
 
 
-def _peft_logits(oracle: PeftOracle, tokens: list[int], adapter: str | None) -> torch.Tensor:
-    with torch.inference_mode():
-        if adapter is None:
-            with oracle.model.disable_adapter():
-                return oracle.model(torch.tensor([tokens])).logits[0].float()
-        oracle.model.set_adapter(adapter)
-        return oracle.model(torch.tensor([tokens])).logits[0].float()
-
-
 def test_mixed_adapter_batch_on_w8a8_matches_peft(lora_setup):
     """One engine batch mixing adapters of different ranks and targets (and a request without one):
     every token is PEFT's greedy choice on the w8a8 oracle, up to a near-tie of TIE logits. A
     skipped adapter, or one applied to the quantized input instead of the float one, is off more."""
     llm, oracle = lora_setup
-    max_new = 8
-    prompts = make_prompts(len(ASSIGN), llm.engine.model_config.vocab_size, seed=2)
-    params = SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0.0, ignore_eos=True)
-    outs = llm.generate(prompts, params, adapters=ASSIGN)
-    identical, changed = 0, set()
-    for i, (prompt, adapter, out) in enumerate(zip(prompts, ASSIGN, outs)):
-        assert len(out.token_ids) == max_new and out.adapter == adapter
-        logits = _peft_logits(oracle, prompt + out.token_ids[:-1], adapter)[len(prompt) - 1 :]
-        best = logits.max(dim=-1).values
-        picked = logits.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
-        gap = (best - picked).max().item()
-        assert gap <= TIE, f"request {i} (adapter {adapter}): a token {gap:.4f} below PEFT's greedy choice"
-        expected = oracle.greedy(prompt, adapter, max_new)
-        identical += out.token_ids == expected
-        if adapter is not None and expected != oracle.greedy(prompt, None, max_new):
-            changed.add(adapter)
-    assert identical >= len(ASSIGN) - 2, f"only {identical}/{len(ASSIGN)} requests equal PEFT's greedy output"
-    assert len(changed) >= 3, f"only {changed} changed the base model's output"
-    assert llm.engine.stats()["lora"]["max_adapters_per_step"] >= 4
+    assert_mixed_batch_matches_peft(llm, oracle, TIE)
 
 
 @pytest.mark.parametrize("adapter", ["attn_r8", "all_r16_rslora"])
 def test_adapter_logits_on_w8a8_match_peft(lora_setup, adapter):
     llm, oracle = lora_setup
     toks = make_prompts(1, 700, seed=7, lengths=(24,))[0]
-    ref = _peft_logits(oracle, toks, adapter)
-    base = _peft_logits(oracle, toks, None)
+    ref = oracle.logits(toks, adapter)
+    base = oracle.logits(toks, None)
     ours = prefill_logits(llm, toks, adapter=adapter)
     skipped = _rel(prefill_logits(llm, toks), ref)  # control: the adapter left out
     assert (ref - base).abs().max() > 0.1, "the adapter must visibly change the logits"
