@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -63,7 +63,18 @@ def _engine_settings_model() -> type[BaseModel]:
             raise ValueError(str(exc)) from None
         return self
 
-    validators: dict[str, Any] = {"check_with_engine_config": model_validator(mode="after")(check)}
+    def no_bool(value: Any) -> Any:
+        # pydantic's lax mode reads a TOML `true` as 1 for an int field (`prefill_group_tokens = true`
+        # started a server with groups of one token); the environment's "true" was already refused.
+        if isinstance(value, bool):
+            raise ValueError("Input should be a valid integer, not a boolean")
+        return value
+
+    ints = [name for name in EngineConfig.field_defaults() if hints[name] in (int, int | None)]
+    validators: dict[str, Any] = {
+        "check_with_engine_config": model_validator(mode="after")(check),
+        "no_bool_for_int": field_validator(*ints, mode="before")(no_bool),
+    }
     return create_model("EngineSettings", __base__=_Table, __validators__=validators, **fields)
 
 
