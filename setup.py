@@ -34,7 +34,7 @@ setup(
     package_data={
         "loraplex.migrations": ["*.mako", "*.ini"],
         "loraplex.admin_ui": ["**/*"],
-        "loraplex.kernels": ["csrc/*.cpp"],
+        "loraplex.kernels": ["csrc/*.cpp", "csrc/*.h"],
     },  # native CPU kernels are built from source on first use
     include_package_data=True,
 )

@@ -46,6 +46,7 @@ _SOURCES = tuple(
         "cpu_w8a8.cpp",
     )
 )
+_HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / n for n in ("bf16.h",))  # part of the cache key
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -77,7 +78,7 @@ def _compiler() -> str | None:
 
 def library_path(cxx: str, extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    texts = [src.read_text() for src in _SOURCES]
+    texts = [src.read_text() for src in (*_SOURCES, *_HEADERS)]
     flags = " ".join([*_FLAGS, *extra_flags])
     key = hashlib.sha256("\0".join([*texts, flags, version, _cpu_signature()]).encode())
     return _cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"

@@ -49,10 +49,11 @@ def build_baseline(ref: str) -> ctypes.CDLL:
         ["git", "show", f"{ref}:kernels/csrc/cpu_sgmv.cpp"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     srcs = []
-    for src in cpu_native._SOURCES:
+    for src in (*cpu_native._SOURCES, *cpu_native._HEADERS):
         dst = tmp / src.name
         dst.write_text(old if src.name == "cpu_sgmv.cpp" else src.read_text())
-        srcs.append(str(dst))
+        if src in cpu_native._SOURCES:
+            srcs.append(str(dst))
     cxx = cpu_native._compiler()
     assert cxx is not None
     subprocess.run([cxx, *cpu_native._FLAGS, *srcs, "-o", str(tmp / "lib.so")], check=True)

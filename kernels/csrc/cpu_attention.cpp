@@ -19,23 +19,17 @@
 #include <algorithm>
 #include <omp.h>
 
+#include "bf16.h"
+
+using lp_bf16::bf2f;
+using lp_bf16::f2bf;
+
 namespace {
 
 inline float to_f(float x) { return x; }
-inline float to_f(uint16_t x) {
-    uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+inline float to_f(uint16_t x) { return bf2f(x); }
 inline void from_f(float x, float* dst) { *dst = x; }
-inline void from_f(float x, uint16_t* dst) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) { *dst = static_cast<uint16_t>((u >> 16) | 0x40); return; }  // NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even, like torch
-    *dst = static_cast<uint16_t>(u >> 16);
-}
+inline void from_f(float x, uint16_t* dst) { *dst = f2bf(x); }
 
 constexpr int kTile = 4;        // consecutive prefill rows of one sequence that share each K/V load
 

@@ -25,23 +25,12 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16.h"
+
+using lp_bf16::bf2f;
+using lp_bf16::f2bf;
+
 namespace {
-
-inline float bf2f(uint16_t v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// Round to nearest even, as torch's float -> bf16 conversion (NaN -> a quiet NaN).
-inline uint16_t f2bf(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
 
 #if defined(__AVX512F__)
 inline __m512 load_bf(const uint16_t* p) {

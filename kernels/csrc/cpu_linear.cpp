@@ -25,17 +25,14 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16.h"
+
+using lp_bf16::bf2f;
+
 namespace {
 
 constexpr int kPanel = 16;
 constexpr int kRows = 8;
-
-inline float bf16_to_f(uint16_t v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 
 #if defined(__AVX512F__)
 inline __m512 load_panel(const uint16_t* p) {
@@ -102,7 +99,7 @@ void pair_portable(const float* x, int64_t xs, int m, int k, const uint16_t* pan
             float acc[kPanel] = {0};
             for (int kk = 0; kk < k; ++kk) {
                 const float xv = x[r * xs + kk];
-                for (int j = 0; j < kPanel; ++j) acc[j] += xv * bf16_to_f(w[kk * kPanel + j]);
+                for (int j = 0; j < kPanel; ++j) acc[j] += xv * bf2f(w[kk * kPanel + j]);
             }
             for (int j = 0; j < kPanel && p * kPanel + j < n; ++j)
                 y[r * ys + p * kPanel + j] = acc[j] + (bias ? bias[p * kPanel + j] : 0.f);

@@ -27,25 +27,15 @@
 #define LP_W8A8_AVX512 1
 #endif
 
+#include "bf16.h"
+
+using lp_bf16::bf2f;
+using lp_bf16::f2bf;
+
 namespace {
 
-inline float w8_bf2f(uint16_t v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-inline uint16_t w8_f2bf(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-
 inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) { return w8_bf2f(p[i]); }
+inline float load(const uint16_t* p, int64_t i) { return bf2f(p[i]); }
 
 #if defined(LP_W8A8_AVX512)
 // 16 lanes of a row as float32; bf16 widens by a shift (exact). Masked loads for the tail.
@@ -100,7 +90,7 @@ void quant_rows(const T* x, int64_t xs, int rows, int k, int8_t* q, float* scale
 }
 
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(uint16_t* p, int64_t i, float v) { p[i] = w8_f2bf(v); }
+inline void store(uint16_t* p, int64_t i, float v) { p[i] = f2bf(v); }
 
 template <typename T>
 void rescale(const int32_t* acc, int rows, int n, const float* xscale, const float* wscale, const float* bias, T* out,
