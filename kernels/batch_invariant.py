@@ -15,11 +15,15 @@ GPUs (fixed-split kernels), here for the native CPU ops:
   every row is computed by a call of the same shape. A GEMM of a fixed shape sums each row the same
   way whatever the other rows hold and wherever in the tile it sits (``tests/kernels/
   test_batch_invariant.py`` checks both, against the plain op that does not hold it).
-* ``paged_prefill_attention``: always the native kernel, which computes each query row on its own
-  (its scores, softmax and weighted sum over the row's own context, in position order), so chunk
-  boundaries and neighbours change nothing. Decode rows run the same kernel.
-* SGMV, KV writes, decode attention: already per row (the native SGMV sums a token's dot products
-  in one order whatever its group holds).
+* ``paged_prefill_attention``: always the native kernel's two-pass tile, which computes each query
+  row on its own (its scores, softmax and weighted sum over the row's own context, in position
+  order), so chunk boundaries and neighbours change nothing.
+* ``paged_decode_attention``: the same two-pass tile, not the AVX-512 decode tile (an online
+  softmax that rounds differently): a decoded position must have the bits it gets when a preempted
+  sequence is recomputed in a prefill chunk, and a 1-token chunk must not take another path than
+  the rows of a longer one.
+* SGMV, KV writes: already per row (the native SGMV sums a token's dot products in one order
+  whatever its group holds).
 
 Only the native CPU backend (``cpu``) is wrapped: the torch reference gathers padded batches for
 SDPA and Triton's split-KV depends on the grid, so ``batch_invariant_ops`` refuses them.
@@ -34,7 +38,7 @@ import torch
 
 from . import cpu_native
 from .int4 import Int4Weight
-from .ops import Int4Linear, Int8Linear, KernelOps, Linear, PagedPrefillAttention
+from .ops import Int4Linear, Int8Linear, KernelOps, Linear, PagedDecodeAttention, PagedPrefillAttention
 
 ROW_TILE = 16  # rows per GEMM call: small enough that a decode batch pads little
 
@@ -97,7 +101,31 @@ def native_prefill_attention() -> PagedPrefillAttention:
         scale: float,
     ) -> torch.Tensor:
         return cpu_native.paged_prefill_attention(
-            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, whole_prompt_sdpa=False
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            query_start_loc,
+            context_lens,
+            scale,
+            whole_prompt_sdpa=False,
+            decode_tile=False,
+        )
+
+    return run
+
+
+def native_decode_attention() -> PagedDecodeAttention:
+    def run(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        return cpu_native.paged_decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, decode_tile=False
         )
 
     return run
@@ -123,4 +151,5 @@ def batch_invariant_ops(ops: KernelOps) -> KernelOps:
         # w8a8_linear stays as it is: per-row quantizer, exact integer GEMM, per-element epilogue,
         # so a row's result is already independent of its batch (tests/kernels/test_kernels_w8a8.py).
         paged_prefill_attention=native_prefill_attention(),
+        paged_decode_attention=native_decode_attention(),
     )

@@ -141,7 +141,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     for name in ("lp_paged_attention_f32", "lp_paged_attention_bf16"):
         fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32]
+        fn.argtypes = [p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32, i32]
         fn.restype = None
     i64 = ctypes.c_int64
     for act in ("f32", "bf16"):
@@ -160,6 +160,8 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_rms_norm_bf16.restype = None
     lib.lp_silu_mul_bf16.argtypes = [p, i64, i32, i32, p, i32]
     lib.lp_silu_mul_bf16.restype = None
+    lib.lp_attention_decode_tile.argtypes = []
+    lib.lp_attention_decode_tile.restype = i32
     lib.lp_linear_fast.argtypes = []
     lib.lp_linear_fast.restype = i32
     lib.lp_int4_isa.argtypes = []
@@ -188,6 +190,13 @@ def fast_float16() -> bool:
     return lib is not None and bool(lib.lp_sgmv_fast_f16())
 
 
+def decode_tile_available() -> bool:
+    """True when the built kernels have the AVX-512 decode-attention tile (``decode_tile=True`` then
+    changes the path decode rows take); False without the library or on the portable build."""
+    lib = load()
+    return lib is not None and bool(lib.lp_attention_decode_tile())
+
+
 def available() -> bool:
     return load() is not None
 
@@ -213,6 +222,7 @@ def _call(
     row_seq: torch.Tensor,
     row_len: torch.Tensor,
     scale: float,
+    decode_tile: bool = True,
 ) -> torch.Tensor:
     assert _lib is not None
     q = q.contiguous()
@@ -239,6 +249,7 @@ def _call(
             k_cache.shape[1],
             float(scale),
             torch.get_num_threads(),
+            int(decode_tile),
         )
     return out
 
@@ -250,12 +261,16 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    *,
+    decode_tile: bool = True,
 ) -> torch.Tensor:
-    """Same contract as ``reference.paged_decode_attention``."""
+    """Same contract as ``reference.paged_decode_attention``. ``decode_tile=False`` keeps every row
+    on the two-pass tile the prefill rows take (a position then has the same bits decoded or
+    recomputed in a prefill: ``batch_invariant.py``)."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
     rows = torch.arange(q.shape[0], dtype=torch.int32)
-    return _call(q, k_cache, v_cache, block_tables, rows, context_lens, scale)
+    return _call(q, k_cache, v_cache, block_tables, rows, context_lens, scale, decode_tile)
 
 
 # A prompt chunk that is a whole prompt (no cached prefix) of at least this many tokens goes to
@@ -275,10 +290,12 @@ def paged_prefill_attention(
     scale: float,
     *,
     whole_prompt_sdpa: bool = True,
+    decode_tile: bool = True,
 ) -> torch.Tensor:
     """Same contract as ``reference.paged_prefill_attention``: query row i of sequence s sees
-    positions ``< context_len - query_len + i + 1``. ``whole_prompt_sdpa=False`` keeps every row on
-    the native kernel (per-row results then do not depend on chunking: ``batch_invariant.py``)."""
+    positions ``< context_len - query_len + i + 1``. ``whole_prompt_sdpa=False`` and
+    ``decode_tile=False`` keep every row on the native two-pass tile (a 1-token chunk would take
+    the decode tile otherwise): per-row results then do not depend on chunking (``batch_invariant.py``)."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
@@ -289,7 +306,7 @@ def paged_prefill_attention(
         if whole_prompt_sdpa and starts[s + 1] - starts[s] == c >= SDPA_MIN_ROWS:
             fresh.setdefault(c, []).append(s)
     if not fresh:
-        return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+        return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_tile)
     out = torch.empty_like(q)
     for length, seqs in fresh.items():
         rows = torch.cat([torch.arange(starts[s], starts[s] + length) for s in seqs])
@@ -302,7 +319,7 @@ def paged_prefill_attention(
         qsl = torch.zeros(len(rest) + 1, dtype=torch.long)
         torch.cumsum(qlens, 0, out=qsl[1:])
         sub = _native_prefill(
-            q.index_select(0, rows), k_cache, v_cache, block_tables[rest], qsl, context_lens[rest], scale
+            q.index_select(0, rows), k_cache, v_cache, block_tables[rest], qsl, context_lens[rest], scale, decode_tile
         )
         out.index_copy_(0, rows, sub)
     return out
@@ -340,13 +357,14 @@ def _native_prefill(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    decode_tile: bool = True,
 ) -> torch.Tensor:
     qsl = query_start_loc.long()
     qlens = qsl[1:] - qsl[:-1]
     row_seq = torch.repeat_interleave(torch.arange(qlens.shape[0]), qlens)
     offset = torch.arange(q.shape[0]) - qsl[:-1].index_select(0, row_seq)
     row_len = (context_lens.long() - qlens).index_select(0, row_seq) + offset + 1
-    return _call(q, k_cache, v_cache, block_tables, row_seq, row_len, scale)
+    return _call(q, k_cache, v_cache, block_tables, row_seq, row_len, scale, decode_tile)
 
 
 # ------------------------------------------------------------------------ decode-sized linear layers

@@ -13,7 +13,10 @@
 //   row_len:       int32 [num_rows]  how many KV positions the row sees (causal: its position + 1)
 // Scores are accumulated in fp32 whatever the storage type (fp32 or bf16).
 // Decode tiles (one query row) take an AVX-512 tile where the build has AVX-512 (decode_row_fast:
-// online softmax, one pass over K and V); prefill tiles and other CPUs the portable attend().
+// online softmax, one pass over K and V) unless the caller passes decode_tile = 0; prefill tiles
+// and other CPUs the portable attend(). The two round differently (fp32 order), so a caller that
+// needs a position's result to be the same whether it was decoded or recomputed in a prefill chunk
+// (the batch-invariant mode: preemption recomputes decoded positions) turns the decode tile off.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -321,7 +324,7 @@ bool decode_row_fast(const T*, T*, int, int, int, int, const T*, const T*, const
 template <typename T>
 void run(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables, int table_width,
          const int32_t* row_seq, const int32_t* row_len, T* out, int num_rows, int hq, int hkv, int d,
-         int block_size, float scale, int num_threads) {
+         int block_size, float scale, int num_threads, bool decode_tile) {
     const int group = hq / hkv;
     // Tiles of up to kTile consecutive rows of the same sequence (prefill chunks); decode rows are
     // one sequence each, so every decode tile is a single row.
@@ -346,7 +349,7 @@ void run(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_ta
             // Rows of longer prefill chunks all keep attend(), whichever tile they fall in.
             const bool lone = r1 - r0 == 1 && (r0 == 0 || row_seq[r0 - 1] != row_seq[r0]) &&
                               (r1 == num_rows || row_seq[r1] != row_seq[r0]);
-            if (lone &&
+            if (decode_tile && lone &&
                 decode_row_fast<T>(q + static_cast<int64_t>(r0) * hq * d, out + static_cast<int64_t>(r0) * hq * d,
                                    row_len[r0], hq, hkv, d, k_cache, v_cache,
                                    block_tables + static_cast<int64_t>(row_seq[r0]) * table_width, block_size, scale))
@@ -372,16 +375,25 @@ void run(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_ta
 
 extern "C" {
 
+// 1 where this build has the AVX-512 decode tile (decode_row_fast), 0 on the portable build.
+int lp_attention_decode_tile(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 void lp_paged_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt, int tw,
                             const int32_t* row_seq, const int32_t* row_len, float* out, int rows, int hq,
-                            int hkv, int d, int bs, float scale, int threads) {
-    run<float>(q, k, v, bt, tw, row_seq, row_len, out, rows, hq, hkv, d, bs, scale, threads);
+                            int hkv, int d, int bs, float scale, int threads, int decode_tile) {
+    run<float>(q, k, v, bt, tw, row_seq, row_len, out, rows, hq, hkv, d, bs, scale, threads, decode_tile != 0);
 }
 
 void lp_paged_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32_t* bt, int tw,
                              const int32_t* row_seq, const int32_t* row_len, uint16_t* out, int rows, int hq,
-                             int hkv, int d, int bs, float scale, int threads) {
-    run<uint16_t>(q, k, v, bt, tw, row_seq, row_len, out, rows, hq, hkv, d, bs, scale, threads);
+                             int hkv, int d, int bs, float scale, int threads, int decode_tile) {
+    run<uint16_t>(q, k, v, bt, tw, row_seq, row_len, out, rows, hq, hkv, d, bs, scale, threads, decode_tile != 0);
 }
 
 }  // extern "C"

@@ -65,3 +65,39 @@ def test_prefill_attention_rows_do_not_depend_on_chunking():
     assert torch.equal(torch.cat([chunk(0, 30), chunk(30, n)]), whole)
     plain = get_kernel_ops("cpu").paged_prefill_attention
     assert not torch.equal(torch.cat([chunk(0, 30, plain), chunk(30, n, plain)]), chunk(0, n, plain))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decoded_position_has_the_bits_of_its_prefill_row(dtype):
+    """Every position of a 60-token sequence attended as a decode row (its query alone, context up
+    to itself) and as a 1-token chunk equals its row in one 60-token prefill chunk: preemption
+    recomputes decoded positions in a prefill, and a seed must give the same tokens then. The
+    plain ops are the control: their decode rows take the AVX-512 decode tile (an online softmax
+    rounding differently), so some position differs there (on a CPU with AVX-512)."""
+    torch.manual_seed(2)
+    bs, hkv, hq, d, n = 16, 3, 9, 64, 60
+    k_cache = torch.randn(4, bs, hkv, d).to(dtype)
+    v_cache = torch.randn(4, bs, hkv, d).to(dtype)
+    tables = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
+    q = (torch.randn(n, hq, d) * 2).to(dtype)
+
+    def rows(ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        scale = d**-0.5
+        qsl = torch.tensor([0, n], dtype=torch.int32)
+        prefill = ops.paged_prefill_attention(
+            q, k_cache, v_cache, tables, qsl, torch.tensor([n], dtype=torch.int32), scale
+        )
+        one = torch.tensor([0, 1], dtype=torch.int32)
+        decoded, single = [], []
+        for p in range(n):
+            ctx = torch.tensor([p + 1], dtype=torch.int32)
+            decoded.append(ops.paged_decode_attention(q[p : p + 1], k_cache, v_cache, tables, ctx, scale)[0])
+            single.append(ops.paged_prefill_attention(q[p : p + 1], k_cache, v_cache, tables, one, ctx, scale)[0])
+        return prefill, torch.stack(decoded), torch.stack(single)
+
+    prefill, decoded, single = rows(batch_invariant_ops(get_kernel_ops("cpu")))
+    assert torch.equal(decoded, prefill)
+    assert torch.equal(single, prefill)
+    if cpu_native.decode_tile_available():
+        plain_prefill, plain_decoded, _ = rows(get_kernel_ops("cpu"))
+        assert not torch.equal(plain_decoded, plain_prefill)
