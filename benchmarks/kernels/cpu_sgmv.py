@@ -27,14 +27,13 @@ import argparse
 import ctypes
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from benchmarks.lib.cpu_result import write_cpu_result
+from benchmarks.lib.native_baseline import build_with_old_source
 from benchmarks.lib.paths import ROOT
 from loraplex.kernels import cpu_native, cpu_sgmv, make_lora_segments, reference
 
@@ -44,20 +43,7 @@ COLD_BYTES = 96 << 20
 
 def build_baseline(ref: str) -> ctypes.CDLL:
     """The kernel library with cpu_sgmv.cpp from git ``ref`` (the rest of the sources as they are)."""
-    tmp = Path(tempfile.mkdtemp(prefix="sgmv-baseline-"))
-    old = subprocess.run(
-        ["git", "show", f"{ref}:kernels/csrc/cpu_sgmv.cpp"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    srcs = []
-    for src in (*cpu_native._SOURCES, *cpu_native._HEADERS):
-        dst = tmp / src.name
-        dst.write_text(old if src.name == "cpu_sgmv.cpp" else src.read_text())
-        if src in cpu_native._SOURCES:
-            srcs.append(str(dst))
-    cxx = cpu_native._compiler()
-    assert cxx is not None
-    subprocess.run([cxx, *cpu_native._FLAGS, *srcs, "-o", str(tmp / "lib.so")], check=True)
-    return cpu_native.open_library(tmp / "lib.so")
+    return build_with_old_source(ref, "cpu_sgmv.cpp")
 
 
 def main() -> None:

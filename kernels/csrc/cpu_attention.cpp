@@ -28,6 +28,7 @@
 #endif
 
 #include "bf16.h"
+#include "simd_exp.h"
 
 using lp_bf16::bf2f;
 using lp_bf16::f2bf;
@@ -159,25 +160,6 @@ inline __m512 load16(const T* p) {
     }
 }
 
-// exp for fp32 lanes (Cephes expf polynomial, ~1 ulp); exp(x) = 0 below -103.
-inline __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-103.f);
-    const __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
-}
-
 // v[t] holds 16 partial sums of token t's score; returns the 16 scores (lane t = sum of v[t]).
 inline __m512 sum16x16(__m512* v) {
     for (int j = 0; j < 8; ++j)  // 512-bit halves: token 2j in lanes 0-1, 2j+1 in lanes 2-3
@@ -254,7 +236,7 @@ void decode_row_avx512(const T* q, T* out, int len, int hq, int hkv, const T* k_
                     const __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum16x16(parts[g]));
                     const float m_new = std::max(mx[g], _mm512_reduce_max_ps(s));
                     const float ref = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: p = 0
-                    const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(ref)));
+                    const __m512 p = lp_simd::exp512(_mm512_sub_ps(s, _mm512_set1_ps(ref)));
                     _mm512_store_ps(pbuf[g], p);
                     if (m_new > mx[g]) {
                         const float alpha = mx[g] == -INFINITY ? 0.f : std::exp(mx[g] - ref);

@@ -26,6 +26,7 @@
 #endif
 
 #include "bf16.h"
+#include "simd_exp.h"
 
 using lp_bf16::bf2f;
 using lp_bf16::f2bf;
@@ -50,22 +51,6 @@ inline __m256i to_bf(__m512 f) {
 }
 inline __m512 to_bf_f(__m512 f) {  // round to bf16 and widen back
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf(f)), 16));
-}
-// exp(x) in fp32, ~1 ulp: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2] (Cephes' polynomial).
-inline __m512 exp512(__m512 x) {
-    // Clamped where the result is 0 or inf anyway (scalef makes the inf and the subnormals).
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(100.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);  // p * 2^n, with the underflow to 0 / overflow to inf handled
 }
 #endif
 
@@ -106,7 +91,7 @@ void silu_mul_row(const uint16_t* g, const uint16_t* u, int n, uint16_t* out) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (; j + 16 <= n; j += 16) {
         __m512 x = load_bf(g + j);
-        __m512 s = to_bf_f(_mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+        __m512 s = to_bf_f(_mm512_div_ps(x, _mm512_add_ps(one, lp_simd::exp512(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), to_bf(_mm512_mul_ps(s, load_bf(u + j))));
     }
 #endif
