@@ -46,7 +46,9 @@ _SOURCES = tuple(
         "cpu_w8a8.cpp",
     )
 )
-_HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / n for n in ("bf16.h", "simd_exp.h"))  # part of the cache key
+_HEADERS = tuple(
+    Path(__file__).resolve().parent / "csrc" / n for n in ("bf16.h", "simd_exp.h")
+)  # part of the cache key
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
