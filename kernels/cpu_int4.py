@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from . import cpu_native
 from .int4 import CHUNK, Int4Weight, int4_linear_torch
+from .profiler_range import profiler_range
 
 # Rows up to which reading the codes directly beats dequantize + dense GEMM; measured on an AVX2
 # EPYC (benchmarks/engine/quantization_int4.py): the direct kernel re-dequantizes each weight once
@@ -73,7 +74,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     if m == 0:
         return x.new_empty(*lead, n)
     if m > DIRECT_MAX_ROWS:
-        with torch.profiler.record_function("loraplex::cpu_int4_dequant"):
+        with profiler_range("loraplex::cpu_int4_dequant"):
             w = dequantize(weight, k, x.dtype)
         return F.linear(x2, w, None if bias is None else bias.to(x.dtype)).reshape(*lead, n)
     kp = weight.codes.shape[1] * 2
@@ -81,7 +82,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     codes, scales, offsets = (t.contiguous() for t in weight)
     b = None if bias is None else bias.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
-    with torch.profiler.record_function("loraplex::cpu_int4_linear"):
+    with profiler_range("loraplex::cpu_int4_linear"):
         lib.lp_int4_linear_f32(
             xf.data_ptr(), xf.stride(0), m, kp, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), n,
             weight.group_size, None if b is None else b.data_ptr(), y.data_ptr(), y.stride(0),

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .profiler_range import profiler_range
 
 _SOURCES = tuple(
     Path(__file__).resolve().parent / "csrc" / n
@@ -234,7 +235,7 @@ def _call(
     row_seq = row_seq.to(torch.int32).contiguous()
     row_len = row_len.to(torch.int32).contiguous()
     fn = _lib.lp_paged_attention_f32 if q.dtype == torch.float32 else _lib.lp_paged_attention_bf16
-    with torch.profiler.record_function("loraplex::cpu_paged_attention"):  # visible in torch.profiler tables
+    with profiler_range("loraplex::cpu_paged_attention"):  # visible in torch.profiler tables
         fn(
             q.data_ptr(),
             k_cache.data_ptr(),
@@ -344,7 +345,7 @@ def _fresh_sdpa(
     k = k_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)  # [n, hkv, L, d]
     v = v_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)
     qs = q.index_select(0, rows).view(n, length, hq, d).transpose(1, 2)
-    with torch.profiler.record_function("loraplex::cpu_prefill_sdpa"):
+    with profiler_range("loraplex::cpu_prefill_sdpa"):
         o = torch.nn.functional.scaled_dot_product_attention(
             qs, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv
         )
@@ -421,7 +422,7 @@ def linear(
     assert x.shape[1] == k and packed.shape == (-(-n // PANEL), k, PANEL) and packed.dtype == torch.bfloat16
     y = torch.empty(x.shape[0], n, dtype=torch.float32)
     b = None if bias is None else bias.contiguous()
-    with torch.profiler.record_function("loraplex::cpu_linear"):
+    with profiler_range("loraplex::cpu_linear"):
         _lib.lp_linear_f32_bf16p(
             x.data_ptr(), x.stride(0), x.shape[0], k, packed.data_ptr(), n, None if b is None else b.data_ptr(),
             y.data_ptr(), n, torch.get_num_threads(),
@@ -446,7 +447,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     assert _lib is not None
     w = weight.contiguous()
     out = torch.empty(x.shape, dtype=torch.bfloat16)
-    with torch.profiler.record_function("loraplex::cpu_rms_norm"):
+    with profiler_range("loraplex::cpu_rms_norm"):
         _lib.lp_rms_norm_bf16(
             x.data_ptr(),
             x.stride(0),
@@ -467,7 +468,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     assert _lib is not None
     n = gate_up.shape[1] // 2
     out = torch.empty(gate_up.shape[0], n, dtype=torch.bfloat16)
-    with torch.profiler.record_function("loraplex::cpu_silu_mul"):
+    with profiler_range("loraplex::cpu_silu_mul"):
         _lib.lp_silu_mul_bf16(
             gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0], n, out.data_ptr(), torch.get_num_threads()
         )

@@ -16,6 +16,7 @@ import torch
 
 from . import cpu_native, reference
 from .lora_meta import LoraSegments
+from .profiler_range import profiler_range
 
 
 # ------------------------------------------------------------------------------------------ LoRA
@@ -66,10 +67,6 @@ def _sgmv_fn(op: str, act: torch.dtype, weights: torch.dtype) -> Any:  # a ctype
     return getattr(cpu_native._lib, f"lp_sgmv_{op}_{cpu_native.SGMV_DTYPES[act]}_{cpu_native.SGMV_DTYPES[weights]}")
 
 
-# The kernels' own profiler ranges (benchmarks/peers/step_profile.py files them under LoRA) only
-# while a profiler runs: entering a record_function costs ~7 µs, x 240 calls a decode step.
-_profiling = torch.autograd._profiler_enabled
-
 _offsets_memo: dict[tuple[int, ...], torch.Tensor] = {}
 
 
@@ -96,10 +93,7 @@ def sgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, r
         num_slots, max_rank, ranks.data_ptr(), g.group_slot.data_ptr(), g.group_start.data_ptr(),
         g.num_groups, g.token_idx.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
-    if _profiling():
-        with torch.profiler.record_function("loraplex::cpu_sgmv_shrink"):
-            fn(*args)
-    else:
+    with profiler_range("loraplex::cpu_sgmv_shrink"):  # step_profile.py files these under LoRA
         fn(*args)
     return out
 
@@ -137,9 +131,6 @@ def sgmv_expand(
         g.group_slot.data_ptr(), g.group_start.data_ptr(), g.num_groups, g.token_idx.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
-    if _profiling():
-        with torch.profiler.record_function("loraplex::cpu_sgmv_expand"):
-            fn(*args)
-    else:
+    with profiler_range("loraplex::cpu_sgmv_expand"):  # step_profile.py files these under LoRA
         fn(*args)
     return y

@@ -27,6 +27,7 @@ import ctypes
 import torch
 
 from . import cpu_native
+from .profiler_range import profiler_range
 
 QMAX = 127
 # Elements below which the native quantizer / epilogue run on one thread: a 16 x 576 pass takes
@@ -82,7 +83,7 @@ def quantize_rows_cpu(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(m, k, dtype=torch.int8)
     s = torch.empty(m, dtype=torch.float32)
     fn = lib.lp_w8a8_quant_rows_f32 if x2.dtype == torch.float32 else lib.lp_w8a8_quant_rows_bf16
-    with torch.profiler.record_function("loraplex::cpu_w8a8_quant"):
+    with profiler_range("loraplex::cpu_w8a8_quant"):
         fn(x2.data_ptr(), x2.stride(0), m, k, q.data_ptr(), s.data_ptr(), _threads(m * k))
     return q, s
 
@@ -107,7 +108,7 @@ def rescale_cpu(
     out = torch.empty(m, n, dtype=dtype)
     ws = scales.float().contiguous()
     fn = lib.lp_w8a8_rescale_f32 if dtype == torch.float32 else lib.lp_w8a8_rescale_bf16
-    with torch.profiler.record_function("loraplex::cpu_w8a8_rescale"):
+    with profiler_range("loraplex::cpu_w8a8_rescale"):
         fn(
             acc.contiguous().data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(), None if b is None else b.data_ptr(),
             out.data_ptr(), _threads(m * n),
@@ -124,6 +125,6 @@ def w8a8_linear_cpu(
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     xq, xs = quantize_rows_cpu(x2)
-    with torch.profiler.record_function("loraplex::cpu_w8a8_int_mm"):
+    with profiler_range("loraplex::cpu_w8a8_int_mm"):
         acc = int_mm_cpu(xq, qweight)
     return rescale_cpu(acc, xs, scales, bias, x.dtype).reshape(*lead, qweight.shape[0])
