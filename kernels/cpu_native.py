@@ -163,6 +163,10 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_rms_norm_bf16.restype = None
     lib.lp_silu_mul_bf16.argtypes = [p, i64, i32, i32, p, i32]
     lib.lp_silu_mul_bf16.restype = None
+    lib.lp_rotary_bf16.argtypes = [p, i64, i32, i32, i32, p, p, p, i32]
+    lib.lp_rotary_bf16.restype = None
+    lib.lp_write_kv.argtypes = [p, p, p, i64, p, i64, p, i32, i64]
+    lib.lp_write_kv.restype = None
     lib.lp_attention_decode_tile.argtypes = []
     lib.lp_attention_decode_tile.restype = i32
     lib.lp_linear_fast.argtypes = []
@@ -475,5 +479,51 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``reference.rotary`` in one pass for bf16 rows whose heads are dense (the fused q|k columns
+    of a qkv projection are: rows are strided, heads within a row are not); bit for bit the same
+    numbers (each product and sum rounded to bf16 as torch's ops round them). Anything else: the
+    torch twin."""
+    if not (
+        _lib is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 3
+        and x.shape[0] > 0 and x.shape[2] % 2 == 0 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+        and cos.dtype == torch.bfloat16 and sin.dtype == torch.bfloat16
+        and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2)
+    ):  # fmt: skip
+        return reference.rotary(x, cos, sin)
+    rows, heads, d = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(rows, heads, d, dtype=torch.bfloat16)
+    with profiler_range("loraplex::cpu_rotary"):
+        _lib.lp_rotary_bf16(
+            x.data_ptr(), x.stride(0), rows, heads, d, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+    return out
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """``reference.write_kv`` as one native copy per token where k and v already have the caches'
+    dtype and each token's [heads, d] is dense (a view of the qkv projection's columns is); the
+    torch twin otherwise."""
+    if not (
+        _lib is not None and k_cache.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
+        and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and k.dim() == v.dim() == 3
+        and k.shape == v.shape and k.shape[1:] == k_cache.shape[2:] and v_cache.shape == k_cache.shape
+        and k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == k.shape[2]
+        and slot_mapping.shape == (k.shape[0],)
+    ):  # fmt: skip
+        reference.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return
+    slots = slot_mapping.to(torch.int64).contiguous()
+    esize = k.element_size()
+    _lib.lp_write_kv(
+        k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), k.stride(0) * esize, v.data_ptr(), v.stride(0) * esize,
+        slots.data_ptr(), k.shape[0], k.shape[1] * k.shape[2] * esize,
+    )  # fmt: skip
+
+
 # The grouped SGMV ops live in cpu_sgmv.py (they call this module's library).
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "linear"]
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "linear", "rotary", "write_kv"]

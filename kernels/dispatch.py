@@ -36,6 +36,7 @@ TORCH_OPS = KernelOps(
     linear=reference.linear,
     rms_norm=reference.rms_norm,
     silu_mul=reference.silu_mul,
+    rotary=reference.rotary,
 )
 
 
@@ -48,7 +49,7 @@ def _cpu_ops() -> KernelOps | None:
     linear_ops = cpu_packed.CpuLinearOps(cpu_packed.cpu_kind().name)
     return KernelOps(
         name="cpu",
-        write_kv=reference.write_kv,
+        write_kv=cpu_native.write_kv,
         paged_decode_attention=cpu_native.paged_decode_attention,
         paged_prefill_attention=cpu_native.paged_prefill_attention,
         sgmv_shrink=cpu_sgmv.sgmv_shrink,
@@ -60,6 +61,7 @@ def _cpu_ops() -> KernelOps | None:
         linear=linear_ops.linear,
         rms_norm=cpu_native.rms_norm,
         silu_mul=cpu_native.silu_mul,
+        rotary=cpu_native.rotary,
     )
 
 

@@ -110,6 +110,13 @@ class RmsNorm(Protocol):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 
 
+class Rotary(Protocol):
+    """Rotate-half RoPE of ``x`` [T, heads, D] by the rows ``cos``/``sin`` [T, 1, D/2] of the
+    tokens' positions: ``(x1*cos - x2*sin, x2*cos + x1*sin)``, rounded to x's dtype after each op."""
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor: ...
+
+
 class SiluMul(Protocol):
     """``silu(gate) * up`` of a fused [T, 2n] gate|up projection output."""
 
@@ -141,3 +148,4 @@ class KernelOps:
     linear: Linear
     rms_norm: RmsNorm
     silu_mul: SiluMul
+    rotary: Rotary

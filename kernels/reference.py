@@ -50,6 +50,15 @@ def linear(
     return F.linear(x, weight, bias)
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of ``x`` [T, heads, D] with ``cos``/``sin`` [T, 1, D/2] (q and k heads may
+    come as one tensor: one pass for both). In ``x``'s dtype, rounding after each op."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
 def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

@@ -35,4 +35,5 @@ TRITON_OPS = KernelOps(
     linear=reference.linear,
     rms_norm=reference.rms_norm,
     silu_mul=reference.silu_mul,
+    rotary=reference.rotary,
 )

@@ -285,7 +285,9 @@ def run_row(
         "completed": r.get("completed"),
         "cpu_s": cpu,
         "cpu_ms_per_token": 1000 * cpu / toks if toks else None,
-        "cores": cpu / wall,
+        # over the load's own duration: ``wall`` also holds the client's start (importing vLLM,
+        # ~8-10 s with the server idle), which halved this figure before (a c16 server "at 1.0 core")
+        "cores": cpu / (r.get("duration") or wall),
         "rss_mb": _tree_rss_mb(server.proc.pid),
         "load": os.getloadavg()[0],
     }

@@ -66,7 +66,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.tables(positions, q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return reference.rotary(q, cos, sin), reference.rotary(k, cos, sin)
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None
@@ -81,18 +81,6 @@ class RotaryEmbedding(nn.Module):
         if memo is not None:
             memo[key] = tables
         return tables
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate [T, heads, D]; q and k heads may come as one tensor (one pass for both)."""
-        return _rotate(x, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Projection(nn.Module):

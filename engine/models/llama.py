@@ -37,7 +37,7 @@ class Attention(nn.Module):
         q_size, kv_size, _ = self.qkv_proj.slice_sizes
         # Rotate q and k heads in one pass: they are adjacent columns of the fused projection.
         cos, sin = self.rotary.tables(positions, qkv.dtype, batch.memo)
-        qk = self.rotary.rotate(
+        qk = batch.ops.rotary(
             qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin
         )
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]

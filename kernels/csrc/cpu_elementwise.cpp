@@ -1,4 +1,5 @@
-// The element-wise glue of a bf16 decoder layer, one pass each: RMSNorm and SiLU(gate) x up.
+// The element-wise glue of a bf16 decoder layer, one pass each: RMSNorm, SiLU(gate) x up and the
+// rotary embedding; and the KV write (a copy per token), which torch did in ~6 ops per layer.
 //
 // Why: on a CPU with AMX the bf16 GEMMs of a prefill chunk run at ~1 TFLOP/s per core, and the
 // glue between them became the larger share of a prefill step (profiled on an AMX Xeon, 16 x 128
@@ -101,6 +102,35 @@ void silu_mul_row(const uint16_t* g, const uint16_t* u, int n, uint16_t* out) {
     }
 }
 
+
+// Rotate-half RoPE of one token's heads [heads, d] (row of the fused q|k projection): out[h, j] =
+// x1*c - x2*s, out[h, j + d/2] = x2*c + x1*s, j < d/2, with c, s this token's bf16 cos/sin rows.
+// torch's bf16 ops round each product and the sum: so do we (each product of two bf16 numbers is
+// exact in fp32, so the results are torch's bit for bit).
+void rotary_row(const uint16_t* x, int heads, int d, const uint16_t* c, const uint16_t* s, uint16_t* out) {
+    const int half = d / 2;
+    for (int h = 0; h < heads; ++h) {
+        const uint16_t* x1 = x + static_cast<int64_t>(h) * d;
+        const uint16_t* x2 = x1 + half;
+        uint16_t* o1 = out + static_cast<int64_t>(h) * d;
+        uint16_t* o2 = o1 + half;
+        int j = 0;
+#if defined(__AVX512F__)
+        for (; j + 16 <= half; j += 16) {
+            __m512 a = load_bf(x1 + j), b = load_bf(x2 + j), cv = load_bf(c + j), sv = load_bf(s + j);
+            __m512 first = _mm512_sub_ps(to_bf_f(_mm512_mul_ps(a, cv)), to_bf_f(_mm512_mul_ps(b, sv)));
+            __m512 second = _mm512_add_ps(to_bf_f(_mm512_mul_ps(b, cv)), to_bf_f(_mm512_mul_ps(a, sv)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o1 + j), to_bf(first));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o2 + j), to_bf(second));
+        }
+#endif
+        for (; j < half; ++j) {
+            float a = bf2f(x1[j]), b = bf2f(x2[j]), cj = bf2f(c[j]), sj = bf2f(s[j]);
+            o1[j] = f2bf(bf2f(f2bf(a * cj)) - bf2f(f2bf(b * sj)));
+            o2[j] = f2bf(bf2f(f2bf(b * cj)) + bf2f(f2bf(a * sj)));
+        }
+    }
+}
 }  // namespace
 
 extern "C" {
@@ -122,6 +152,32 @@ void lp_silu_mul_bf16(const uint16_t* gu, int64_t gs, int rows, int n, uint16_t*
     }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int i = 0; i < rows; ++i) silu_mul_row(gu + i * gs, gu + i * gs + n, n, out + static_cast<int64_t>(i) * n);
+}
+
+// rotary: x [rows, heads, d] (row stride xs, heads dense), cos/sin [rows, d/2] dense -> out dense.
+void lp_rotary_bf16(const uint16_t* x, int64_t xs, int rows, int heads, int d, const uint16_t* cos,
+                    const uint16_t* sin, uint16_t* out, int nthreads) {
+    const int half = d / 2;
+    const int64_t os = static_cast<int64_t>(heads) * d;
+    if (nthreads <= 1 || rows < 2) {
+        for (int i = 0; i < rows; ++i) rotary_row(x + i * xs, heads, d, cos + i * half, sin + i * half, out + i * os);
+        return;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int i = 0; i < rows; ++i) rotary_row(x + i * xs, heads, d, cos + i * half, sin + i * half, out + i * os);
+}
+
+// KV write: token t's keys and values (row_bytes each, rows with byte strides ks / vs) to flat
+// cache slot slot[t] (caches dense [slots, row_bytes]); a negative slot is padding and skipped. A
+// plain copy (any dtype the cache already has): one call instead of torch's mask, index and two
+// index_copy_ per layer.
+void lp_write_kv(uint8_t* k_cache, uint8_t* v_cache, const uint8_t* k, int64_t ks, const uint8_t* v, int64_t vs,
+                 const int64_t* slot, int tokens, int64_t row_bytes) {
+    for (int t = 0; t < tokens; ++t) {
+        if (slot[t] < 0) continue;
+        std::memcpy(k_cache + slot[t] * row_bytes, k + t * ks, row_bytes);
+        std::memcpy(v_cache + slot[t] * row_bytes, v + t * vs, row_bytes);
+    }
 }
 
 }  // extern "C"
