@@ -84,7 +84,9 @@ def main() -> None:
     same = _same_logits(llm, native, twins, torch)
     kind = cpu_kind()
     print(f"\nCPU: {kind.model}; kind {kind.name}; flags {' '.join(kind.flags)}; threads {torch.get_num_threads()}")
-    print(f"load {os.getloadavg()[0]:.2f}; the greedy tokens and top-5 logprobs of a prompt identical under both: {same}")
+    print(
+        f"load {os.getloadavg()[0]:.2f}; the greedy tokens and top-5 logprobs of a prompt identical under both: {same}"
+    )
     print(
         f"{'batch':>5s} {'native cpu ms':>14s} {'twins cpu ms':>13s} {'ratio':>6s} {'native wall':>12s} {'twins wall':>11s}"
     )
