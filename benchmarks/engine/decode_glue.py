@@ -1,5 +1,5 @@
-"""A bf16 decode step with the native rotary embedding and KV write vs their torch twins, in one
-process.
+"""bf16 decode steps and prefills with the native rotary embedding and KV write vs their torch
+twins, in one process.
 
     .venv/bin/python -m loraplex.engine.runtime_env -m benchmarks.engine.decode_glue [--batches 16,64] [--blocks 10]
 
@@ -13,7 +13,9 @@ alternates blocks of ``--block-steps`` steps between two ``KernelOps`` of the sa
 
 so both see the same contexts (they grow by one a step) and the same machine load. CPU ms of
 this process per step (robust to other load) and wall ms; medians over blocks; the ratio twins ÷
-native of CPU time (> 1: native is faster). The native rotary is bit for bit the twin, so the
+native of CPU time (> 1: native is faster). Then the prefill: ``batch`` fresh 128-token prompts
+under each configuration in turn (``--blocks`` / 2 rounds, order reversed every other round), CPU
+ms until each has its first token. The native rotary is bit for bit the twin, so the
 greedy tokens cannot differ; the run checks that the two produce the same logits on one step.
 JSON: benchmarks/results/decode_glue.json.
 """
@@ -75,10 +77,13 @@ def main() -> None:
         eng.runner.ops = native
         for rid in list(eng.requests):
             eng.abort_request(rid)
+        prefill = _prefill_cpu_ms(eng, configs, batch, args.blocks // 2 or 1, rng)
         row = {"batch": batch}
         for name in configs:
             row[name] = {k: statistics.median(v) for k, v in per[name].items()}
+            row[name]["prefill_cpu"] = statistics.median(prefill[name])
         row["twins / native cpu"] = row["torch twins"]["cpu"] / row["native"]["cpu"]
+        row["twins / native prefill cpu"] = row["torch twins"]["prefill_cpu"] / row["native"]["prefill_cpu"]
         results.append(row)
         print(json.dumps(row), flush=True)
     same = _same_logits(llm, native, twins, torch)
@@ -87,18 +92,43 @@ def main() -> None:
     print(
         f"load {os.getloadavg()[0]:.2f}; the greedy tokens and top-5 logprobs of a prompt identical under both: {same}"
     )
+    print("decode: CPU ms per step; prefill: CPU ms for the batch's 128-token prompts")
     print(
-        f"{'batch':>5s} {'native cpu ms':>14s} {'twins cpu ms':>13s} {'ratio':>6s} {'native wall':>12s} {'twins wall':>11s}"
+        f"{'batch':>5s} {'decode native':>14s} {'twins':>7s} {'ratio':>6s} {'prefill native':>15s} {'twins':>7s} {'ratio':>6s}"
     )
     for r in results:
         n, t = r["native"], r["torch twins"]
         print(
-            f"{r['batch']:5d} {n['cpu']:14.1f} {t['cpu']:13.1f} {r['twins / native cpu']:6.3f} {n['wall']:12.1f} {t['wall']:11.1f}"
+            f"{r['batch']:5d} {n['cpu']:14.1f} {t['cpu']:7.1f} {r['twins / native cpu']:6.3f}"
+            f" {n['prefill_cpu']:15.1f} {t['prefill_cpu']:7.1f} {r['twins / native prefill cpu']:6.3f}"
         )
     out = RESULTS / "decode_glue.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "cpu": kind.name, "same_logits": same, "rows": results}, indent=2))
     print(f"wrote {out}")
+
+
+def _prefill_cpu_ms(eng, configs: dict, batch: int, rounds: int, rng: random.Random) -> dict[str, list[float]]:
+    """CPU ms to prefill ``batch`` fresh 128-token prompts (steps until each has its first token),
+    each configuration in turn, the order reversed every other round."""
+    from loraplex.engine import SamplingParams
+    from loraplex.engine.request import EngineRequest
+
+    out: dict[str, list[float]] = {n: [] for n in configs}
+    sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for r in range(rounds):
+        for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
+            eng.runner.ops = configs[name]
+            for _ in range(batch):
+                eng.add_request(EngineRequest([rng.randrange(100, 20000) for _ in range(128)], sp))
+            c0 = time.process_time()
+            while any(not s.in_decode for s in eng.scheduler.running) or eng.policy.num_waiting():
+                eng.step()
+            out[name].append(1e3 * (time.process_time() - c0))
+            for rid in list(eng.requests):
+                eng.abort_request(rid)
+    eng.runner.ops = configs["native"]
+    return out
 
 
 def _same_logits(llm, native, twins, torch) -> bool:

@@ -94,11 +94,13 @@ def measure(llm, batch: int, steps: int, rng: random.Random) -> dict:
             eng.step()
         eng.step()
         clock.ms.clear()
+        phases0 = dict(eng.step_seconds)
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             eng.step()
         wall = 1e3 * (time.perf_counter() - t0) / steps
         cpu = 1e3 * (time.process_time() - c0) / steps
+        phases = {k: 1e3 * (v - phases0.get(k, 0.0)) / steps for k, v in eng.step_seconds.items()}
         for rid in list(eng.requests):
             eng.abort_request(rid)
     finally:
@@ -106,7 +108,17 @@ def measure(llm, batch: int, steps: int, rng: random.Random) -> dict:
         del runner.model.compute_logits
     groups = {g: clock.ms[g] / steps for g in GROUPS}
     groups["python"] = wall - sum(groups.values())
-    return {"batch": batch, "wall_ms": wall, "cpu_ms": cpu, "ms": groups}
+    # The Python's whereabouts, from the engine's own phase clocks: the forward's (module calls,
+    # residual adds, the embedding, building the batch) is the forward phase minus the ops in it.
+    in_forward = sum(v for g, v in groups.items() if g not in ("sampler", "python"))
+    where = {
+        "forward": phases.get("forward", 0.0) - in_forward,
+        "sample": phases.get("sample", 0.0) - groups["sampler"],
+        "schedule": phases.get("schedule", 0.0),
+        "update + outputs": phases.get("update", 0.0),
+    }
+    where["rest of step"] = groups["python"] - sum(where.values())
+    return {"batch": batch, "wall_ms": wall, "cpu_ms": cpu, "ms": groups, "python_ms": where}
 
 
 def gemm_roofline(rows_list: tuple[int, ...] = (16, 64, 512)) -> list[dict]:
@@ -167,6 +179,9 @@ def main() -> None:
     for r in rows:
         cells = " ".join(f"{r['ms'][c]:6.2f} ({100 * r['ms'][c] / r['wall_ms']:4.1f}%)" for c in cols)
         print(f"{r['batch']:5d} {r['wall_ms']:6.1f} {r['cpu_ms']:6.1f} {cells}")
+    print("\nthe python, by engine phase (ms per step):")
+    for r in rows:
+        print(f"  batch {r['batch']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["python_ms"].items()))
     print("\nGEMMs of one decode step (layers + head, weights from memory):")
     for g in roof:
         print(
