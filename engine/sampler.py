@@ -150,6 +150,34 @@ def truncated_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tens
     return out
 
 
+def topk_canonical(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` with ties broken by the lower token id, in membership and in order.
+
+    torch's order among equal values follows ``k`` and the rows beside it, and bf16 logits tie
+    often (8 significant bits): a row's top logprobs, or the candidates a seeded top-k / top-p row
+    draws from, would then depend on what else shares its step (the largest ``logprobs`` of the
+    batch sets ``k`` for all) — against ``batch_invariant``'s promise. Here the top ``k`` are the
+    first ``k`` of the row sorted by (value descending, id ascending), so ``topk_canonical(x, K)[:k]``
+    is ``topk_canonical(x, k)``. Only rows with a tie inside their top ``k`` or at its edge are
+    re-picked (two [rows, vocab] comparisons find them)."""
+    vals, ids = x.topk(k, dim=-1)
+    if k == 0 or x.shape[0] == 0:
+        return vals, ids
+    edge = vals[:, -1:]
+    left_out = (x == edge).sum(dim=-1) > (vals == edge).sum(dim=-1)
+    inside = (vals[:, 1:] == vals[:, :-1]).any(dim=-1) if k > 1 else torch.zeros_like(left_out)
+    for r in (left_out | inside).nonzero().flatten().tolist():
+        row, t = x[r], edge[r, 0]
+        above = (row > t).nonzero().flatten()  # ascending ids
+        cand = torch.cat([above, (row == t).nonzero().flatten()[: k - len(above)]])
+        if len(cand) != k:  # NaNs in the row (torch ranks them first; no order to restore there)
+            continue
+        v = row[cand]
+        order = torch.sort(v, descending=True, stable=True).indices  # stable: ids ascending among ties
+        vals[r], ids[r] = v[order], cand[order]
+    return vals, ids
+
+
 def _draw_groups(
     x: torch.Tensor, params: list[SamplingParams]
 ) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
@@ -195,7 +223,7 @@ def _truncate(
     vocab = x.shape[-1]
     k = max(cand)
     temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
-    vals, ids = x.topk(k, dim=-1)  # sorted, best first; temperature keeps the order
+    vals, ids = topk_canonical(x, k)  # sorted, best first; temperature keeps the order
     vals = vals / temp
     vals = vals.masked_fill(
         torch.arange(k, device=dev).unsqueeze(0) >= torch.tensor(cand, device=dev).unsqueeze(1), float("-inf")
@@ -388,7 +416,7 @@ def _fill_logprobs(
     top_v: list[list[float]] = [[] for _ in rows]
     top_i: list[list[int]] = [[] for _ in rows]
     if k_max > 0:
-        v, ix = lp.topk(k_max, dim=-1)
+        v, ix = topk_canonical(lp, k_max)
         top_v, top_i = v.tolist(), ix.tolist()
     for j, i in enumerate(rows):
         k = params[i].logprobs or 0
@@ -406,6 +434,6 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[To
     top_v: list[list[float]] = [[] for _ in targets]
     top_i: list[list[int]] = [[] for _ in targets]
     if k > 0:
-        v, ix = lp.topk(k, dim=-1)
+        v, ix = topk_canonical(lp, k)
         top_v, top_i = v.tolist(), ix.tolist()
     return [TokenLogprobs(t, values[j], list(zip(top_i[j], top_v[j])), ranks[j]) for j, t in enumerate(targets)]
