@@ -32,6 +32,7 @@ from .output_processor import OutputProcessor
 from .outputs import FinishReason, RequestOutput
 from .policies import make_policy
 from .request import EngineRequest
+from .runner_output import RunnerOutput
 from .sampler import advance_seeded_generator
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -278,13 +279,16 @@ class LLMEngine:
             log.exception("engine step failed")
             return self._fail_step(plan, exc)
         with self._timed("update"):
+            # before booking: a failed request's sequences are finished, so their noise tokens
+            # are never appended, and their blocks never reach the prefix cache
+            failed = self._fail_nonfinite(result) if result.nonfinite else []
             touched = self.scheduler.update_from_output(plan, result)
             for seq, stop, cut in self.output_processor.process_tokens(touched):
                 if cut and seq.is_finished:  # a length/EOS finish at a later, now dropped token
                     seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
                 self.scheduler.finish(seq, FinishReason.STOP, stop)
             self.counters["generated_tokens"] += result.num_tokens
-            return self._outputs_for(touched)
+            return failed + self._outputs_for(touched)
 
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -334,6 +338,22 @@ class LLMEngine:
             self.counters["errors"] += 1
             results.append(self._finish_request(req))
         return results
+
+    def _fail_nonfinite(self, result: RunnerOutput) -> list[RequestOutput]:
+        """Fail the requests whose sampled rows were NaN / inf this step (their tokens are noise;
+        the rows beside them are unaffected): a clear error instead of token 0 with logprob NaN."""
+        failed = []
+        for req in dict.fromkeys(seq.request for seq, _ in result.sampled if seq.seq_id in result.nonfinite):
+            hint = (
+                ""
+                if req.adapter is None
+                else f" (adapter {req.adapter.name!r}: its weights may overflow the model's dtype)"
+            )
+            log.error("request %s: non-finite model output%s", req.request_id, hint)
+            failed += self._fail_requests(
+                [req], "the model's output for this request was not finite (NaN or inf)" + hint
+            )
+        return failed
 
     def _fail_step(self, plan: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = list(dict.fromkeys(c.seq.request for c in plan.chunks))

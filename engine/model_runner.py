@@ -127,7 +127,7 @@ class ModelRunner:
         assert self.kv is not None, "execute needs the engine's KV cache manager"
         t0 = time.perf_counter()
         result = RunnerOutput()
-        seqs, logits = self.forward(plan, self.kv, adapter_slots, result.prompt_logprobs)
+        seqs, logits = self.forward(plan, self.kv, adapter_slots, result.prompt_logprobs, result.nonfinite)
         t1 = time.perf_counter()
         if logits is not None:
             self._sample(plan, seqs, logits, result)
@@ -183,11 +183,14 @@ class ModelRunner:
         kv: KVCacheManager,
         adapter_slots: dict[str, int] | None = None,
         prompt_lps: dict[int, list[TokenLogprobs]] | None = None,
+        nonfinite: set[int] | None = None,
     ) -> tuple[list[Sequence], torch.Tensor | None]:
         """The forward pass alone. Returns the sequences that sample this step and their logits
         (float32 [rows, vocab]), in the same order; a chunk verifying d drafts has 1 + d rows (its
         sequence appears that many times in a row). ``prompt_lps``: where to put the prompt
-        logprobs of the prompt positions this step computes, for requests that ask for them."""
+        logprobs of the prompt positions this step computes, for requests that ask for them.
+        ``nonfinite``: gets the seq_ids of sampling rows whose final hidden state holds a NaN or
+        an inf (an adapter whose weights overflow the dtype, say): their logits are noise."""
         adapter_slots = adapter_slots or {}
         if out.block_copies:
             self._copy_blocks(out.block_copies)
@@ -261,7 +264,14 @@ class ModelRunner:
         if not sample_rows:
             return [], None
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
-        return sample_seqs, self.model.compute_logits(hidden.index_select(0, rows))
+        sampled_hidden = hidden.index_select(0, rows)
+        if nonfinite is not None:
+            # [rows, hidden] is ~85x cheaper to check than [rows, vocab] logits, and a NaN or inf
+            # in the logits can only come from one here (the head's weights are finite).
+            finite = torch.isfinite(sampled_hidden).all(dim=-1)
+            if not bool(finite.all()):
+                nonfinite.update(sample_seqs[i].seq_id for i in (~finite).nonzero().flatten().tolist())
+        return sample_seqs, self.model.compute_logits(sampled_hidden)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: a block shared by forked sequences is copied before one of them writes."""

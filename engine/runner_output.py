@@ -22,6 +22,9 @@ class RunnerOutput:
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     num_accepted: dict[int, int] = field(default_factory=dict)  # seq_id -> accepted drafts (speculating)
     grammar_finished: set[int] = field(default_factory=set)  # seq_ids whose grammar admits nothing more
+    # seq_ids whose sampled rows' final hidden state was not finite (NaN / inf): their tokens are
+    # noise, and the engine fails their requests instead of emitting them
+    nonfinite: set[int] = field(default_factory=set)
 
     @property
     def num_tokens(self) -> int:
