@@ -215,7 +215,7 @@ def server(demo_model_dir, adapter_dir, tmp_path_factory):
     try:
         tid, key = new_tenant(proc.url, "glue")
         new_adapter(proc.url, "ada", tid, adapter_files(adapter_dir))
-        yield proc, key
+        yield proc, key, tid
     finally:
         proc.kill()
     log = proc.log.read_text(errors="replace")
@@ -229,7 +229,7 @@ def _server_completion(url, key, body):
 
 
 def test_a_servers_greedy_answers_are_the_torch_twins(server, llm):
-    proc, key = server
+    proc, key, _ = server
     base = httpx.get(proc.url + "/v1/models", headers=auth(key), timeout=60).json()["data"]
     base_id = next(m["id"] for m in base if m["id"] != "ada")
     tok = llm.tokenizer
@@ -252,3 +252,44 @@ def test_a_servers_greedy_answers_are_the_torch_twins(server, llm):
                 if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"]
             )
         assert text == want.text
+
+
+def test_a_server_fails_an_overflowing_adapters_requests_and_serves_the_rest(server, adapter_dir, tmp_path):
+    """Over HTTP: an adapter whose q/k LoRA B is scaled 1e33 (NaN logits) gets a clear error —
+    503 with the engine's reason, or on a stream an error event before [DONE] — never tokens with
+    NaN logprobs; the base model and the sane adapter answer beside it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    proc, key, tenant = server
+    huge = tmp_path / "huge"
+    shutil.copytree(adapter_dir, huge)
+    f = huge / "adapter_model.safetensors"
+    save_file(
+        {
+            k: v * (1e33 if "lora_B" in k and ("q_proj" in k or "k_proj" in k) else 1.0)
+            for k, v in load_file(str(f)).items()
+        },
+        str(f),
+    )
+    new_adapter(proc.url, "huge", tenant, adapter_files(huge))
+    body = {"model": "huge", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 1}
+    r = httpx.post(proc.url + "/v1/completions", headers=auth(key), json=body, timeout=300)
+    assert r.status_code == 503, r.text[:500]
+    assert "not finite" in r.json()["error"]["message"]
+    with httpx.stream("POST", proc.url + "/v1/completions", headers=auth(key), json={**body, "stream": True},
+                      timeout=300) as s:  # fmt: skip
+        lines = [line for line in s.iter_lines() if line.startswith("data: ")] if s.status_code == 200 else []
+        if s.status_code != 200:
+            s.read()
+            assert s.status_code == 503 and "not finite" in s.text
+        else:
+            events = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+            assert any("not finite" in (e.get("error") or {}).get("message", "") for e in events), events
+            assert not any(c.get("text") for e in events for c in e.get("choices", [])), events
+    for model in ("ada", None):  # the others are served as before
+        base = next(m["id"] for m in httpx.get(proc.url + "/v1/models", headers=auth(key), timeout=60).json()["data"]
+                    if m["id"] not in ("ada", "huge"))  # fmt: skip
+        (got,) = _server_completion(proc.url, key, {**body, "model": model or base})
+        assert got["text"] and all(lp == lp for lp in got["logprobs"]["token_logprobs"])
