@@ -32,6 +32,7 @@ SDPA and Triton's split-KV depends on the grid, so ``batch_invariant_ops`` refus
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -90,45 +91,12 @@ def tiled_int4_linear(int4_linear: Int4Linear) -> Int4Linear:
     return run
 
 
-def native_prefill_attention() -> PagedPrefillAttention:
-    def run(
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor:
-        return cpu_native.paged_prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            query_start_loc,
-            context_lens,
-            scale,
-            whole_prompt_sdpa=False,
-            decode_tile=False,
-        )
-
-    return run
-
-
-def native_decode_attention() -> PagedDecodeAttention:
-    def run(
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor:
-        return cpu_native.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, scale, decode_tile=False
-        )
-
-    return run
+# The native attention with every row on the per-row two-pass tile: whole prompts not on SDPA, decode
+# rows not on the decode tile (a position has the same bits decoded or recomputed in a prefill).
+native_prefill_attention: PagedPrefillAttention = functools.partial(
+    cpu_native.paged_prefill_attention, whole_prompt_sdpa=False, decode_tile=False
+)
+native_decode_attention: PagedDecodeAttention = functools.partial(cpu_native.paged_decode_attention, decode_tile=False)
 
 
 class BatchInvariantUnsupported(ValueError):
@@ -150,6 +118,6 @@ def batch_invariant_ops(ops: KernelOps) -> KernelOps:
         int4_linear=tiled_int4_linear(ops.int4_linear),
         # w8a8_linear stays as it is: per-row quantizer, exact integer GEMM, per-element epilogue,
         # so a row's result is already independent of its batch (tests/kernels/test_kernels_w8a8.py).
-        paged_prefill_attention=native_prefill_attention(),
-        paged_decode_attention=native_decode_attention(),
+        paged_prefill_attention=native_prefill_attention,
+        paged_decode_attention=native_decode_attention,
     )

@@ -7,7 +7,7 @@ codes for decode batches (``cpu_int4``), W8A8 matmuls (``w8a8``: native per-row 
 epilogue around torch's int8 GEMM), linear layers over packed weights
 (``cpu_packed.CpuLinearOps``: bf16 weights in oneDNN's blocked layout on CPUs with native bf16;
 decode batches of a float32 model over a bf16 copy of bf16-exact weights), one-pass bf16 RMSNorm
-and SiLU x up (``cpu_native.rms_norm`` / ``silu_mul``) + the torch reference
+SiLU x up and rotary embedding and the KV write (``cpu_elementwise``) + the torch reference
 for everything else. ``torch``: always the plain reference (the oracle). ``triton``: always Triton (on CPU this needs TRITON_INTERPRET=1
 set before triton is first imported; that is how CI exercises the kernels).
 """
@@ -41,7 +41,7 @@ TORCH_OPS = KernelOps(
 
 
 def _cpu_ops() -> KernelOps | None:
-    from . import cpu_int4, cpu_native, cpu_packed, cpu_sgmv
+    from . import cpu_elementwise, cpu_int4, cpu_native, cpu_packed, cpu_sgmv
 
     if not cpu_native.available():
         return None
@@ -49,7 +49,7 @@ def _cpu_ops() -> KernelOps | None:
     linear_ops = cpu_packed.CpuLinearOps(cpu_packed.cpu_kind().name)
     return KernelOps(
         name="cpu",
-        write_kv=cpu_native.write_kv,
+        write_kv=cpu_elementwise.write_kv,
         paged_decode_attention=cpu_native.paged_decode_attention,
         paged_prefill_attention=cpu_native.paged_prefill_attention,
         sgmv_shrink=cpu_sgmv.sgmv_shrink,
@@ -59,9 +59,9 @@ def _cpu_ops() -> KernelOps | None:
         w8a8_linear=w8a8.w8a8_linear_cpu,
         pack_linear_weight=linear_ops.pack_linear_weight,
         linear=linear_ops.linear,
-        rms_norm=cpu_native.rms_norm,
-        silu_mul=cpu_native.silu_mul,
-        rotary=cpu_native.rotary,
+        rms_norm=cpu_elementwise.rms_norm,
+        silu_mul=cpu_elementwise.silu_mul,
+        rotary=cpu_elementwise.rotary,
     )
 
 

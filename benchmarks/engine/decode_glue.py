@@ -7,7 +7,7 @@ One ``LLM`` on the demo model (SmolLM2-135M-Instruct, bf16, native CPU backend).
 ``batch`` random 128-token prompts (the serve benchmark's length) are prefilled, then the decode
 alternates blocks of ``--block-steps`` steps between two ``KernelOps`` of the same engine:
 
-  * ``native``: what the engine runs (``cpu_native.rotary``, ``cpu_native.write_kv``)
+  * ``native``: what the engine runs (``cpu_elementwise.rotary``, ``cpu_elementwise.write_kv``)
   * ``torch twins``: the same ops with ``reference.rotary`` and ``reference.write_kv`` (what it
     ran before: ~7 torch ops per layer for the rotation, ~6 for the KV write)
 

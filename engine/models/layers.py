@@ -52,7 +52,8 @@ def rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Non-interleaved ("rotate half") rotary embedding with a precomputed cos/sin table."""
+    """Non-interleaved ("rotate half") rotary embedding: the precomputed cos/sin tables, looked up
+    per step (``tables``); the rotation itself is the kernel op ``KernelOps.rotary``."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: dict):
         super().__init__()
@@ -63,10 +64,6 @@ class RotaryEmbedding(nn.Module):
         self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.tables(positions, q.dtype)
-        return reference.rotary(q, cos, sin), reference.rotary(k, cos, sin)
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype, memo: dict | None = None

@@ -14,7 +14,7 @@ from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.kernels import cpu_native, cpu_packed, reference
+from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, reference
 
 
 def _llm(model_dir: str, monkeypatch, kind: str) -> LLM:
@@ -113,9 +113,9 @@ def test_fused_bf16_glue_matches_torch_twins(model_factory, monkeypatch, variant
         )
     model_dir = model_factory(variant)
     fused = _llm(model_dir, monkeypatch, "amx")
-    assert fused.engine.runner.ops.rms_norm is cpu_native.rms_norm
-    monkeypatch.setattr(cpu_native, "rms_norm", reference.rms_norm)
-    monkeypatch.setattr(cpu_native, "silu_mul", reference.silu_mul)
+    assert fused.engine.runner.ops.rms_norm is cpu_elementwise.rms_norm
+    monkeypatch.setattr(cpu_elementwise, "rms_norm", reference.rms_norm)
+    monkeypatch.setattr(cpu_elementwise, "silu_mul", reference.silu_mul)
     twins = _llm(model_dir, monkeypatch, "amx")
     assert twins.engine.runner.ops.rms_norm is reference.rms_norm
     prompts = make_prompts(14, fused.engine.model_config.vocab_size, seed=5)

@@ -1,4 +1,4 @@
-"""The native rotary embedding and KV write (``cpu_native.rotary`` / ``write_kv``,
+"""The native rotary embedding and KV write (``cpu_elementwise.rotary`` / ``write_kv``,
 ``csrc/cpu_elementwise.cpp``).
 
 The rotary oracle is Hugging Face's own ``apply_rotary_pos_emb`` (transformers' Llama): in bf16 it
@@ -13,7 +13,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from loraplex.engine.models.layers import RotaryEmbedding
-from loraplex.kernels import cpu_native, get_kernel_ops, reference
+from loraplex.kernels import cpu_elementwise, cpu_native, get_kernel_ops, reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +52,7 @@ def test_rotary_is_hf_bit_for_bit(tokens, heads, d):
     for seed, scale in ((0, 1.0), (1, 500.0), (2, 1e-3)):
         x = _fused_qk(tokens, heads, d, extra=3 * d, seed=seed, scale=scale)
         cos, sin = _tables(d, [(7 * i + seed * 1000) % 4096 for i in range(tokens)])
-        got = cpu_native.rotary(x, cos, sin)
+        got = cpu_elementwise.rotary(x, cos, sin)
         assert got.dtype == torch.bfloat16 and got.shape == x.shape
         assert torch.equal(_bits(got), _bits(_hf(x, cos, sin))), (tokens, heads, d, scale)
         assert torch.equal(_bits(got), _bits(reference.rotary(x, cos, sin)))
@@ -75,7 +75,7 @@ def test_rotary_specials_threads_and_the_portable_build(monkeypatch):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            check(cpu_native.rotary(x, cos, sin), f"{threads} threads")
+            check(cpu_elementwise.rotary(x, cos, sin), f"{threads} threads")
     finally:
         torch.set_num_threads(before)
     cxx = cpu_native._compiler()
@@ -83,19 +83,19 @@ def test_rotary_specials_threads_and_the_portable_build(monkeypatch):
     monkeypatch.setattr(
         cpu_native, "_lib", cpu_native.open_library(cpu_native.build(cxx, ("-mno-avx512f", "-mno-f16c")))
     )
-    check(cpu_native.rotary(x, cos, sin), "portable build")
+    check(cpu_elementwise.rotary(x, cos, sin), "portable build")
 
 
 def test_rotary_other_inputs_take_the_torch_twin():
     cos, sin = _tables(16, [1, 2, 3])
     x32 = torch.randn(3, 2, 16)  # float32: the twin, exactly
     assert torch.equal(
-        cpu_native.rotary(x32, cos.float(), sin.float()), reference.rotary(x32, cos.float(), sin.float())
+        cpu_elementwise.rotary(x32, cos.float(), sin.float()), reference.rotary(x32, cos.float(), sin.float())
     )
     wide = _fused_qk(3, 4, 16, extra=0, seed=4)[:, :, :16].transpose(0, 1).contiguous().transpose(0, 1)
     assert wide.stride(1) != 16  # heads not dense within a row
-    assert torch.equal(_bits(cpu_native.rotary(wide, cos, sin)), _bits(reference.rotary(wide, cos, sin)))
-    assert cpu_native.rotary(torch.empty(0, 2, 16, dtype=torch.bfloat16), cos[:0], sin[:0]).shape == (0, 2, 16)
+    assert torch.equal(_bits(cpu_elementwise.rotary(wide, cos, sin)), _bits(reference.rotary(wide, cos, sin)))
+    assert cpu_elementwise.rotary(torch.empty(0, 2, 16, dtype=torch.bfloat16), cos[:0], sin[:0]).shape == (0, 2, 16)
 
 
 def _cache(blocks: int, block: int, heads: int, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -119,7 +119,7 @@ def test_write_kv_is_an_index_assignment(dtype, slot_dtype):
     keep = slots >= 0
     want_k[slots[keep]] = k[keep]
     want_v[slots[keep]] = v[keep]
-    cpu_native.write_kv(k_cache, v_cache, k, v, slots.to(slot_dtype))
+    cpu_elementwise.write_kv(k_cache, v_cache, k, v, slots.to(slot_dtype))
     assert torch.equal(k_cache.view(-1, hkv, d), want_k) and torch.equal(v_cache.view(-1, hkv, d), want_v)
 
 
@@ -129,11 +129,11 @@ def test_write_kv_other_layouts_take_the_torch_twin():
     slots = torch.tensor([5, -1, 0])
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     reference.write_kv(ref_k, ref_v, k32, v32, slots)
-    cpu_native.write_kv(k_cache, v_cache, k32, v32, slots)
+    cpu_elementwise.write_kv(k_cache, v_cache, k32, v32, slots)
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
 def test_the_cpu_backend_uses_them():
     ops = get_kernel_ops("cpu")
-    assert ops.rotary is cpu_native.rotary and ops.write_kv is cpu_native.write_kv
+    assert ops.rotary is cpu_elementwise.rotary and ops.write_kv is cpu_elementwise.write_kv
     assert get_kernel_ops("torch").rotary is reference.rotary

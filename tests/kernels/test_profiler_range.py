@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_oracles import make_lora_weights, token_slots_from_segments
 
-from loraplex.kernels import cpu_native, cpu_sgmv, make_lora_segments
+from loraplex.kernels import cpu_elementwise, cpu_native, cpu_sgmv, make_lora_segments
 
 NAMES = {
     "loraplex::cpu_rms_norm",
@@ -29,8 +29,8 @@ def _run_kernels() -> None:
     """One call of each wrapped native kernel, bf16 (the dtype the element-wise kernels take)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 64, generator=g).bfloat16()
-    cpu_native.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6)
-    cpu_native.silu_mul(torch.randn(4, 128, generator=g).bfloat16())
+    cpu_elementwise.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6)
+    cpu_elementwise.silu_mul(torch.randn(4, 128, generator=g).bfloat16())
     block, hq, hkv, d = 8, 4, 2, 32
     k_cache = torch.randn(6, block, hkv, d, generator=g).bfloat16()
     v_cache = torch.randn(6, block, hkv, d, generator=g).bfloat16()

@@ -1,4 +1,4 @@
-"""Hostile checks of the native CPU glue (``cpu_native.rotary``, ``cpu_native.write_kv``, the
+"""Hostile checks of the native CPU glue (``cpu_elementwise.rotary``, ``cpu_elementwise.write_kv``, the
 profiler ranges entered only under a profiler) where it runs by default: a bf16 engine on the
 native CPU backend, and a real ``loraplex serve`` process.
 
@@ -24,7 +24,7 @@ from harness.serve import ServeProcess
 from platform_helpers import ADMIN_KEY
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.kernels import cpu_native, reference
+from loraplex.kernels import cpu_elementwise, cpu_native, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -187,7 +187,7 @@ def test_the_native_kv_write_is_the_twin_for_padding_strides_and_dtypes(dtype):
     slots = torch.tensor([5, -1, 0, 23, -7, 12, 1])
     caches = [torch.randn(blocks, bs, h, d, generator=g).to(dtype) for _ in range(2)]
     mine = [c.clone() for c in caches]
-    cpu_native.write_kv(mine[0], mine[1], k, v, slots)
+    cpu_elementwise.write_kv(mine[0], mine[1], k, v, slots)
     reference.write_kv(caches[0], caches[1], k, v, slots)
     assert torch.equal(mine[0], caches[0]) and torch.equal(mine[1], caches[1])
 
@@ -202,7 +202,7 @@ def test_the_native_rotary_is_the_twin_on_the_model_layout_and_specials():
     x = qkv[:, : (hq + hk) * d].view(t, hq + hk, d)
     ang = torch.randn(t, 1, d // 2, generator=g) * 100
     cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
-    got, want = cpu_native.rotary(x, cos, sin), reference.rotary(x, cos, sin)
+    got, want = cpu_elementwise.rotary(x, cos, sin), reference.rotary(x, cos, sin)
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
 
