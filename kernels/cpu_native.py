@@ -42,6 +42,7 @@ _SOURCES = tuple(
         "cpu_attention.cpp",
         "cpu_sgmv.cpp",
         "cpu_linear.cpp",
+        "cpu_linear_bf16.cpp",
         "cpu_elementwise.cpp",
         "cpu_int4.cpp",
         "cpu_w8a8.cpp",
@@ -159,6 +160,10 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_sgmv_fast_f16.restype = i32
     lib.lp_linear_f32_bf16p.argtypes = [p, i64, i32, i32, p, i32, p, p, i64, i32]
     lib.lp_linear_f32_bf16p.restype = None
+    lib.lp_linear_bf16_dp.argtypes = [p, i64, i32, i32, p, i32, p, p, i64, i32]
+    lib.lp_linear_bf16_dp.restype = None
+    lib.lp_linear_bf16_dp_isa.argtypes = []
+    lib.lp_linear_bf16_dp_isa.restype = i32
     lib.lp_rms_norm_bf16.argtypes = [p, i64, i32, i32, p, f32, p, i32]
     lib.lp_rms_norm_bf16.restype = None
     lib.lp_silu_mul_bf16.argtypes = [p, i64, i32, i32, p, i32]

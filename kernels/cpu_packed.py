@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import cpu_native
+from . import cpu_native, pair_panels
+from .profiler_range import profiler_range
 
 KINDS = ("amx", "avx512_bf16", "none")
 
@@ -104,19 +105,63 @@ def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
     return PREFILL_GROUP_TOKENS[kind or cpu_kind().name]
 
 
+# The bf16 linear each kind with native bf16 runs (read at load, by ``CpuLinearOps``):
+# "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``),
+# measured against oneDNN on the AVX512-BF16 EPYC (``benchmarks/engine/bf16_linear.py``, one engine
+# swapping the two copies; docs/cpu-performance.md "A decode GEMM of our own"): decode steps 5-19%
+# less CPU, prefill within ~5%. "onednn": oneDNN's blocked copy — kept on AMX, where
+# oneDNN multiplies on the AMX tiles and our kernel was not measured (no AMX machine here).
+BF16_LINEAR = {"amx": "onednn", "avx512_bf16": "pair_panels"}
+
+
 def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:
     """oneDNN's blocked copy of a bf16 [out, in] ``weight`` for ``linear_bf16``, or None where
     this CPU kind keeps the plain weight (or the weight is not a bf16 CPU matrix)."""
-    if (
-        weight.dtype != torch.bfloat16
-        or weight.device.type != "cpu"
-        or weight.dim() != 2
-        or 0 in weight.shape
-        or not packs_bf16(kind)
-    ):
+    if not _bf16_matrix(weight) or not packs_bf16(kind):
         return None
     packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
     return packed
+
+
+def _bf16_matrix(weight: torch.Tensor) -> bool:
+    return (
+        weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and 0 not in weight.shape
+    )
+
+
+def pair_panels_available() -> bool:
+    """Whether the native library has the vdpbf16ps kernel (built for a CPU with AVX512-BF16)."""
+    lib = cpu_native.load()
+    return lib is not None and bool(lib.lp_linear_bf16_dp_isa())
+
+
+def pack_pair_panels(weight: torch.Tensor) -> torch.Tensor | None:
+    """The pair-panel copy of a bf16 [out, in] ``weight`` for ``linear_pair_panels``, or None where
+    the kernel cannot take it (not a bf16 CPU matrix, a shape without whole panels, no kernel)."""
+    if not _bf16_matrix(weight) or not pair_panels.fits(weight) or not pair_panels_available():
+        return None
+    return pair_panels.pack(weight)
+
+
+def linear_pair_panels(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for bf16 ``x`` of any leading shape through
+    ``pack_pair_panels(weight)``: fp32 accumulation, one rounding to bf16, rows independent."""
+    lib = cpu_native.load()
+    assert lib is not None
+    n, k = packed.shape[0] * pair_panels.PANEL, packed.shape[1] * 2
+    lead = x.shape[:-1]
+    assert x.shape[-1] == k, f"input of {x.shape[-1]} features for a [{n}, {k}] weight"
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape[0], n, dtype=torch.bfloat16)
+    b = None if bias is None else bias.contiguous()
+    with profiler_range("loraplex::cpu_linear_bf16"):
+        lib.lp_linear_bf16_dp(
+            x2.data_ptr(), x2.stride(0), x2.shape[0], k, packed.data_ptr(), n, None if b is None else b.data_ptr(),
+            y.data_ptr(), n, torch.get_num_threads(),
+        )  # fmt: skip
+    return y.reshape(*lead, n)
 
 
 def is_packed_bf16(packed: torch.Tensor | None) -> bool:
@@ -145,12 +190,13 @@ class CpuLinearOps:
     """``KernelOps.pack_linear_weight`` / ``linear`` of the native CPU backend, by the weight's
     dtype and the CPU kind (fixed at construction, i.e. at load):
 
-    * bf16 weight on a kind with native bf16 (``amx``, ``avx512_bf16``): oneDNN's blocked copy
-      (``pack_bf16``), used at every batch size; it holds every number of the weight, so the
-      model drops the plain one (``dispatch.packed_replaces_weight``): no memory added.
+    * bf16 weight on a kind with native bf16: the kind's ``BF16_LINEAR`` — pair panels for our
+      vdpbf16ps kernel (``avx512_bf16``) or oneDNN's blocked copy (``amx``; and wherever the
+      panels cannot take the weight), used at every batch size; either holds every number of the
+      weight, so the model drops the plain one (``ops.packed_replaces_weight``): no memory added.
     * float32 weight that bf16 holds exactly: the native kernel's bf16 panels for decode-sized
       batches (``cpu_native.pack_linear_weight``; a CPU without native bf16 serves float32).
-    * anything else: no copy, ``F.linear`` (the oracle of both paths).
+    * anything else: no copy, ``F.linear`` (the oracle of every path).
     """
 
     def __init__(self, kind: str):
@@ -160,16 +206,26 @@ class CpuLinearOps:
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
         if weight.dtype == torch.bfloat16:
+            if BF16_LINEAR.get(self.kind) == "pair_panels":
+                panels = pack_pair_panels(weight)
+                if panels is not None:
+                    return panels
             return pack_bf16(weight, self.kind)
         return cpu_native.pack_linear_weight(weight)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
     ) -> torch.Tensor:
-        if packed is not None and packed.is_mkldnn:
-            if x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
-                return linear_bf16(x, packed, bias)
+        bf16_in = x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+        if pair_panels.is_packed(packed):
+            assert packed is not None
+            if bf16_in and x.device.type == "cpu":
+                return linear_pair_panels(x, packed, bias)
             # Another activation dtype never reaches a bf16 model's layers: behave as F.linear.
+            return F.linear(x, pair_panels.unpack(packed) if weight is None else weight, bias)
+        if packed is not None and packed.is_mkldnn:
+            if bf16_in:
+                return linear_bf16(x, packed, bias)
             return F.linear(x, packed.to_dense() if weight is None else weight, bias)
-        assert weight is not None, "a plain weight is only dropped for a oneDNN copy"
+        assert weight is not None, "a plain weight is only dropped for a copy that replaces it"
         return cpu_native.linear(x, weight, bias, packed)

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from . import pair_panels
 from .int4 import Int4Weight
 from .lora_meta import LoraSegments
 
@@ -125,9 +126,10 @@ class SiluMul(Protocol):
 
 def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
     """True for a packed copy that holds every number of its weight and serves every batch size (an
-    opaque oneDNN tensor, ``cpu_packed.pack_bf16``): the model may drop the plain weight. The
-    float32 path's bf16 panels serve decode batches only, beside the float32 weight."""
-    return packed is not None and packed.is_mkldnn
+    opaque oneDNN tensor, ``cpu_packed.pack_bf16``, or bf16 pair panels, ``pair_panels.pack``): the
+    model may drop the plain weight. The float32 path's bf16 panels serve decode batches only,
+    beside the float32 weight."""
+    return packed is not None and (packed.is_mkldnn or pair_panels.is_packed(packed))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import pair_panels
 from .lora_meta import LoraSegments
 
 
@@ -43,10 +44,10 @@ def linear(
 ) -> torch.Tensor:
     """``x @ weight.T + bias``; ``packed`` (a backend's own copy of ``weight``, from its
     ``pack_linear_weight``) is a layout of the same numbers, so the reference ignores it unless the
-    copy replaced the weight (an opaque oneDNN tensor: read back densely)."""
+    copy replaced the weight (an opaque oneDNN tensor or pair panels: read back)."""
     if weight is None:
         assert packed is not None, "linear needs a weight or a packed copy that replaced it"
-        weight = packed.to_dense()
+        weight = packed.to_dense() if packed.is_mkldnn else pair_panels.unpack(packed)
     return F.linear(x, weight, bias)
 
 

@@ -16,8 +16,9 @@ One process under the fast runtime (as ``loraplex serve`` runs), one ``LLM`` on 
 benchmark's length) are prefilled, then ``--steps`` pure decode steps are timed (contexts 129 to
 128 + steps). ms per step and share of the step; CPU ms per step (process time) beside the wall.
 
-Also measured, torch alone: the GEMMs of one decode step (every layer's qkv, o, gate|up, down plus
-the head, through the same oneDNN packed weights; 30 distinct copies per shape, so the weights
+Also measured, the linear op alone: the GEMMs of one decode step (every layer's qkv, o, gate|up,
+down plus the head, on the copies the engine makes on this CPU kind: pair panels on
+``avx512_bf16``, oneDNN's packed weights on ``amx``; 30 distinct copies per shape, so the weights
 come from memory as in a step) at 16, 64 and 512 rows: ms, GB/s of weights read, GFLOP/s. The
 512-row rate is the best this machine's bf16 GEMM reaches (a prefill's), the ceiling a decode GEMM
 can approach. JSON: benchmarks/results/step_timed.json.
@@ -131,8 +132,12 @@ def gemm_roofline(rows_list: tuple[int, ...] = (16, 64, 512)) -> list[dict]:
     h, inter, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
     shapes = {"qkv": (h + 2 * kv, h), "o": (h, h), "gate|up": (2 * inter, h), "down": (h, inter), "head": (vocab, h)}
+    # The copies the engine makes on this CPU kind (pair panels or oneDNN's), read by its linear op.
+    linear_ops = cpu_packed.CpuLinearOps(cpu_packed.cpu_kind().name)
     copies = {
-        name: [cpu_packed.pack_bf16(torch.randn(n, k).bfloat16()) for _ in range(1 if name == "head" else layers)]
+        name: [
+            linear_ops.pack_linear_weight(torch.randn(n, k).bfloat16()) for _ in range(1 if name == "head" else layers)
+        ]
         for name, (n, k) in shapes.items()
     }
     if any(w is None for ws in copies.values() for w in ws):
@@ -145,7 +150,7 @@ def gemm_roofline(rows_list: tuple[int, ...] = (16, 64, 512)) -> list[dict]:
             t0 = time.perf_counter()
             for name, x in inputs.items():
                 for w in copies[name]:
-                    cpu_packed.linear_bf16(x, w, None)
+                    linear_ops.linear(x, None, None, w)
             best = min(best, time.perf_counter() - t0)
         weight_bytes = sum(2 * n * k * len(copies[name]) for name, (n, k) in shapes.items())
         flops = sum(2 * rows * n * k * len(copies[name]) for name, (n, k) in shapes.items())

@@ -1,5 +1,6 @@
-"""A bf16 model on the native CPU backend with its linear weights packed for oneDNN
-(``kernels/cpu_packed.py``; CPUs with native bf16) against the same engine with plain weights and
+"""A bf16 model on the native CPU backend with its linear weights packed at load
+(``kernels/cpu_packed.py``; CPUs with native bf16: oneDNN's copy on ``amx``, pair panels for our
+vdpbf16ps kernel on ``avx512_bf16``) against the same engine with plain weights and
 ``F.linear`` (``LORAPLEX_CPU_KIND=none``, what a CPU without native bf16 runs): greedy tokens and
 logprobs, base rows and mixed adapters, under chunked prefill and preemption. Also the prefill
 path of whole prompts through SDPA (``cpu_native.SDPA_MIN_ROWS``) against HF transformers."""
@@ -14,7 +15,7 @@ from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, reference
+from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, packed_replaces_weight, pair_panels, reference
 
 
 def _llm(model_dir: str, monkeypatch, kind: str) -> LLM:
@@ -36,8 +37,13 @@ def _run(llm: LLM, prompts, adapters=None):
     return [o.token_ids for o in outs], [[t.logprob for t in o.outputs[0].logprobs] for o in outs]
 
 
+def _form(packed) -> str:
+    return "onednn" if packed.is_mkldnn else "pair_panels" if pair_panels.is_packed(packed) else "other"
+
+
+@pytest.mark.parametrize("kind", ["amx", "avx512_bf16"])
 @pytest.mark.parametrize("variant", ["qwen2_bias_bf16", "llama3_rope_tied_bf16"])
-def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp_path, variant):
+def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp_path, variant, kind):
     if not cpu_packed.onednn_bf16():
         pytest.skip(
             "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
@@ -47,13 +53,20 @@ def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp
     plain = _llm(model_dir, monkeypatch, "none")
     projs = [p for ps in plain.engine.runner.model.lora_projections().values() for p in ps]
     assert all(p.packed is None and p.weight is not None for p in projs)
-    packed = _llm(model_dir, monkeypatch, "avx512_bf16")
+    packed = _llm(model_dir, monkeypatch, kind)
     model = packed.engine.runner.model
     projs = [p for ps in model.lora_projections().values() for p in ps]
     # Every projection's plain weight was replaced by the packed copy (no memory added), the head
-    # packed beside its weight (the embedding, when tied).
-    assert all(p.weight is None and p.packed is not None and p.packed.is_mkldnn for p in projs)
-    assert model.packed_head is not None and model.packed_head.is_mkldnn
+    # packed beside its weight (the embedding, when tied); the kind's form where the shape allows.
+    panels = kind == "avx512_bf16" and cpu_packed.pair_panels_available()
+    assert all(p.weight is None and packed_replaces_weight(p.packed) for p in projs)
+    assert model.packed_head is not None and packed_replaces_weight(model.packed_head)
+    for p in [*projs, model.packed_head]:
+        copy = p if isinstance(p, torch.Tensor) else p.packed
+        fits = pair_panels.fits(pair_panels.unpack(copy) if pair_panels.is_packed(copy) else copy.to_dense())
+        assert _form(copy) == ("pair_panels" if panels and fits else "onednn")
+    if panels:
+        assert any(_form(p.packed) == "pair_panels" for p in projs), "no projection took the pair panels"
     assert all(p.compute_dtype == torch.bfloat16 for p in projs)
     prompts = make_prompts(14, packed.engine.model_config.vocab_size, seed=4)
     want_tokens, want_lp = _run(plain, prompts)

@@ -1,6 +1,7 @@
-"""bf16 linear layers on oneDNN's packed weight (``cpu_packed``) against a float64 oracle and
-``F.linear`` on the plain weight, for every CPU kind's path (the kind is a constructor argument,
-so a machine without AMX or without native bf16 still runs each path or its reference)."""
+"""bf16 linear layers on a weight packed at load (``cpu_packed``: oneDNN's blocked copy, or the pair
+panels of our vdpbf16ps kernel where the kind picks them) against a float64 oracle and ``F.linear``
+on the plain weight, for every CPU kind's path (the kind is a constructor argument, so a machine
+without AMX or without native bf16 still runs each path or its reference)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loraplex.kernels import cpu_native, cpu_packed, get_kernel_ops, packed_replaces_weight, reference
+from loraplex.kernels import cpu_native, cpu_packed, get_kernel_ops, packed_replaces_weight, pair_panels, reference
 
 PACKING_KINDS = ("amx", "avx512_bf16")
 
@@ -28,6 +29,17 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     err = ((y.double() - expected).abs() / scale).max().item() if y.numel() else 0.0
     assert y.dtype == torch.bfloat16 and y.shape == expected.shape, what
     assert err < 2**-7, f"{what}: relative error {err:.3g}"
+
+
+def _expected_form(kind: str, w: torch.Tensor) -> str:
+    """The copy ``CpuLinearOps(kind)`` makes of a bf16 weight: the kind's choice where it can."""
+    if cpu_packed.BF16_LINEAR.get(kind) == "pair_panels" and pair_panels.fits(w) and cpu_packed.pair_panels_available():
+        return "pair_panels"
+    return "onednn"
+
+
+def _dense(packed: torch.Tensor) -> torch.Tensor:
+    return packed.to_dense() if packed.is_mkldnn else pair_panels.unpack(packed)
 
 
 def test_kind_from_flags():
@@ -51,13 +63,14 @@ def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias):
     ops = cpu_packed.CpuLinearOps(kind)
     w = _bf16(n, k, seed=m + n + k)
     packed = ops.pack_linear_weight(w)
-    if not cpu_packed.onednn_bf16():
-        assert packed is None
+    if packed is None:
+        assert not cpu_packed.onednn_bf16()
         pytest.skip(
             "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
         )
-    assert packed is not None and packed.is_mkldnn and packed_replaces_weight(packed)
-    assert torch.equal(packed.to_dense(), w), "packing must keep every number"
+    assert packed_replaces_weight(packed)
+    assert ("onednn" if packed.is_mkldnn else "pair_panels") == _expected_form(kind, w)
+    assert torch.equal(_dense(packed), w), "packing must keep every number"
     bias = _bf16(n, seed=7) if with_bias else None
     x = _bf16(m, k, seed=1)
     y = ops.linear(x, None, bias, packed)  # the plain weight is gone: the model drops it
@@ -73,7 +86,7 @@ def test_packed_bf16_odd_inputs(kind):
     """A row-strided view, 3-d activations and an empty batch give the oracle's answer; float32
     activations (never sent by a bf16 model) fail as ``F.linear`` on the plain weight does."""
     ops = cpu_packed.CpuLinearOps(kind)
-    w = _bf16(40, 24, seed=3)
+    w = _bf16(48, 24, seed=3)  # whole panels: the pair-panel kernel takes it where the kind picks it
     packed = ops.pack_linear_weight(w)
     if packed is None:
         assert not cpu_packed.onednn_bf16()
@@ -86,9 +99,9 @@ def test_packed_bf16_odd_inputs(kind):
     _check(ops.linear(x, None, None, packed), x, w, None, "strided rows")
     x3 = _bf16(2, 7, 24, seed=5)
     y3 = ops.linear(x3, None, None, packed)
-    assert y3.shape == (2, 7, 40)
-    _check(y3.reshape(14, 40), x3.reshape(14, 24), w, None, "3-d")
-    assert ops.linear(_bf16(0, 24, seed=6), None, None, packed).shape == (0, 40)
+    assert y3.shape == (2, 7, 48)
+    _check(y3.reshape(14, 48), x3.reshape(14, 24), w, None, "3-d")
+    assert ops.linear(_bf16(0, 24, seed=6), None, None, packed).shape == (0, 48)
     xf = torch.randn(3, 24)
     with pytest.raises(RuntimeError, match="dtype"):
         F.linear(xf, w)
@@ -125,5 +138,8 @@ def test_dispatch_picks_the_cpu_kind_at_load():
         pytest.skip("native kernels not built")
     ops = get_kernel_ops("cpu")
     packed = ops.pack_linear_weight(_bf16(16, 16, seed=11))
-    assert (packed is not None) == cpu_packed.packs_bf16()
+    kind = cpu_packed.cpu_kind().name
+    assert (packed is not None) == (
+        cpu_packed.packs_bf16() or _expected_form(kind, _bf16(16, 16, seed=11)) == "pair_panels"
+    )
     assert get_kernel_ops("torch").pack_linear_weight(_bf16(16, 16, seed=11)) is None  # the oracle
