@@ -3,7 +3,12 @@ blocks, batch size). ``loraplex serve`` prints it at start, so nobody runs fp32-
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+
+import torch
+
+from loraplex.kernels import pair_panels
 
 from . import runtime_env
 from .llm_engine import LLMEngine
@@ -21,6 +26,7 @@ def resolved_config(engine: LLMEngine) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
         "checkpoint_dtype": str(mc.checkpoint_dtype).removeprefix("torch.") if mc.checkpoint_dtype else None,
         "kernel_backend": engine.runner.ops.name,
+        "linear_weights": linear_weights(engine.runner.model),
         "max_model_len": engine.max_model_len,
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
@@ -35,6 +41,27 @@ def resolved_config(engine: LLMEngine) -> dict[str, Any]:
         "max_lora_rank": config.max_lora_rank,
         "runtime": runtime_env.describe(),
     }
+
+
+def linear_weights(model: torch.nn.Module) -> str:
+    """Which copy the linear layers (and the head) read, counted: the CPU kind's choice made at
+    load (``kernels/cpu_packed.py``), e.g. "pair panels x211" on an AVX512-BF16 CPU."""
+    forms: Counter[str] = Counter()
+    for module in model.modules():
+        for attr in ("packed", "packed_head"):
+            if not hasattr(module, attr):
+                continue
+            copy = getattr(module, attr)
+            if copy is None:  # no copy: the plain float weight, or int8/int4 codes
+                plain = module.weight is not None if attr == "packed" else module.quantized_head is None
+                forms["plain" if plain else "quantized"] += 1
+            elif pair_panels.is_packed(copy):
+                forms["pair panels"] += 1
+            elif copy.is_mkldnn:
+                forms["oneDNN packed"] += 1
+            else:
+                forms["bf16 panels beside float32"] += 1
+    return ", ".join(f"{form} x{n}" for form, n in forms.most_common()) or "plain"
 
 
 def format_config(values: dict[str, Any]) -> str:

@@ -106,12 +106,26 @@ def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
 
 
 # The bf16 linear each kind with native bf16 runs (read at load, by ``CpuLinearOps``):
-# "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``),
-# measured against oneDNN on the AVX512-BF16 EPYC (``benchmarks/engine/bf16_linear.py``, one engine
-# swapping the two copies; docs/cpu-performance.md "A decode GEMM of our own"): decode steps 5-19%
-# less CPU, prefill within ~5%. "onednn": oneDNN's blocked copy — kept on AMX, where
-# oneDNN multiplies on the AMX tiles and our kernel was not measured (no AMX machine here).
-BF16_LINEAR = {"amx": "onednn", "avx512_bf16": "pair_panels"}
+# "onednn": oneDNN's blocked copy (AMX tiles on an AMX Xeon, AVX512-BF16 blocks on Zen 4);
+# "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``).
+# Measured on the AVX512-BF16 EPYC (docs/cpu-performance.md "A decode GEMM of our own"): in one
+# engine the panels' decode steps take 5-19% less CPU and their prefill 5-6% more; over HTTP
+# against vLLM's load generator that came out +0-5% at 16 clients and -7 to -10% at 64, so the
+# default stays oneDNN on every kind. ``LORAPLEX_BF16_LINEAR`` (read at each load, like
+# ``LORAPLEX_CPU_KIND``) picks the other one, for A/B runs and decode-heavy deployments.
+BF16_LINEAR = {"amx": "onednn", "avx512_bf16": "onednn"}
+BF16_LINEARS = ("onednn", "pair_panels")
+
+
+def bf16_linear(kind: str) -> str | None:
+    """The bf16 linear ``kind`` runs: ``LORAPLEX_BF16_LINEAR`` if set, else ``BF16_LINEAR``
+    (None: a kind without native bf16, which packs nothing)."""
+    if kind not in BF16_LINEAR:
+        return None
+    name = os.environ.get("LORAPLEX_BF16_LINEAR") or BF16_LINEAR[kind]
+    if name not in BF16_LINEARS:
+        raise ValueError(f"LORAPLEX_BF16_LINEAR must be one of {BF16_LINEARS}, got {name!r}")
+    return name
 
 
 def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:
@@ -190,23 +204,24 @@ class CpuLinearOps:
     """``KernelOps.pack_linear_weight`` / ``linear`` of the native CPU backend, by the weight's
     dtype and the CPU kind (fixed at construction, i.e. at load):
 
-    * bf16 weight on a kind with native bf16: the kind's ``BF16_LINEAR`` — pair panels for our
-      vdpbf16ps kernel (``avx512_bf16``) or oneDNN's blocked copy (``amx``; and wherever the
-      panels cannot take the weight), used at every batch size; either holds every number of the
+    * bf16 weight on a kind with native bf16: ``bf16_linear(kind)`` — oneDNN's blocked copy (the
+      default), or pair panels for our vdpbf16ps kernel (and oneDNN's copy wherever the panels
+      cannot take the weight), used at every batch size; either holds every number of the
       weight, so the model drops the plain one (``ops.packed_replaces_weight``): no memory added.
     * float32 weight that bf16 holds exactly: the native kernel's bf16 panels for decode-sized
       batches (``cpu_native.pack_linear_weight``; a CPU without native bf16 serves float32).
     * anything else: no copy, ``F.linear`` (the oracle of every path).
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, bf16: str | None = None):
         if kind not in KINDS:
             raise ValueError(f"CPU kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
+        self.bf16 = bf16 if bf16 is not None else bf16_linear(kind)
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
         if weight.dtype == torch.bfloat16:
-            if BF16_LINEAR.get(self.kind) == "pair_panels":
+            if self.bf16 == "pair_panels":
                 panels = pack_pair_panels(weight)
                 if panels is not None:
                     return panels

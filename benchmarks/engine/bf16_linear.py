@@ -3,14 +3,14 @@ GEMM, in one engine.
 
     .venv/bin/python -m loraplex.engine.runtime_env -m benchmarks.engine.bf16_linear [--batches 1,16,64] [--blocks 10]
 
-One ``LLM`` on the demo model (SmolLM2-135M-Instruct, bf16, native CPU backend) on a CPU where
-``cpu_packed.BF16_LINEAR`` picks pair panels (kind ``avx512_bf16``). Every projection and the LM
+One ``LLM`` on the demo model (SmolLM2-135M-Instruct, bf16, native CPU backend), loaded with
+``LORAPLEX_BF16_LINEAR=pair_panels`` on a CPU with AVX512-BF16. Every projection and the LM
 head hold two copies of their weight, the pair panels the engine made at load and oneDNN's blocked
 copy made from the same numbers; the benchmark swaps which one the model reads (``KernelOps.linear``
 takes either), so the two configurations share the engine, its sequences and the machine's load:
 
-  * ``pair panels``: what the engine runs on this kind (``cpu_packed.linear_pair_panels``)
-  * ``oneDNN``: what it ran before (``cpu_packed.linear_bf16``, still the AMX kind's path)
+  * ``pair panels``: ``cpu_packed.linear_pair_panels`` (opt-in: ``LORAPLEX_BF16_LINEAR``)
+  * ``oneDNN``: ``cpu_packed.linear_bf16``, what the engine runs by default
 
 Per batch size: ``batch`` random 128-token prompts (the serve benchmark's length) are prefilled,
 then the decode alternates blocks of ``--block-steps`` steps between the two. CPU ms of this
@@ -48,8 +48,9 @@ def main() -> None:
     from loraplex.kernels import cpu_packed, pair_panels
 
     kind = cpu_packed.cpu_kind()
-    if cpu_packed.BF16_LINEAR.get(kind.name) != "pair_panels" or not cpu_packed.pair_panels_available():
-        raise SystemExit(f"this CPU's kind ({kind.name}) does not run the pair-panel kernel: nothing to compare")
+    if cpu_packed.bf16_linear(kind.name) is None or not cpu_packed.pair_panels_available():
+        raise SystemExit(f"this CPU ({kind.name}) cannot run the pair-panel kernel: nothing to compare")
+    os.environ["LORAPLEX_BF16_LINEAR"] = "pair_panels"
     batches = [int(b) for b in args.batches.split(",")]
     llm = LLM(str(demo_model_dir()), max_num_seqs=max(batches), seed=0)
     eng = llm.engine

@@ -14,7 +14,7 @@ import torch
 from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
-from loraplex.engine import LLM, SamplingParams
+from loraplex.engine import LLM, SamplingParams, resolved_config
 from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, packed_replaces_weight, pair_panels, reference
 
 
@@ -41,9 +41,9 @@ def _form(packed) -> str:
     return "onednn" if packed.is_mkldnn else "pair_panels" if pair_panels.is_packed(packed) else "other"
 
 
-@pytest.mark.parametrize("kind", ["amx", "avx512_bf16"])
+@pytest.mark.parametrize("kind,bf16", [("amx", "onednn"), ("avx512_bf16", "onednn"), ("avx512_bf16", "pair_panels")])
 @pytest.mark.parametrize("variant", ["qwen2_bias_bf16", "llama3_rope_tied_bf16"])
-def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp_path, variant, kind):
+def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp_path, variant, kind, bf16):
     if not cpu_packed.onednn_bf16():
         pytest.skip(
             "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
@@ -53,12 +53,16 @@ def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp
     plain = _llm(model_dir, monkeypatch, "none")
     projs = [p for ps in plain.engine.runner.model.lora_projections().values() for p in ps]
     assert all(p.packed is None and p.weight is not None for p in projs)
+    monkeypatch.setenv("LORAPLEX_BF16_LINEAR", bf16)
     packed = _llm(model_dir, monkeypatch, kind)
     model = packed.engine.runner.model
+    assert resolved_config(packed.engine)["linear_weights"].startswith(
+        "pair panels" if bf16 == "pair_panels" and cpu_packed.pair_panels_available() else "oneDNN packed"
+    )
     projs = [p for ps in model.lora_projections().values() for p in ps]
     # Every projection's plain weight was replaced by the packed copy (no memory added), the head
     # packed beside its weight (the embedding, when tied); the kind's form where the shape allows.
-    panels = kind == "avx512_bf16" and cpu_packed.pair_panels_available()
+    panels = bf16 == "pair_panels" and cpu_packed.pair_panels_available()
     assert all(p.weight is None and packed_replaces_weight(p.packed) for p in projs)
     assert model.packed_head is not None and packed_replaces_weight(model.packed_head)
     for p in [*projs, model.packed_head]:

@@ -31,9 +31,9 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     assert err < 2**-7, f"{what}: relative error {err:.3g}"
 
 
-def _expected_form(kind: str, w: torch.Tensor) -> str:
-    """The copy ``CpuLinearOps(kind)`` makes of a bf16 weight: the kind's choice where it can."""
-    if cpu_packed.BF16_LINEAR.get(kind) == "pair_panels" and pair_panels.fits(w) and cpu_packed.pair_panels_available():
+def _expected_form(bf16: str | None, w: torch.Tensor) -> str:
+    """The copy ``CpuLinearOps(kind, bf16)`` makes of a bf16 weight: that choice where it can."""
+    if bf16 == "pair_panels" and pair_panels.fits(w) and cpu_packed.pair_panels_available():
         return "pair_panels"
     return "onednn"
 
@@ -56,11 +56,12 @@ def test_kind_from_flags():
 SHAPES = [(1, 960, 576), (5, 33, 31), (16, 3072, 576), (64, 576, 1536), (100, 17, 96), (513, 130, 64)]
 
 
+@pytest.mark.parametrize("bf16", cpu_packed.BF16_LINEARS)
 @pytest.mark.parametrize("kind", PACKING_KINDS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias):
-    ops = cpu_packed.CpuLinearOps(kind)
+def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias, bf16):
+    ops = cpu_packed.CpuLinearOps(kind, bf16)
     w = _bf16(n, k, seed=m + n + k)
     packed = ops.pack_linear_weight(w)
     if packed is None:
@@ -69,7 +70,7 @@ def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias):
             "this CPU cannot run oneDNN's bf16 path (it needs avx512bw/vl/dq or avx_ne_convert): nothing is packed"
         )
     assert packed_replaces_weight(packed)
-    assert ("onednn" if packed.is_mkldnn else "pair_panels") == _expected_form(kind, w)
+    assert ("onednn" if packed.is_mkldnn else "pair_panels") == _expected_form(bf16, w)
     assert torch.equal(_dense(packed), w), "packing must keep every number"
     bias = _bf16(n, seed=7) if with_bias else None
     x = _bf16(m, k, seed=1)
@@ -81,11 +82,12 @@ def test_packed_bf16_linear_matches_oracle(kind, m, n, k, with_bias):
     assert torch.equal(reference.linear(x, None, bias, packed), twin)
 
 
+@pytest.mark.parametrize("bf16", cpu_packed.BF16_LINEARS)
 @pytest.mark.parametrize("kind", PACKING_KINDS)
-def test_packed_bf16_odd_inputs(kind):
+def test_packed_bf16_odd_inputs(kind, bf16):
     """A row-strided view, 3-d activations and an empty batch give the oracle's answer; float32
     activations (never sent by a bf16 model) fail as ``F.linear`` on the plain weight does."""
-    ops = cpu_packed.CpuLinearOps(kind)
+    ops = cpu_packed.CpuLinearOps(kind, bf16)
     w = _bf16(48, 24, seed=3)  # whole panels: the pair-panel kernel takes it where the kind picks it
     packed = ops.pack_linear_weight(w)
     if packed is None:
@@ -140,6 +142,6 @@ def test_dispatch_picks_the_cpu_kind_at_load():
     packed = ops.pack_linear_weight(_bf16(16, 16, seed=11))
     kind = cpu_packed.cpu_kind().name
     assert (packed is not None) == (
-        cpu_packed.packs_bf16() or _expected_form(kind, _bf16(16, 16, seed=11)) == "pair_panels"
+        cpu_packed.packs_bf16() or _expected_form(cpu_packed.bf16_linear(kind), _bf16(16, 16, seed=11)) == "pair_panels"
     )
     assert get_kernel_ops("torch").pack_linear_weight(_bf16(16, 16, seed=11)) is None  # the oracle
