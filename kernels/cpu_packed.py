@@ -10,7 +10,10 @@ blocks on Cooper Lake / Zen 4), ``torch.ops.mkldnn._linear_pointwise`` multiplie
 
 Chosen by CPU kind at load (``cpu_kind()``): ``amx`` and ``avx512_bf16`` pack; ``none`` (no
 native bf16: bf16 is emulated, and ``dtype="auto"`` serves float32 there anyway) keeps
-``F.linear``, which stays the oracle of this path in the tests on every CPU.
+``F.linear``, which stays the oracle of this path in the tests on every CPU. On ``avx512_bf16``
+the copy is ours instead: "pair panels" for our vdpbf16ps kernel (``csrc/cpu_linear_bf16.cpp``,
+``pair_panels.py``; measured faster at decode batch sizes, ``BF16_LINEAR`` below), and
+``LORAPLEX_BF16_LINEAR`` picks either on either kind.
 """
 
 from __future__ import annotations
@@ -106,14 +109,14 @@ def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
 
 
 # The bf16 linear each kind with native bf16 runs (read at load, by ``CpuLinearOps``):
-# "onednn": oneDNN's blocked copy (AMX tiles on an AMX Xeon, AVX512-BF16 blocks on Zen 4);
-# "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``).
-# Measured on the AVX512-BF16 EPYC (docs/cpu-performance.md "A decode GEMM of our own"): in one
-# engine the panels' decode steps take 5-19% less CPU and their prefill 5-6% more; over HTTP
-# against vLLM's load generator that came out +0-5% at 16 clients and -7 to -10% at 64, so the
-# default stays oneDNN on every kind. ``LORAPLEX_BF16_LINEAR`` (read at each load, like
-# ``LORAPLEX_CPU_KIND``) picks the other one, for A/B runs and decode-heavy deployments.
-BF16_LINEAR = {"amx": "onednn", "avx512_bf16": "onednn"}
+# "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``);
+# "onednn": oneDNN's blocked copy (AMX tiles on an AMX Xeon, AVX512-BF16 blocks on Zen 4).
+# Measured on the AVX512-BF16 EPYC (docs/cpu-performance.md "A decode GEMM of our own"): a decode
+# step's GEMMs 1.16-1.38x oneDNN's at 1-64 rows, 1.05x at 256; over HTTP beside vLLM's load
+# generator 1.00x at 16 clients and 1.08x at 64 (medians of 3 alternating rounds). AMX keeps
+# oneDNN, which multiplies on the AMX tiles there (our kernel not measured: no AMX machine).
+# ``LORAPLEX_BF16_LINEAR`` (read at each load, like ``LORAPLEX_CPU_KIND``) picks the other one.
+BF16_LINEAR = {"amx": "onednn", "avx512_bf16": "pair_panels"}
 BF16_LINEARS = ("onednn", "pair_panels")
 
 
@@ -204,9 +207,9 @@ class CpuLinearOps:
     """``KernelOps.pack_linear_weight`` / ``linear`` of the native CPU backend, by the weight's
     dtype and the CPU kind (fixed at construction, i.e. at load):
 
-    * bf16 weight on a kind with native bf16: ``bf16_linear(kind)`` — oneDNN's blocked copy (the
-      default), or pair panels for our vdpbf16ps kernel (and oneDNN's copy wherever the panels
-      cannot take the weight), used at every batch size; either holds every number of the
+    * bf16 weight on a kind with native bf16: ``bf16_linear(kind)`` — pair panels for our
+      vdpbf16ps kernel (``avx512_bf16``; oneDNN's copy wherever the panels cannot take the
+      weight) or oneDNN's blocked copy (``amx``), used at every batch size; either holds every number of the
       weight, so the model drops the plain one (``ops.packed_replaces_weight``): no memory added.
     * float32 weight that bf16 holds exactly: the native kernel's bf16 panels for decode-sized
       batches (``cpu_native.pack_linear_weight``; a CPU without native bf16 serves float32).

@@ -9,8 +9,8 @@ head hold two copies of their weight, the pair panels the engine made at load an
 copy made from the same numbers; the benchmark swaps which one the model reads (``KernelOps.linear``
 takes either), so the two configurations share the engine, its sequences and the machine's load:
 
-  * ``pair panels``: ``cpu_packed.linear_pair_panels`` (opt-in: ``LORAPLEX_BF16_LINEAR``)
-  * ``oneDNN``: ``cpu_packed.linear_bf16``, what the engine runs by default
+  * ``pair panels``: ``cpu_packed.linear_pair_panels`` (the ``avx512_bf16`` kind's default)
+  * ``oneDNN``: ``cpu_packed.linear_bf16`` (the ``amx`` kind's; what ``avx512_bf16`` ran before)
 
 Per batch size: ``batch`` random 128-token prompts (the serve benchmark's length) are prefilled,
 then the decode alternates blocks of ``--block-steps`` steps between the two. CPU ms of this

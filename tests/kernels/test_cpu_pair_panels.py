@@ -1,7 +1,7 @@
 """The vdpbf16ps linear kernel on pair panels (``csrc/cpu_linear_bf16.cpp``, ``pair_panels``):
 the layout, every row tile and row block, rows independent of the batch and of the thread count,
-the portable twin, and what the engine's linear ops pick on each CPU kind (oneDNN by default;
-``LORAPLEX_BF16_LINEAR=pair_panels`` for this kernel).
+the portable twin, and what the engine's linear ops pick on each CPU kind (this kernel on
+``avx512_bf16``, oneDNN on ``amx``; ``LORAPLEX_BF16_LINEAR`` swaps).
 
 Oracle: the float32 sum of the bf16 products (``x.float() @ w.float().T``) rounded once to bf16.
 The kernel adds the same products in another order, so an element may land one bf16 ulp away where
@@ -137,22 +137,17 @@ def test_portable_twin_computes_the_same(monkeypatch):
 
 
 def test_each_kind_picks_its_bf16_linear(monkeypatch):
-    """By default both kinds with native bf16 keep oneDNN's copy (measured over HTTP: the panels
-    did not pay at 64 clients); ``LORAPLEX_BF16_LINEAR=pair_panels`` picks the panels on either
-    (where the kernel is built); ``none`` packs nothing; a weight without whole panels stays on
-    oneDNN; float32 activations (never sent by a bf16 model) fail as ``F.linear`` does."""
+    """``avx512_bf16`` packs pair panels (where the kernel is built), ``amx`` keeps oneDNN's copy
+    (its AMX tiles), ``none`` packs nothing; ``LORAPLEX_BF16_LINEAR`` swaps the choice on either
+    kind and refuses an unknown name; a weight without whole panels stays on oneDNN; float32
+    activations (never sent by a bf16 model) fail as ``F.linear`` does."""
     _need_panels()
     monkeypatch.delenv("LORAPLEX_BF16_LINEAR", raising=False)
     w = _bf16(48, 64, seed=13)
-    assert cpu_packed.bf16_linear("avx512_bf16") == cpu_packed.bf16_linear("amx") == "onednn"
+    assert cpu_packed.bf16_linear("avx512_bf16") == "pair_panels"
+    assert cpu_packed.bf16_linear("amx") == "onednn"
     assert cpu_packed.bf16_linear("none") is None
-    for kind in ("amx", "avx512_bf16"):
-        copy = cpu_packed.CpuLinearOps(kind).pack_linear_weight(w)
-        assert copy is None or copy.is_mkldnn
-    assert cpu_packed.CpuLinearOps("none").pack_linear_weight(w) is None
-    monkeypatch.setenv("LORAPLEX_BF16_LINEAR", "pair_panels")
     ops = cpu_packed.CpuLinearOps("avx512_bf16")
-    assert ops.bf16 == "pair_panels" and cpu_packed.CpuLinearOps("amx").bf16 == "pair_panels"
     panels = ops.pack_linear_weight(w)
     if cpu_packed.pair_panels_available():
         assert pair_panels.is_packed(panels)
@@ -162,7 +157,14 @@ def test_each_kind_picks_its_bf16_linear(monkeypatch):
             ops.linear(torch.randn(3, 64), None, None, panels)
     odd = ops.pack_linear_weight(_bf16(40, 64, seed=15))
     assert odd is None or odd.is_mkldnn
+    amx = cpu_packed.CpuLinearOps("amx").pack_linear_weight(w)
+    assert amx is None or amx.is_mkldnn
     assert cpu_packed.CpuLinearOps("none").pack_linear_weight(w) is None
+    monkeypatch.setenv("LORAPLEX_BF16_LINEAR", "onednn")
+    copy = cpu_packed.CpuLinearOps("avx512_bf16").pack_linear_weight(w)
+    assert copy is None or copy.is_mkldnn
+    monkeypatch.setenv("LORAPLEX_BF16_LINEAR", "pair_panels")
+    assert cpu_packed.CpuLinearOps("amx").bf16 == "pair_panels"
     monkeypatch.setenv("LORAPLEX_BF16_LINEAR", "mkl")
     with pytest.raises(ValueError, match="LORAPLEX_BF16_LINEAR"):
         cpu_packed.CpuLinearOps("avx512_bf16")
