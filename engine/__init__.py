@@ -21,6 +21,7 @@ _EXPORTS = {
     "format_config": ".describe",
     "resolved_config": ".describe",
     "BusyError": ".errors",
+    "EngineConfigError": ".errors",
     "EngineDeadError": ".errors",
     "EngineError": ".errors",
     "InvalidRequestError": ".errors",
@@ -53,7 +54,14 @@ if TYPE_CHECKING:
     from .config import EngineConfig, RequestLimits
     from .demo_model import ensure_demo_model
     from .describe import format_config, resolved_config
-    from .errors import BusyError, EngineDeadError, EngineError, InvalidRequestError, UnknownAdapterError
+    from .errors import (
+        BusyError,
+        EngineConfigError,
+        EngineDeadError,
+        EngineError,
+        InvalidRequestError,
+        UnknownAdapterError,
+    )
     from .llm import LLM
     from .llm_engine import LLMEngine
     from .lora import AdapterValidationError, validate_adapter_dir
@@ -89,6 +97,7 @@ __all__ = [
     "BusyError",
     "DemoModelUnavailable",
     "EngineConfig",
+    "EngineConfigError",
     "EngineDeadError",
     "EngineError",
     "EngineRequest",

@@ -18,6 +18,8 @@ import torch
 
 from loraplex.kernels import check_group_size
 
+from .errors import EngineConfigError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "fair", "sjf"]
@@ -319,6 +321,7 @@ class EngineConfig:
         if not (path / "config.json").is_file():
             raise ValueError(f"model must be a local checkpoint directory with config.json, got {self.model!r}")
         self.validate_fields(sizes_may_be_auto=True)  # before sizing reads dtype and device
+        self._check_cpu_overrides()
         if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
             self._size_from_memory()
         if self.prefill_group_tokens is None:
@@ -420,6 +423,16 @@ class EngineConfig:
                 else (int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
             )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
+
+    def _check_cpu_overrides(self) -> None:
+        """The CPU kernels' environment overrides (``LORAPLEX_CPU_KIND``, ``LORAPLEX_BF16_LINEAR``)
+        checked before anything reads them: a typo is one clear error, not a traceback from load."""
+        from loraplex.kernels import cpu_packed
+
+        try:
+            cpu_packed.check_environment()
+        except cpu_packed.CpuSettingError as exc:
+            raise EngineConfigError(str(exc)) from None
 
     def _auto_prefill_group_tokens(self) -> int:
         from loraplex.kernels import cpu_packed

@@ -20,6 +20,11 @@ class UnknownAdapterError(InvalidRequestError):
     """The request names an adapter the engine does not know."""
 
 
+class EngineConfigError(EngineError, ValueError):
+    """The engine cannot start with this configuration (e.g. an environment override that names an
+    unknown CPU kind or linear); the message says which setting and what it may be."""
+
+
 class EngineDeadError(EngineError):
     """The engine loop stopped and can take no more requests."""
 

@@ -33,6 +33,11 @@ from .profiler_range import profiler_range
 KINDS = ("amx", "avx512_bf16", "none")
 
 
+class CpuSettingError(ValueError):
+    """An environment override (``LORAPLEX_CPU_KIND``, ``LORAPLEX_BF16_LINEAR``) names something
+    that does not exist: the engine refuses to start with it (``loraplex serve``: one line, exit 2)."""
+
+
 @dataclass(frozen=True)
 class CpuKind:
     """What the linear layers key on: ``name`` one of ``KINDS``; ``model`` and ``flags`` (the ones
@@ -75,7 +80,7 @@ def cpu_kind() -> CpuKind:
     model, flags = _probe()
     name = os.environ.get("LORAPLEX_CPU_KIND") or kind_from_flags(set(flags))
     if name not in KINDS:
-        raise ValueError(f"LORAPLEX_CPU_KIND must be one of {KINDS}, got {name!r}")
+        raise CpuSettingError(f"LORAPLEX_CPU_KIND must be one of {KINDS}, got {name!r}")
     return CpuKind(name=name, model=model, flags=tuple(f for f in _RELEVANT if f in flags))
 
 
@@ -127,8 +132,13 @@ def bf16_linear(kind: str) -> str | None:
         return None
     name = os.environ.get("LORAPLEX_BF16_LINEAR") or BF16_LINEAR[kind]
     if name not in BF16_LINEARS:
-        raise ValueError(f"LORAPLEX_BF16_LINEAR must be one of {BF16_LINEARS}, got {name!r}")
+        raise CpuSettingError(f"LORAPLEX_BF16_LINEAR must be one of {BF16_LINEARS}, got {name!r}")
     return name
+
+
+def check_environment() -> None:
+    """Raise ``CpuSettingError`` now if an override is unknown, before anything is loaded."""
+    bf16_linear(cpu_kind().name)
 
 
 def pack_bf16(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor | None:

@@ -136,10 +136,14 @@ def _build_or_exit(settings: Settings):
     (a file that is not a database, a schema newer than this version...); unreachable is degraded."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from loraplex.engine import EngineConfigError
     from loraplex.platform.app import build_context
 
     try:
         return build_context(settings)
+    except EngineConfigError as exc:  # e.g. an environment override naming an unknown CPU kind
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except SQLAlchemyError as exc:
         reason = (str(getattr(exc, "orig", None) or exc).splitlines() or ["unusable"])[0][:200]
         where = settings.db_url.split("///", 1)[1] if settings.db_url.startswith("sqlite") else _safe_url(settings)

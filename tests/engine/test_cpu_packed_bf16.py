@@ -14,7 +14,8 @@ import torch
 from hf_oracle import hf_greedy, make_prompts
 from lora_testlib import make_adapters
 
-from loraplex.engine import LLM, SamplingParams, resolved_config
+from loraplex.engine import LLM, EngineConfigError, SamplingParams, resolved_config
+from loraplex.engine.config import EngineConfig
 from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, packed_replaces_weight, pair_panels, reference
 
 
@@ -142,3 +143,12 @@ def test_fused_bf16_glue_matches_torch_twins(model_factory, monkeypatch, variant
     assert fused.engine.counters["preemptions"] > 0
     for a, b in zip(got_lp, want_lp):
         assert a == pytest.approx(b, abs=0.05)
+
+
+@pytest.mark.parametrize("var,value", [("LORAPLEX_BF16_LINEAR", "mkl"), ("LORAPLEX_CPU_KIND", "sapphire")])
+def test_unknown_cpu_override_refuses_the_config(model_factory, monkeypatch, var, value):
+    """A typo in an environment override is an EngineConfigError naming it, raised while the
+    configuration is built (before any weight is read), whatever the backend."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(EngineConfigError, match=var):
+        EngineConfig(model=model_factory("qwen2_bias_bf16"), kernel_backend="torch")

@@ -59,3 +59,20 @@ def test_a_file_that_is_not_a_database_is_one_line_and_exit_2(tmp_path, demo_mod
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(bad) in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "var,value", [("LORAPLEX_BF16_LINEAR", "mkl"), ("LORAPLEX_CPU_KIND", "sapphire")], ids=["linear", "kind"]
+)
+def test_an_unknown_cpu_override_is_one_line_and_exit_2(tmp_path, demo_model_dir, var, value):
+    """The CPU kernels' environment overrides are checked when the engine's configuration is built:
+    a typo names the variable and its choices in one line (no traceback) and nothing is served."""
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {**os.environ, "LORAPLEX_ENGINE__MODEL": str(demo_model_dir), var: value}
+    proc = subprocess.run(serve_argv(data, 0), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and var in errors[0] and repr(value) in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
