@@ -2,9 +2,9 @@
 // Lake, Sapphire Rapids...), on a weight packed once at load in "pair panels".
 //
 // Why: at decode batch sizes (1-64 rows) oneDNN's packed bf16 GEMM (what torch's mkldnn ops run)
-// reached ~60% of this machine's bf16 rate at 16 rows and ~80% at 64 (docs/cpu-performance.md,
-// "A decode GEMM of our own"): a step's GEMMs read the whole model's weights once, and the library's
-// per-call setup and blocking for a 16-row problem cost as much as the arithmetic. Here three
+// reached ~60% of this machine's best bf16 rate at 16 rows and ~80% at 64, and a decode step is
+// mostly such GEMMs; this kernel runs a step's GEMMs 1.16-1.38x faster at 1-64 rows and as fast at
+// prefill sizes (docs/cpu-performance.md, "A decode GEMM of our own"). Here three
 // AVX-512 registers of weights (48 output columns x 2 consecutive k) feed up to 8 rows'
 // dot-product instructions (vdpbf16ps) straight from the stream, with the next kilobyte prefetched.
 //
