@@ -17,6 +17,7 @@ _EXPORTS = {
     "AsyncEngine": ".async_engine",
     "RequestStream": ".async_engine",
     "EngineConfig": ".config",
+    "check_cpu_overrides": ".config",
     "ensure_demo_model": ".demo_model",
     "format_config": ".describe",
     "resolved_config": ".describe",
@@ -51,7 +52,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .async_engine import AsyncEngine, RequestStream
-    from .config import EngineConfig, RequestLimits
+    from .config import EngineConfig, RequestLimits, check_cpu_overrides
     from .demo_model import ensure_demo_model
     from .describe import format_config, resolved_config
     from .errors import (
@@ -115,6 +116,7 @@ __all__ = [
     "StructuredOutputSpec",
     "UnknownAdapterError",
     "auto_max_num_seqs",
+    "check_cpu_overrides",
     "check_request_limits",
     "ensure_demo_checkpoint",
     "ensure_demo_model",

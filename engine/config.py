@@ -211,6 +211,19 @@ class RequestLimits:
 
 # Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
 # to check the others with before that.
+def check_cpu_overrides() -> None:
+    """The CPU kernels' environment overrides (``LORAPLEX_CPU_KIND``, ``LORAPLEX_BF16_LINEAR``),
+    checked before anything reads them: a typo is one ``EngineConfigError`` naming the variable, not
+    a traceback from load. ``EngineConfig`` calls it; a launcher whose engines start elsewhere (Ray
+    replicas) calls it first, in its own process."""
+    from loraplex.kernels import cpu_packed
+
+    try:
+        cpu_packed.check_environment()
+    except cpu_packed.CpuSettingError as exc:
+        raise EngineConfigError(str(exc)) from None
+
+
 _AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0, "prefill_group_tokens": 0}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
@@ -321,7 +334,7 @@ class EngineConfig:
         if not (path / "config.json").is_file():
             raise ValueError(f"model must be a local checkpoint directory with config.json, got {self.model!r}")
         self.validate_fields(sizes_may_be_auto=True)  # before sizing reads dtype and device
-        self._check_cpu_overrides()
+        check_cpu_overrides()
         if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
             self._size_from_memory()
         if self.prefill_group_tokens is None:
@@ -423,16 +436,6 @@ class EngineConfig:
                 else (int((self.kv_cache_memory_gb or 0) * (1 << 30)) // kv_bytes_per_token(mc, dtype))
             )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
-
-    def _check_cpu_overrides(self) -> None:
-        """The CPU kernels' environment overrides (``LORAPLEX_CPU_KIND``, ``LORAPLEX_BF16_LINEAR``)
-        checked before anything reads them: a typo is one clear error, not a traceback from load."""
-        from loraplex.kernels import cpu_packed
-
-        try:
-            cpu_packed.check_environment()
-        except cpu_packed.CpuSettingError as exc:
-            raise EngineConfigError(str(exc)) from None
 
     def _auto_prefill_group_tokens(self) -> int:
         from loraplex.kernels import cpu_packed

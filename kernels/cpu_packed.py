@@ -128,12 +128,12 @@ BF16_LINEARS = ("onednn", "pair_panels")
 def bf16_linear(kind: str) -> str | None:
     """The bf16 linear ``kind`` runs: ``LORAPLEX_BF16_LINEAR`` if set, else ``BF16_LINEAR``
     (None: a kind without native bf16, which packs nothing)."""
+    override = os.environ.get("LORAPLEX_BF16_LINEAR")
+    if override and override not in BF16_LINEARS:  # refused on every kind, not only where it is read
+        raise CpuSettingError(f"LORAPLEX_BF16_LINEAR must be one of {BF16_LINEARS}, got {override!r}")
     if kind not in BF16_LINEAR:
         return None
-    name = os.environ.get("LORAPLEX_BF16_LINEAR") or BF16_LINEAR[kind]
-    if name not in BF16_LINEARS:
-        raise CpuSettingError(f"LORAPLEX_BF16_LINEAR must be one of {BF16_LINEARS}, got {name!r}")
-    return name
+    return override or BF16_LINEAR[kind]
 
 
 def check_environment() -> None:

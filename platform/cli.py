@@ -78,6 +78,7 @@ def serve(
     } or None
     settings = _settings(config, data_dir, engine=engine, server=server, cluster=cluster, openai=openai)
     if settings.cluster.replicas > 1 or settings.cluster.max_replicas > 1:  # scale-out or autoscaling
+        _check_engine_environment()  # the replicas build their engines in Ray workers: check here first
         _serve_on_ray(settings)
         return
     ctx, admin_key = _build_or_exit(settings)
@@ -129,6 +130,17 @@ def serve(
             f"error: the engine died ({watchdog.failure}); exiting with status {ENGINE_DEAD_EXIT_CODE}", err=True
         )
         raise typer.Exit(ENGINE_DEAD_EXIT_CODE)
+
+
+def _check_engine_environment() -> None:
+    """The engine's environment overrides, or one error line and exit 2 (as ``_build_or_exit``)."""
+    from loraplex.engine import EngineConfigError, check_cpu_overrides
+
+    try:
+        check_cpu_overrides()
+    except EngineConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _build_or_exit(settings: Settings):

@@ -211,14 +211,21 @@ class EngineReplica:
             raise RuntimeError(f"engine loop of {self.name} is not running")
 
     def __del__(self) -> None:
-        self._stop.set()
-        try:
-            self.control.forget.remote(self.name)
-        except Exception:  # noqa: BLE001 - shutting down anyway
-            pass
-        self.engine.shutdown()
-        self.resolver.close()
-        self.cache_dir.release()  # its downloads go with it: the next replica has its own
+        # Also after an __init__ that failed part way (an engine that refused its configuration):
+        # release what was built, skip what was not.
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+        if hasattr(self, "engine"):
+            try:
+                self.control.forget.remote(self.name)
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                pass
+            self.engine.shutdown()
+        if hasattr(self, "resolver"):
+            self.resolver.close()
+        if hasattr(self, "cache_dir"):
+            self.cache_dir.release()  # its downloads go with it: the next replica has its own
 
 
 def replica_cache_parent(settings: Settings) -> Path:
