@@ -209,8 +209,6 @@ class RequestLimits:
             raise ValueError(f"structured_compile_tokens_per_s must be >= 0, got {v!r}")
 
 
-# Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
-# to check the others with before that.
 def check_cpu_overrides() -> None:
     """The CPU kernels' environment overrides (``LORAPLEX_CPU_KIND``, ``LORAPLEX_BF16_LINEAR``),
     checked before anything reads them: a typo is one ``EngineConfigError`` naming the variable, not
@@ -224,6 +222,8 @@ def check_cpu_overrides() -> None:
         raise EngineConfigError(str(exc)) from None
 
 
+# Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
+# to check the others with before that.
 _AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0, "prefill_group_tokens": 0}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)

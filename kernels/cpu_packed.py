@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_native, pair_panels
+from .ops import packed_replaces_weight, replaced_weight
 from .profiler_range import profiler_range
 
 KINDS = ("amx", "avx512_bf16", "none")
@@ -173,7 +174,7 @@ def pack_pair_panels(weight: torch.Tensor) -> torch.Tensor | None:
 def linear_pair_panels(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for bf16 ``x`` of any leading shape through
     ``pack_pair_panels(weight)``: fp32 accumulation, one rounding to bf16, rows independent."""
-    lib = cpu_native.load()
+    lib = cpu_native._lib  # loaded when the copy was packed (pair_panels_available)
     assert lib is not None
     n, k = packed.shape[0] * pair_panels.PANEL, packed.shape[1] * 2
     lead = x.shape[:-1]
@@ -244,16 +245,10 @@ class CpuLinearOps:
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed: torch.Tensor | None
     ) -> torch.Tensor:
-        bf16_in = x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
-        if pair_panels.is_packed(packed):
-            assert packed is not None
-            if bf16_in and x.device.type == "cpu":
-                return linear_pair_panels(x, packed, bias)
+        if packed is not None and packed_replaces_weight(packed):
+            if x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+                return linear_bf16(x, packed, bias) if packed.is_mkldnn else linear_pair_panels(x, packed, bias)
             # Another activation dtype never reaches a bf16 model's layers: behave as F.linear.
-            return F.linear(x, pair_panels.unpack(packed) if weight is None else weight, bias)
-        if packed is not None and packed.is_mkldnn:
-            if bf16_in:
-                return linear_bf16(x, packed, bias)
-            return F.linear(x, packed.to_dense() if weight is None else weight, bias)
+            return F.linear(x, replaced_weight(packed) if weight is None else weight, bias)
         assert weight is not None, "a plain weight is only dropped for a copy that replaces it"
         return cpu_native.linear(x, weight, bias, packed)

@@ -132,6 +132,12 @@ def packed_replaces_weight(packed: torch.Tensor | None) -> bool:
     return packed is not None and (packed.is_mkldnn or pair_panels.is_packed(packed))
 
 
+def replaced_weight(packed: torch.Tensor) -> torch.Tensor:
+    """The [out, in] weight a copy that replaced it holds (``packed_replaces_weight``), read back:
+    what ``F.linear`` needs where the copy's own kernel does not apply."""
+    return packed.to_dense() if packed.is_mkldnn else pair_panels.unpack(packed)
+
+
 @dataclass(frozen=True)
 class KernelOps:
     """One implementation of every op; each field's Protocol is the op's exact signature, so a

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import pair_panels
 from .lora_meta import LoraSegments
+from .ops import replaced_weight
 
 
 # ---------------------------------------------------------------------------------- element-wise
@@ -47,7 +47,7 @@ def linear(
     copy replaced the weight (an opaque oneDNN tensor or pair panels: read back)."""
     if weight is None:
         assert packed is not None, "linear needs a weight or a packed copy that replaced it"
-        weight = packed.to_dense() if packed.is_mkldnn else pair_panels.unpack(packed)
+        weight = replaced_weight(packed)
     return F.linear(x, weight, bias)
 
 

@@ -17,6 +17,7 @@ from lora_testlib import make_adapters
 from loraplex.engine import LLM, EngineConfigError, SamplingParams, resolved_config
 from loraplex.engine.config import EngineConfig
 from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, packed_replaces_weight, pair_panels, reference
+from loraplex.kernels.ops import replaced_weight
 
 
 def _llm(model_dir: str, monkeypatch, kind: str) -> LLM:
@@ -68,7 +69,7 @@ def test_packed_bf16_model_matches_plain_weights(model_factory, monkeypatch, tmp
     assert model.packed_head is not None and packed_replaces_weight(model.packed_head)
     for p in [*projs, model.packed_head]:
         copy = p if isinstance(p, torch.Tensor) else p.packed
-        fits = pair_panels.fits(pair_panels.unpack(copy) if pair_panels.is_packed(copy) else copy.to_dense())
+        fits = pair_panels.fits(replaced_weight(copy))
         assert _form(copy) == ("pair_panels" if panels and fits else "onednn")
     if panels:
         assert any(_form(p.packed) == "pair_panels" for p in projs), "no projection took the pair panels"
