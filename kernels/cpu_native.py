@@ -43,13 +43,14 @@ _SOURCES = tuple(
         "cpu_sgmv.cpp",
         "cpu_linear.cpp",
         "cpu_linear_bf16.cpp",
+        "cpu_prompt_attention.cpp",
         "cpu_elementwise.cpp",
         "cpu_int4.cpp",
         "cpu_w8a8.cpp",
     )
 )
 _HEADERS = tuple(
-    Path(__file__).resolve().parent / "csrc" / n for n in ("bf16.h", "simd_exp.h")
+    Path(__file__).resolve().parent / "csrc" / n for n in ("bf16.h", "simd_exp.h", "pair_panel_dot.h")
 )  # part of the cache key
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c++17"]
 _lock = threading.Lock()
@@ -164,6 +165,10 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_linear_bf16_dp.restype = None
     lib.lp_linear_bf16_dp_isa.argtypes = []
     lib.lp_linear_bf16_dp_isa.restype = i32
+    lib.lp_prompt_attention_isa.argtypes = []
+    lib.lp_prompt_attention_isa.restype = i32
+    lib.lp_prompt_attention_bf16.argtypes = [p, i64, p, p, p, i32, p, p, p, i32, p, i64, i32, i32, i32, i32, f32, i32]
+    lib.lp_prompt_attention_bf16.restype = None
     lib.lp_rms_norm_bf16.argtypes = [p, i64, i32, i32, p, f32, p, i32]
     lib.lp_rms_norm_bf16.restype = None
     lib.lp_silu_mul_bf16.argtypes = [p, i64, i32, i32, p, i32]
@@ -285,10 +290,12 @@ def paged_decode_attention(
     return _call(q, k_cache, v_cache, block_tables, rows, context_lens, scale, decode_tile)
 
 
-# A prompt chunk that is a whole prompt (no cached prefix) of at least this many tokens goes to
-# torch's flash-attention SDPA (causal, GQA, blocked bf16/fp32 GEMMs), which is ~1.9x the native
-# kernel's speed for batches of 128-token prompts (docs/cpu-performance.md); shorter chunks, chunks
-# over a prefix and decode rows stay on the native kernel (one call for all of them).
+# A prompt chunk that is a whole prompt (no cached prefix) of at least this many tokens goes to a
+# causal whole-prompt path: in bf16 on a CPU with AVX512-BF16 the vdpbf16ps kernel of
+# csrc/cpu_prompt_attention.cpp (all such prompts in one call), otherwise torch's flash-attention
+# SDPA (one batched call per prompt length), which is ~1.9x the native paged kernel's speed for
+# batches of 128-token prompts (docs/cpu-performance.md); shorter chunks, chunks over a prefix and
+# decode rows stay on the native paged kernel (one call for all of them).
 SDPA_MIN_ROWS = 64
 
 
@@ -303,11 +310,14 @@ def paged_prefill_attention(
     *,
     whole_prompt_sdpa: bool = True,
     decode_tile: bool = True,
+    prompt_kernel: bool = True,
 ) -> torch.Tensor:
     """Same contract as ``reference.paged_prefill_attention``: query row i of sequence s sees
     positions ``< context_len - query_len + i + 1``. ``whole_prompt_sdpa=False`` and
     ``decode_tile=False`` keep every row on the native two-pass tile (a 1-token chunk would take
-    the decode tile otherwise): per-row results then do not depend on chunking (``batch_invariant.py``)."""
+    the decode tile otherwise): per-row results then do not depend on chunking (``batch_invariant.py``).
+    ``prompt_kernel=False`` sends whole prompts to SDPA even where the native prompt kernel runs
+    (the benchmarks' A/B)."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
@@ -320,9 +330,15 @@ def paged_prefill_attention(
     if not fresh:
         return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_tile)
     out = torch.empty_like(q)
-    for length, seqs in fresh.items():
-        rows = torch.cat([torch.arange(starts[s], starts[s] + length) for s in seqs])
-        out.index_copy_(0, rows, _fresh_sdpa(q, rows, k_cache, v_cache, block_tables, seqs, length, scale))
+    if prompt_kernel and prompt_kernel_applies(q):
+        seqs = [s for group in fresh.values() for s in group]
+        _prompt_attention(
+            q, out, k_cache, v_cache, block_tables, seqs, [starts[s] for s in seqs], [ctx[s] for s in seqs], scale
+        )
+    else:
+        for length, seqs in fresh.items():
+            rows = torch.cat([torch.arange(starts[s], starts[s] + length) for s in seqs])
+            out.index_copy_(0, rows, _fresh_sdpa(q, rows, k_cache, v_cache, block_tables, seqs, length, scale))
     done = {s for seqs in fresh.values() for s in seqs}
     rest = [s for s in range(len(ctx)) if s not in done and starts[s + 1] > starts[s]]
     if rest:
@@ -335,6 +351,66 @@ def paged_prefill_attention(
         )
         out.index_copy_(0, rows, sub)
     return out
+
+
+def prompt_kernel_isa() -> bool:
+    """True when the built kernels have the vdpbf16ps whole-prompt attention (AVX512-BF16)."""
+    lib = load()
+    return lib is not None and bool(lib.lp_prompt_attention_isa())
+
+
+def prompt_kernel_applies(q: torch.Tensor) -> bool:
+    """Whole prompts of ``q`` take the native prompt kernel: bf16, head dim a multiple of 16 (the
+    pair panels of V^T), heads adjacent in a row, and a build with AVX512-BF16."""
+    return (
+        _lib is not None
+        and q.dtype == torch.bfloat16
+        and q.shape[2] % 16 == 0
+        and q.stride(2) == 1
+        and q.stride(1) == q.shape[2]
+        and bool(_lib.lp_prompt_attention_isa())
+    )
+
+
+def _prompt_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seqs: list[int],
+    row_starts: list[int],
+    lens: list[int],
+    scale: float,
+) -> None:
+    """Causal attention of whole prompts (sequence ``seqs[i]``'s prompt is rows ``row_starts[i]``
+    .. + ``lens[i]`` of ``q``), written into the same rows of ``out``, in one native call."""
+    assert _lib is not None
+    bt = block_tables.to(torch.int32).contiguous()
+    table_rows = torch.tensor(seqs, dtype=torch.int32)
+    starts = torch.tensor(row_starts, dtype=torch.int32)
+    lengths = torch.tensor(lens, dtype=torch.int32)
+    with profiler_range("loraplex::cpu_prompt_attention"):
+        _lib.lp_prompt_attention_bf16(
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            bt.data_ptr(),
+            bt.shape[1],
+            table_rows.data_ptr(),
+            starts.data_ptr(),
+            lengths.data_ptr(),
+            len(seqs),
+            out.data_ptr(),
+            out.stride(0),
+            q.shape[1],
+            k_cache.shape[2],
+            q.shape[2],
+            k_cache.shape[1],
+            float(scale),
+            torch.get_num_threads(),
+        )
 
 
 def _fresh_sdpa(

@@ -219,6 +219,10 @@ def step_summary(lines: list[list[float]]) -> dict:
         "mixed_steps": float(len(mixed)),
         "stalled_gap_share": stalled / gaps if gaps else 0.0,
         "engine_cpu_s": sum(ln[2] for ln in lines) / 1000,
+        # the engine thread inside a step vs the row's duration ("busy" in run_row): the rest is
+        # the loop waiting for work or the GIL between steps
+        "step_wall_s": sum(ln[1] for ln in lines) / 1000,
+        "prompt_step_wall_s": sum(ln[1] for ln in lines if ln[4] > 0) / 1000,
     }
 
 
@@ -290,6 +294,7 @@ def run_row(
         "cores": cpu / (r.get("duration") or wall),
         "rss_mb": _tree_rss_mb(server.proc.pid),
         "load": os.getloadavg()[0],
+        **({"busy": steps["step_wall_s"] / r["duration"]} if steps and r.get("duration") else {}),
     }
 
 
