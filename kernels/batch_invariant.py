@@ -22,8 +22,10 @@ GPUs (fixed-split kernels), here for the native CPU ops:
   softmax that rounds differently): a decoded position must have the bits it gets when a preempted
   sequence is recomputed in a prefill chunk, and a 1-token chunk must not take another path than
   the rows of a longer one.
-* SGMV, KV writes: already per row (the native SGMV sums a token's dot products in one order
-  whatever its group holds).
+* SGMV: per row (the native SGMV sums a token's dot products in one order whatever its group
+  holds) once prompt-sized groups stay off the vdpbf16ps tiles (``prompt_groups=False``: those
+  round the shrunk activations to bf16, so a prompt's token would differ from the same token
+  decoded alone). KV writes: already per row.
 
 Only the native CPU backend (``cpu``) is wrapped: the torch reference gathers padded batches for
 SDPA and Triton's split-KV depends on the grid, so ``batch_invariant_ops`` refuses them.
@@ -37,9 +39,18 @@ from collections.abc import Callable
 
 import torch
 
-from . import cpu_native
+from . import cpu_native, cpu_sgmv
 from .int4 import Int4Weight
-from .ops import Int4Linear, Int8Linear, KernelOps, Linear, PagedDecodeAttention, PagedPrefillAttention
+from .ops import (
+    Int4Linear,
+    Int8Linear,
+    KernelOps,
+    Linear,
+    PagedDecodeAttention,
+    PagedPrefillAttention,
+    SgmvExpand,
+    SgmvShrink,
+)
 
 ROW_TILE = 16  # rows per GEMM call: small enough that a decode batch pads little
 
@@ -97,6 +108,9 @@ native_prefill_attention: PagedPrefillAttention = functools.partial(
     cpu_native.paged_prefill_attention, whole_prompt_sdpa=False, decode_tile=False
 )
 native_decode_attention: PagedDecodeAttention = functools.partial(cpu_native.paged_decode_attention, decode_tile=False)
+# The SGMV with every group on the per-token loops (no prompt-group tiles).
+per_token_sgmv_shrink: SgmvShrink = functools.partial(cpu_sgmv.sgmv_shrink, prompt_groups=False)
+per_token_sgmv_expand: SgmvExpand = functools.partial(cpu_sgmv.sgmv_expand, prompt_groups=False)
 
 
 class BatchInvariantUnsupported(ValueError):
@@ -120,4 +134,6 @@ def batch_invariant_ops(ops: KernelOps) -> KernelOps:
         # so a row's result is already independent of its batch (tests/kernels/test_kernels_w8a8.py).
         paged_prefill_attention=native_prefill_attention,
         paged_decode_attention=native_decode_attention,
+        sgmv_shrink=per_token_sgmv_shrink,
+        sgmv_expand=per_token_sgmv_expand,
     )

@@ -157,6 +157,31 @@ def open_library(path: Path) -> ctypes.CDLL:
             fn = getattr(lib, f"lp_sgmv_expand_{act}_{w}")
             fn.argtypes = [p, i64, p, p, i32, i32, i32, i32, p, p, p, i32, p, p, i32, p, i32]
             fn.restype = None
+    lib.lp_sgmv_shrink_bf16_bf16_groups.argtypes = [p, i64, p, p, i32, i32, i32, i32, i32, p, p, p, i32, p, i32, i32]
+    lib.lp_sgmv_shrink_bf16_bf16_groups.restype = None
+    lib.lp_sgmv_expand_bf16_bf16_groups.argtypes = [
+        p,
+        i64,
+        p,
+        p,
+        i32,
+        i32,
+        i32,
+        i32,
+        p,
+        p,
+        p,
+        i32,
+        p,
+        p,
+        i32,
+        p,
+        i32,
+        i32,
+    ]
+    lib.lp_sgmv_expand_bf16_bf16_groups.restype = None
+    lib.lp_sgmv_prompt_groups.argtypes = []
+    lib.lp_sgmv_prompt_groups.restype = i32
     lib.lp_sgmv_fast_f16.argtypes = []
     lib.lp_sgmv_fast_f16.restype = i32
     lib.lp_linear_f32_bf16p.argtypes = [p, i64, i32, i32, p, i32, p, p, i64, i32]

@@ -67,6 +67,24 @@ def _sgmv_fn(op: str, act: torch.dtype, weights: torch.dtype) -> Any:  # a ctype
     return getattr(cpu_native._lib, f"lp_sgmv_{op}_{cpu_native.SGMV_DTYPES[act]}_{cpu_native.SGMV_DTYPES[weights]}")
 
 
+# A group of at least this many consecutive tokens of one adapter (a prompt chunk; decode groups are
+# 1-4 tokens) runs on the vdpbf16ps tiles when activations and weights are bf16 (csrc/cpu_sgmv.cpp).
+PROMPT_GROUP_MIN_TOKENS = 16
+
+
+def prompt_groups_available() -> bool:
+    """True when the built kernels run prompt-sized bf16 groups on vdpbf16ps tiles (AVX512-BF16)."""
+    lib = cpu_native.load()
+    return lib is not None and bool(lib.lp_sgmv_prompt_groups())
+
+
+def _prompt_group_fn(op: str, act: torch.Tensor, weights: torch.Tensor, prompt_groups: bool) -> Any:
+    """The ``_groups`` entry point (same arguments plus the group threshold) where it applies."""
+    if prompt_groups and act.dtype == torch.bfloat16 and weights.dtype == torch.bfloat16 and prompt_groups_available():
+        return getattr(cpu_native._lib, f"lp_sgmv_{op}_bf16_bf16_groups")
+    return None
+
+
 _offsets_memo: dict[tuple[int, ...], torch.Tensor] = {}
 
 
@@ -77,8 +95,11 @@ def _offsets(slice_offsets: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
-def sgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor) -> torch.Tensor:
-    """Same contract as ``reference.sgmv_shrink``."""
+def sgmv_shrink(
+    x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, ranks: torch.Tensor, *, prompt_groups: bool = True
+) -> torch.Tensor:
+    """Same contract as ``reference.sgmv_shrink``. ``prompt_groups=False`` keeps prompt-sized bf16
+    groups on the per-token loops (a token's bits then never depend on its group: batch invariance)."""
     if not segments.has_lora or not _sgmv_supported(x, lora_a) or x.stride(-1) != 1:
         return reference.sgmv_shrink(x, lora_a, segments, ranks)
     assert cpu_native._lib is not None
@@ -93,8 +114,12 @@ def sgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, segments: LoraSegments, r
         num_slots, max_rank, ranks.data_ptr(), g.group_slot.data_ptr(), g.group_start.data_ptr(),
         g.num_groups, g.token_idx.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
+    groups_fn = _prompt_group_fn("shrink", x, lora_a, prompt_groups)
     with profiler_range("loraplex::cpu_sgmv_shrink"):  # step_profile.py files these under LoRA
-        fn(*args)
+        if groups_fn is not None:
+            groups_fn(*args, PROMPT_GROUP_MIN_TOKENS)
+        else:
+            fn(*args)
     return out
 
 
@@ -106,8 +131,11 @@ def sgmv_expand(
     ranks: torch.Tensor,
     scales: torch.Tensor,
     slice_offsets: tuple[int, ...],
+    *,
+    prompt_groups: bool = True,
 ) -> torch.Tensor:
-    """Same contract as ``reference.sgmv_expand`` (``y`` updated in place and returned)."""
+    """Same contract as ``reference.sgmv_expand`` (``y`` updated in place and returned);
+    ``prompt_groups`` as in ``sgmv_shrink``."""
     if (
         not segments.has_lora
         or not _sgmv_supported(y, lora_b)
@@ -131,6 +159,10 @@ def sgmv_expand(
         g.group_slot.data_ptr(), g.group_start.data_ptr(), g.num_groups, g.token_idx.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
+    groups_fn = _prompt_group_fn("expand", y, lora_b, prompt_groups)
     with profiler_range("loraplex::cpu_sgmv_expand"):  # step_profile.py files these under LoRA
-        fn(*args)
+        if groups_fn is not None:
+            groups_fn(*args, PROMPT_GROUP_MIN_TOKENS)
+        else:
+            fn(*args)
     return y

@@ -28,11 +28,11 @@ import dataclasses
 import functools
 import json
 import os
-import random
 import statistics
 import time
 
 from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.serve_shaped import serve_shaped
 
 OP_CASES = ((64, 1), (128, 2), (128, 16), (300, 3), (1024, 1), (2048, 1))
 
@@ -77,40 +77,6 @@ def op_alone() -> list[dict]:
             }
         )
     return rows
-
-
-def serve_shaped(llm, concurrency: int, ops, seed: int) -> dict:
-    """``2 x concurrency`` requests, at most ``concurrency`` in flight, a new one when one ends."""
-    from loraplex.engine import SamplingParams
-    from loraplex.engine.request import EngineRequest
-
-    eng = llm.engine
-    eng.runner.ops = ops
-    rng = random.Random(seed)
-    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    total, sent, done = 2 * concurrency, 0, 0
-    prompt_step_ms: list[float] = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    while done < total:
-        while sent < total and sent - done < concurrency:
-            req = EngineRequest([rng.randrange(100, 20000) for _ in range(128)], params)
-            eng.add_request(req)
-            sent += 1
-        prompts = eng.policy.num_waiting() + sum(1 for s in eng.scheduler.running if not s.in_decode)
-        s0 = time.perf_counter()
-        outs = eng.step()
-        if prompts:
-            prompt_step_ms.append(1e3 * (time.perf_counter() - s0))
-        for o in outs:
-            done += bool(o.finished)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    generated = 64 * total
-    return {
-        "tok_s": generated / wall,
-        "tok_per_cpu_s": generated / cpu,
-        "prompt_step_ms": statistics.mean(prompt_step_ms) if prompt_step_ms else 0.0,
-        "prompt_steps": len(prompt_step_ms),
-    }
 
 
 def main() -> None:

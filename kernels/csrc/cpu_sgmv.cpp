@@ -24,8 +24,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 #include <omp.h>
+
+#include "pair_panel_dot.h"  // LP_DP_BF16 where the build has AVX512-BF16
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define LP_SGMV_AVX512 1
@@ -197,10 +200,134 @@ inline void shrink_block(const TX* const* xr, const TW* a, int rank, int hidden,
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prompt-sized groups in bf16 (activations and adapter weights bf16, AVX512-BF16): a group of at
+// least dp_min consecutive tokens of one adapter (a prompt chunk) runs as two small GEMMs on the
+// linear kernel's vdpbf16ps tiles (pair_panel_dot.h) instead of the per-token fp32 FMA loops above,
+// which are built for decode groups of 1-4 tokens (~70-85 GFLOP/s on a 128-token prompt against
+// ~400 for the same shapes packed). The A rows (shrink) and the B column chunk (expand) are packed
+// into pair panels per work item (a few KB, cheap beside the item's 16-32 tokens x hidden x rank
+// products). The shrunk activations are rounded to bf16 for the expand product (PEFT's bf16 layers
+// round them too); a token in such a group therefore gets other bits than the same token decoded
+// alone, so the batch-invariant ops turn these paths off (dp_min = 0).
+#if defined(LP_DP_BF16)
+inline bool consecutive(const int32_t* token_idx, int t0, int t1) {
+    for (int t = t0 + 1; t < t1; ++t)
+        if (token_idx[t] != token_idx[t0] + (t - t0)) return false;
+    return true;
+}
+
+template <int R, int NP>
+inline void shrink_tile_dp(const uint16_t* x, int64_t xs, int k2, const uint16_t* w, int64_t pe, int p0, int rank,
+                           float* out, int max_rank) {
+    __m512 acc[R][NP];
+    lp_pair::dot<R, NP>(acc, x, xs, k2, w + p0 * pe, pe);
+    for (int j = 0; j < NP; ++j) {
+        const int c = (p0 + j) * lp_pair::kPanel, left = rank - c;
+        const __mmask16 m = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+        for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + static_cast<int64_t>(r) * max_rank + c, m, acc[r][j]);
+    }
+}
+
+template <int R>
+inline void shrink_rows_dp_r(const uint16_t* x, int64_t xs, int k2, const uint16_t* w, int64_t pe, int np, int rank,
+                             float* out, int max_rank) {
+    int p = 0;
+    for (; p + 3 <= np; p += 3) shrink_tile_dp<R, 3>(x, xs, k2, w, pe, p, rank, out, max_rank);
+    if (np - p == 2) shrink_tile_dp<R, 2>(x, xs, k2, w, pe, p, rank, out, max_rank);
+    if (np - p == 1) shrink_tile_dp<R, 1>(x, xs, k2, w, pe, p, rank, out, max_rank);
+}
+
+// out[t][0..rank) = x_t . A rows, for m consecutive rows of x (row stride xs); A: rank rows of hidden.
+inline void shrink_rows_dp(const uint16_t* x, int64_t xs, int m, const uint16_t* a, int rank, int hidden, float* out,
+                           int max_rank) {
+    thread_local std::vector<uint16_t> panels;
+    const int k2 = hidden / 2, np = (rank + lp_pair::kPanel - 1) / lp_pair::kPanel;
+    const int64_t pe = static_cast<int64_t>(k2) * lp_pair::kPairElems;
+    panels.resize(static_cast<size_t>(np) * pe);
+    // Panel p, pair kk: lane j holds A[16p + j][2kk, 2kk + 1] (one 32-bit gather per pair; zero past rank).
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const int32_t* a32 = reinterpret_cast<const int32_t*>(a);
+    for (int p = 0; p < np; ++p) {
+        const int left = rank - p * lp_pair::kPanel;
+        const __mmask16 live = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+        const __m512i rows = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(p * lp_pair::kPanel)),
+                                                _mm512_set1_epi32(k2));
+        for (int kk = 0; kk < k2; ++kk) {
+            const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live,
+                                                          _mm512_add_epi32(rows, _mm512_set1_epi32(kk)), a32, 4);
+            _mm512_storeu_si512(panels.data() + p * pe + static_cast<int64_t>(kk) * lp_pair::kPairElems, v);
+        }
+    }
+    int r = 0;
+    for (; r + 8 <= m; r += 8) shrink_rows_dp_r<8>(x + r * xs, xs, k2, panels.data(), pe, np, rank, out + static_cast<int64_t>(r) * max_rank, max_rank);
+    for (; r + 4 <= m; r += 4) shrink_rows_dp_r<4>(x + r * xs, xs, k2, panels.data(), pe, np, rank, out + static_cast<int64_t>(r) * max_rank, max_rank);
+    for (; r < m; ++r) shrink_rows_dp_r<1>(x + r * xs, xs, k2, panels.data(), pe, np, rank, out + static_cast<int64_t>(r) * max_rank, max_rank);
+}
+
+template <int R, int NP>
+inline void expand_tile_dp(const uint16_t* s, int k2, const uint16_t* w, int64_t pe, int p0, uint16_t* y, int64_t ys,
+                           float scale) {
+    __m512 acc[R][NP];
+    lp_pair::dot<R, NP>(acc, s, 2 * k2, k2, w + p0 * pe, pe);
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int j = 0; j < NP; ++j)
+        for (int r = 0; r < R; ++r) {
+            uint16_t* yp = y + r * ys + (p0 + j) * lp_pair::kPanel;
+            const __m512 yv = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yp))), 16));
+            const __m256bh o = _mm512_cvtneps_pbh(_mm512_add_ps(yv, _mm512_mul_ps(sv, acc[r][j])));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(yp), reinterpret_cast<__m256i>(o));
+        }
+}
+
+template <int R>
+inline void expand_rows_dp_r(const uint16_t* s, int k2, const uint16_t* w, int64_t pe, int np, uint16_t* y, int64_t ys,
+                             float scale) {
+    int p = 0;
+    for (; p + 3 <= np; p += 3) expand_tile_dp<R, 3>(s, k2, w, pe, p, y, ys, scale);
+    if (np - p == 2) expand_tile_dp<R, 2>(s, k2, w, pe, p, y, ys, scale);
+    if (np - p == 1) expand_tile_dp<R, 1>(s, k2, w, pe, p, y, ys, scale);
+}
+
+// y[t][0..w) += scale * s_t . B[:, 0..w) for m consecutive tokens (s: fp32 rows max_rank apart; B:
+// rank rows b_stride apart; w a multiple of 16).
+inline void expand_rows_dp(uint16_t* y, int64_t ys, const float* s, int max_rank, int m, const uint16_t* b,
+                           int64_t b_stride, int rank, int w, float scale) {
+    thread_local std::vector<uint16_t> s16, panels;
+    const int k2 = (rank + 1) / 2, np = w / lp_pair::kPanel;
+    const int64_t pe = static_cast<int64_t>(k2) * lp_pair::kPairElems;
+    s16.resize(static_cast<size_t>(m) * 2 * k2);
+    for (int t = 0; t < m; ++t)
+        for (int r = 0; r < 2 * k2; ++r) {
+            Bf16 v{0};
+            if (r < rank) from_f(s[static_cast<int64_t>(t) * max_rank + r], &v);
+            s16[static_cast<size_t>(t) * 2 * k2 + r] = v.v;
+        }
+    panels.resize(static_cast<size_t>(np) * pe);
+    // Panel p, pair kk: lane j holds B[2kk][16p + j] (low half) and B[2kk + 1][16p + j] (high half).
+    for (int p = 0; p < np; ++p)
+        for (int kk = 0; kk < k2; ++kk) {
+            const uint16_t* r0 = b + static_cast<int64_t>(2 * kk) * b_stride + p * lp_pair::kPanel;
+            __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0)));
+            if (2 * kk + 1 < rank)
+                v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                             reinterpret_cast<const __m256i*>(r0 + b_stride))),
+                                                         16));
+            _mm512_storeu_si512(panels.data() + p * pe + static_cast<int64_t>(kk) * lp_pair::kPairElems, v);
+        }
+    const uint16_t* sx = s16.data();
+    int r = 0;
+    for (; r + 8 <= m; r += 8) expand_rows_dp_r<8>(sx + r * 2 * k2, k2, panels.data(), pe, np, y + r * ys, ys, scale);
+    for (; r + 4 <= m; r += 4) expand_rows_dp_r<4>(sx + r * 2 * k2, k2, panels.data(), pe, np, y + r * ys, ys, scale);
+    for (; r < m; ++r) expand_rows_dp_r<1>(sx + r * 2 * k2, k2, panels.data(), pe, np, y + r * ys, ys, scale);
+}
+#endif
+
 template <typename TX, typename TW>
 void shrink(const TX* x, int64_t x_stride, const TW* a, float* out, int num_tokens, int hidden, int num_slices,
             int num_slots, int max_rank, const int32_t* ranks, const int32_t* group_slot,
-            const int32_t* group_start, int num_groups, const int32_t* token_idx, int num_threads) {
+            const int32_t* group_start, int num_groups, const int32_t* token_idx, int num_threads, int dp_min) {
     // Slice-major: the slots' A rows of one slice are one contiguous region, read in slot order
     // (groups are sorted by slot), so the items of a call stream it front to back.
     std::vector<Item> items;
@@ -228,6 +355,17 @@ void shrink(const TX* x, int64_t x_stride, const TW* a, float* out, int num_toke
             const Item& nx = items[it + 1];
             a_next = a + (static_cast<int64_t>(nx.part) * num_slots + group_slot[nx.group]) * max_rank * hidden;
         }
+#if defined(LP_DP_BF16)
+        if constexpr (std::is_same_v<TX, Bf16> && std::is_same_v<TW, Bf16>) {
+            if (dp_min > 0 && group_start[item.group + 1] - group_start[item.group] >= dp_min && hidden % 2 == 0 &&
+                consecutive(token_idx, t0, t1)) {
+                shrink_rows_dp(reinterpret_cast<const uint16_t*>(x + token_idx[t0] * x_stride), x_stride, t1 - t0,
+                               reinterpret_cast<const uint16_t*>(a_slot), rank, hidden,
+                               out_slice + static_cast<int64_t>(token_idx[t0]) * max_rank, max_rank);
+                continue;
+            }
+        }
+#endif
         for (int tb = t0; tb < t1; tb += kTokenBlock) {
             const int nb = std::min(kTokenBlock, t1 - tb);
             const TX* xr[kTokenBlock];
@@ -365,7 +503,7 @@ template <typename TY, typename TW>
 void expand(TY* y, int64_t y_stride, const float* shrunk, const TW* b, int num_tokens, int total_out,
             int num_slots, int max_rank, const int32_t* ranks, const float* scales, const int32_t* offsets,
             int num_slices, const int32_t* group_slot, const int32_t* group_start, int num_groups,
-            const int32_t* token_idx, int num_threads) {
+            const int32_t* token_idx, int num_threads, int dp_min) {
     // Column chunks never straddle a slice boundary: each reads one slice's shrunk activations.
     std::vector<int> chunk_lo, chunk_w, chunk_slice;
     for (int s = 0; s < num_slices; ++s)
@@ -417,6 +555,19 @@ void expand(TY* y, int64_t y_stride, const float* shrunk, const TW* b, int num_t
             }
             const int t0 = group_start[item.group] + item.tile * kTokenTile;
             const int t1 = std::min(t0 + kTokenTile, group_start[item.group + 1]);
+#if defined(LP_DP_BF16)
+            if constexpr (std::is_same_v<TY, Bf16> && std::is_same_v<TW, Bf16>) {
+                const int w = chunk_w[item.k0];
+                if (dp_min > 0 && group_start[item.group + 1] - group_start[item.group] >= dp_min &&
+                    item.k1 - item.k0 == 1 && w % lp_pair::kPanel == 0 && consecutive(token_idx, t0, t1)) {
+                    const int64_t tok = token_idx[t0];
+                    expand_rows_dp(reinterpret_cast<uint16_t*>(y + tok * y_stride + c0), y_stride,
+                                   shrunk + chunk_slice[item.k0] * slice_stride + tok * max_rank, max_rank, t1 - t0,
+                                   reinterpret_cast<const uint16_t*>(b_slot), total_out, rank, w, scale);
+                    continue;
+                }
+            }
+#endif
             for (int tb = t0; tb < t1; tb += kTokenBlock) {
                 const int nb = std::min(kTokenBlock, t1 - tb);
                 const float* st[kTokenBlock];
@@ -454,13 +605,13 @@ void expand(TY* y, int64_t y_stride, const float* shrunk, const TW* b, int num_t
 #define LP_SHRINK(NAME, TX, TW)                                                                               \
     void NAME(const TX* x, int64_t xs, const TW* a, float* out, int nt, int h, int ns, int nl, int mr,          \
               const int32_t* ranks, const int32_t* gs, const int32_t* gst, int ng, const int32_t* ti, int th) { \
-        shrink<TX, TW>(x, xs, a, out, nt, h, ns, nl, mr, ranks, gs, gst, ng, ti, th);                           \
+        shrink<TX, TW>(x, xs, a, out, nt, h, ns, nl, mr, ranks, gs, gst, ng, ti, th, 0);                        \
     }
 #define LP_EXPAND(NAME, TY, TW)                                                                               \
     void NAME(TY* y, int64_t ys, const float* sh, const TW* b, int nt, int to, int nl, int mr,                  \
               const int32_t* ranks, const float* scales, const int32_t* offs, int ns, const int32_t* gs,         \
               const int32_t* gst, int ng, const int32_t* ti, int th) {                                          \
-        expand<TY, TW>(y, ys, sh, b, nt, to, nl, mr, ranks, scales, offs, ns, gs, gst, ng, ti, th);             \
+        expand<TY, TW>(y, ys, sh, b, nt, to, nl, mr, ranks, scales, offs, ns, gs, gst, ng, ti, th, 0);          \
     }
 
 extern "C" {
@@ -477,6 +628,27 @@ LP_EXPAND(lp_sgmv_expand_f32_bf16, float, Bf16)
 LP_EXPAND(lp_sgmv_expand_bf16_bf16, Bf16, Bf16)
 LP_EXPAND(lp_sgmv_expand_bf16_f16, Bf16, F16)
 LP_EXPAND(lp_sgmv_expand_bf16_f32, Bf16, float)
+
+// bf16 activations and weights with prompt-sized groups (>= dp_min consecutive tokens of one
+// adapter) on the vdpbf16ps tiles where the build has AVX512-BF16; lp_sgmv_prompt_groups() says so.
+void lp_sgmv_shrink_bf16_bf16_groups(const Bf16* x, int64_t xs, const Bf16* a, float* out, int nt, int h, int ns,
+                                     int nl, int mr, const int32_t* ranks, const int32_t* gs, const int32_t* gst,
+                                     int ng, const int32_t* ti, int th, int dp_min) {
+    shrink<Bf16, Bf16>(x, xs, a, out, nt, h, ns, nl, mr, ranks, gs, gst, ng, ti, th, dp_min);
+}
+void lp_sgmv_expand_bf16_bf16_groups(Bf16* y, int64_t ys, const float* sh, const Bf16* b, int nt, int to, int nl,
+                                     int mr, const int32_t* ranks, const float* scales, const int32_t* offs, int ns,
+                                     const int32_t* gs, const int32_t* gst, int ng, const int32_t* ti, int th,
+                                     int dp_min) {
+    expand<Bf16, Bf16>(y, ys, sh, b, nt, to, nl, mr, ranks, scales, offs, ns, gs, gst, ng, ti, th, dp_min);
+}
+int lp_sgmv_prompt_groups(void) {
+#if defined(LP_DP_BF16)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 // 1 when float16 weights convert in vector registers (AVX-512F: vcvtph2ps), i.e. float16 storage
 // costs no more compute than float32; 0 on the portable fallback.

@@ -111,7 +111,9 @@ def test_native_sgmv_thread_count_independent():
 def test_native_sgmv_row_independent_of_its_group(wdtype):
     """Batch invariance: a token's shrunk row and output row are bitwise the same whether its adapter
     group holds 1 token (decode: the column-sweep items), 4, 5 or 40 (prefill: tiles, one chunk
-    per item), wherever in the group it sits."""
+    per item), wherever in the group it sits, with prompt-sized groups kept on the per-token loops
+    (``prompt_groups=False``, what the batch-invariant ops pass; the vdpbf16ps prompt-group tiles
+    round the shrunk activations: tests/kernels/test_cpu_sgmv_prompt_groups.py)."""
     hidden, widths, rank = 72, [1100, 40], 9
     a, b, ranks, scales, offsets = make_lora_weights(2, [rank, 3], hidden, widths, torch.float32, 3)
     a, b = a.to(wdtype), b.to(wdtype)
@@ -124,8 +126,8 @@ def test_native_sgmv_row_independent_of_its_group(wdtype):
         y = torch.randn(n + 1, offsets[-1], generator=g).to(torch.bfloat16)
         x[at], y[at] = x_row, y_row
         seg = make_lora_segments([0] * n + [1])
-        shrunk = cpu_sgmv.sgmv_shrink(x, a, seg, ranks)
-        y_out = cpu_sgmv.sgmv_expand(y, shrunk, b, seg, ranks, scales, offsets)
+        shrunk = cpu_sgmv.sgmv_shrink(x, a, seg, ranks, prompt_groups=False)
+        y_out = cpu_sgmv.sgmv_expand(y, shrunk, b, seg, ranks, scales, offsets, prompt_groups=False)
         results.append((shrunk[:, at].clone(), y_out[at].clone()))
     for shrunk_row, y_out_row in results[1:]:
         assert torch.equal(shrunk_row, results[0][0])
