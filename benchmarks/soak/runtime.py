@@ -81,6 +81,7 @@ def one_run(python: str, base: Path, adapter: Path, env: dict, args, root: Path)
             active_s=args.active,
             idle_s=args.idle,
             mixed=args.mixed,
+            long_prompt_every=args.long_prompt_every,
         )
         result = soak.run(duration_s=args.duration)
         out = result.summary()
@@ -103,6 +104,9 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=12.0, help="seconds of silence per round (> 10)")
     ap.add_argument("--configs", default="default,off")
     ap.add_argument("--mixed", action="store_true", help="also structured output, logprobs, tokenize, Responses")
+    ap.add_argument(
+        "--long-prompt-every", type=int, default=0, help="every Nth chat stream has a ~150-400-token prompt (0: none)"
+    )
     ap.add_argument("--before", help="another checkout's python: its runs are labelled 'before'")
     ap.add_argument("--name", default="soak_runtime")
     args = ap.parse_args()

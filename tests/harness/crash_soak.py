@@ -80,6 +80,7 @@ class CrashSoak:
         idle_s: float = 12.0,
         max_tokens: int = 24,
         mixed: bool = False,
+        long_prompt_every: int = 0,
     ) -> None:
         self.url = url
         self.admin = {"Authorization": f"Bearer {admin_key}"}
@@ -93,6 +94,9 @@ class CrashSoak:
         # mixed: clients also send structured output, logprobs, tokenize/detokenize and Responses
         # API requests (every route that may run work on a worker thread), not only chat streams
         self.mixed = mixed
+        # every Nth chat stream carries a prompt of ~150-400 tokens (0: none): whole prompts long
+        # enough for the native prompt-attention kernel and prompt-sized LoRA groups
+        self.long_prompt_every = long_prompt_every
         self.result = SoakResult()
         self._lock = threading.Lock()
         self._started = time.monotonic()
@@ -121,10 +125,16 @@ class CrashSoak:
         return self.result.died_at_s is not None
 
     # ------------------------------------------------------------------ requests
+    def _long_text(self, i: int) -> str:
+        if not self.long_prompt_every or i % self.long_prompt_every:
+            return ""
+        words = "the river ran past old mills and quiet farms while children counted boats".split()
+        return " Context: " + " ".join(words[(i + k) % len(words)] for k in range(100 + 37 * (i % 7)))
+
     def stream(self, c: httpx.Client, model: str, i: int) -> bool:
         body = {
             "model": model,
-            "messages": [{"role": "user", "content": f"Tell me a story number {i}."}],
+            "messages": [{"role": "user", "content": f"Tell me a story number {i}." + self._long_text(i)}],
             "max_tokens": self.max_tokens,
             "stream": True,
         }
