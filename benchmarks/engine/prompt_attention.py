@@ -28,11 +28,10 @@ import dataclasses
 import functools
 import json
 import os
-import statistics
 import time
 
 from benchmarks.lib.paths import RESULTS
-from benchmarks.lib.serve_shaped import serve_shaped
+from benchmarks.lib.serve_shaped import alternating, serve_shaped
 
 OP_CASES = ((64, 1), (128, 2), (128, 16), (300, 3), (1024, 1), (2048, 1))
 
@@ -119,16 +118,7 @@ def main() -> None:
     serve_shaped(llm, 4, plain, seed=-1)  # warm-up
     engine_rows = []
     for conc in concurrencies:
-        runs: dict[str, list[dict]] = {name: [] for name in variants}
-        for rnd in range(args.rounds):
-            names = list(variants) if rnd % 2 == 0 else list(variants)[::-1]
-            for name in names:
-                seed = 1000 * rnd + 10 * conc + list(variants).index(name)
-                runs[name].append(serve_shaped(llm, conc, variants[name], seed=seed))
-        row: dict = {"concurrency": conc}
-        for name, rs in runs.items():
-            row[name] = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "tok_per_cpu_s", "prompt_step_ms")}
-            row[name]["per_round_tok_s"] = [r["tok_s"] for r in rs]
+        row: dict = {"concurrency": conc, **alternating(llm, variants, conc, args.rounds, seed=10 * conc)}
         row["kernel_over_sdpa_tok_s"] = row["prompt kernel"]["tok_s"] / row["SDPA"]["tok_s"]
         engine_rows.append(row)
     llm.engine.runner.ops = plain

@@ -24,10 +24,9 @@ import dataclasses
 import functools
 import json
 import os
-import statistics
 
 from benchmarks.lib.paths import RESULTS
-from benchmarks.lib.serve_shaped import serve_shaped
+from benchmarks.lib.serve_shaped import alternating, serve_shaped
 
 
 def main() -> None:
@@ -70,16 +69,11 @@ def main() -> None:
     serve_shaped(llm, len(names), plain, seed=-1, adapters=names)  # warm-up: every adapter resident
     results = []
     for n_adapters, conc in rows:
-        runs: dict[str, list[dict]] = {name: [] for name in variants}
-        for rnd in range(args.rounds):
-            order = list(variants) if rnd % 2 == 0 else list(variants)[::-1]
-            for name in order:
-                seed = 1000 * rnd + 10 * conc + n_adapters + 7 * list(variants).index(name)
-                runs[name].append(serve_shaped(llm, conc, variants[name], seed=seed, adapters=names[:n_adapters]))
-        row: dict = {"adapters": n_adapters, "concurrency": conc}
-        for name, rs in runs.items():
-            row[name] = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "tok_per_cpu_s", "prompt_step_ms")}
-            row[name]["per_round_tok_s"] = [r["tok_s"] for r in rs]
+        row: dict = {
+            "adapters": n_adapters,
+            "concurrency": conc,
+            **alternating(llm, variants, conc, args.rounds, seed=10 * conc + n_adapters, adapters=names[:n_adapters]),
+        }
         row["tiles_over_per_token_tok_s"] = row["tiles"]["tok_s"] / row["per-token"]["tok_s"]
         results.append(row)
     llm.engine.runner.ops = plain

@@ -2,7 +2,8 @@
 128-token prompt and read 64 greedy tokens (ignore_eos), a new prompt as soon as one ends,
 ``2 x concurrency`` requests in all -- the shape of ``vllm bench serve`` at that concurrency (at 64
 clients ~2 new prompts join every decode step). Shared by the engine A/B benchmarks that swap one
-``KernelOps`` field between runs (benchmarks/engine/prompt_attention.py, sgmv_prompt_groups.py)."""
+``KernelOps`` field between runs (benchmarks/engine/prompt_attention.py, sgmv_prompt_groups.py),
+through ``alternating``."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def serve_shaped(llm, concurrency: int, ops, seed: int, adapters: list[str] | No
         "prompt_step_ms": statistics.mean(prompt_step_ms) if prompt_step_ms else 0.0,
         "prompt_steps": len(prompt_step_ms),
     }
+
+
+def alternating(
+    llm, variants: dict, concurrency: int, rounds: int, seed: int, adapters: list[str] | None = None
+) -> dict:
+    """``rounds`` rounds of ``serve_shaped`` under each of ``variants`` (name -> KernelOps), the
+    order reversed every other round, prompts of their own for every run (derived from ``seed``):
+    per variant the medians of tok/s, tok per CPU-second and prompt-step ms, and the rounds' tok/s."""
+    names = list(variants)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            run_seed = seed + 1000 * rnd + 7 * names.index(name)
+            runs[name].append(serve_shaped(llm, concurrency, variants[name], seed=run_seed, adapters=adapters))
+    row: dict = {}
+    for name, rs in runs.items():
+        row[name] = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "tok_per_cpu_s", "prompt_step_ms")}
+        row[name]["per_round_tok_s"] = [r["tok_s"] for r in rs]
+    return row
