@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import reference
+from . import cpu_prompt_attention, reference
 from .profiler_range import profiler_range
 
 _SOURCES = tuple(
@@ -356,14 +356,26 @@ def paged_prefill_attention(
         return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_tile)
     out = torch.empty_like(q)
     if prompt_kernel and prompt_kernel_applies(q):
+        assert _lib is not None  # _supported checked it
         seqs = [s for group in fresh.values() for s in group]
-        _prompt_attention(
-            q, out, k_cache, v_cache, block_tables, seqs, [starts[s] for s in seqs], [ctx[s] for s in seqs], scale
+        cpu_prompt_attention.attend(
+            q,
+            out,
+            k_cache,
+            v_cache,
+            block_tables,
+            seqs,
+            [starts[s] for s in seqs],
+            [ctx[s] for s in seqs],
+            scale,
+            lib=_lib,
         )
     else:
         for length, seqs in fresh.items():
             rows = torch.cat([torch.arange(starts[s], starts[s] + length) for s in seqs])
-            out.index_copy_(0, rows, _fresh_sdpa(q, rows, k_cache, v_cache, block_tables, seqs, length, scale))
+            out.index_copy_(
+                0, rows, cpu_prompt_attention.fresh_sdpa(q, rows, k_cache, v_cache, block_tables, seqs, length, scale)
+            )
     done = {s for seqs in fresh.values() for s in seqs}
     rest = [s for s in range(len(ctx)) if s not in done and starts[s + 1] > starts[s]]
     if rest:
@@ -380,86 +392,12 @@ def paged_prefill_attention(
 
 def prompt_kernel_isa() -> bool:
     """True when the built kernels have the vdpbf16ps whole-prompt attention (AVX512-BF16)."""
-    lib = load()
-    return lib is not None and bool(lib.lp_prompt_attention_isa())
+    return cpu_prompt_attention.kernel_isa(load())
 
 
 def prompt_kernel_applies(q: torch.Tensor) -> bool:
-    """Whole prompts of ``q`` take the native prompt kernel: bf16, head dim a multiple of 16 (the
-    pair panels of V^T), heads adjacent in a row, and a build with AVX512-BF16."""
-    return (
-        _lib is not None
-        and q.dtype == torch.bfloat16
-        and q.shape[2] % 16 == 0
-        and q.stride(2) == 1
-        and q.stride(1) == q.shape[2]
-        and bool(_lib.lp_prompt_attention_isa())
-    )
-
-
-def _prompt_attention(
-    q: torch.Tensor,
-    out: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seqs: list[int],
-    row_starts: list[int],
-    lens: list[int],
-    scale: float,
-) -> None:
-    """Causal attention of whole prompts (sequence ``seqs[i]``'s prompt is rows ``row_starts[i]``
-    .. + ``lens[i]`` of ``q``), written into the same rows of ``out``, in one native call."""
-    assert _lib is not None
-    bt = block_tables.to(torch.int32).contiguous()
-    table_rows = torch.tensor(seqs, dtype=torch.int32)
-    starts = torch.tensor(row_starts, dtype=torch.int32)
-    lengths = torch.tensor(lens, dtype=torch.int32)
-    with profiler_range("loraplex::cpu_prompt_attention"):
-        _lib.lp_prompt_attention_bf16(
-            q.data_ptr(),
-            q.stride(0),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            bt.data_ptr(),
-            bt.shape[1],
-            table_rows.data_ptr(),
-            starts.data_ptr(),
-            lengths.data_ptr(),
-            len(seqs),
-            out.data_ptr(),
-            out.stride(0),
-            q.shape[1],
-            k_cache.shape[2],
-            q.shape[2],
-            k_cache.shape[1],
-            float(scale),
-            torch.get_num_threads(),
-        )
-
-
-def _fresh_sdpa(
-    q: torch.Tensor,
-    rows: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seqs: list[int],
-    length: int,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention of ``seqs`` (each a whole prompt of ``length`` tokens, KV already in the
-    cache) in one batched SDPA call; the rows of ``rows`` order, [len(seqs) * length, hq, d]."""
-    n, (_, bs, hkv, d), hq = len(seqs), k_cache.shape, q.shape[1]
-    blocks = block_tables[seqs, : -(-length // bs)].long()  # [n, blocks]
-    k = k_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)  # [n, hkv, L, d]
-    v = v_cache[blocks].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)
-    qs = q.index_select(0, rows).view(n, length, hq, d).transpose(1, 2)
-    with profiler_range("loraplex::cpu_prefill_sdpa"):
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qs, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv
-        )
-    return o.transpose(1, 2).reshape(n * length, hq, d)
+    """Whole prompts of ``q`` take the native prompt kernel (``cpu_prompt_attention.applies``)."""
+    return cpu_prompt_attention.applies(q, _lib)
 
 
 def _native_prefill(

@@ -80,8 +80,16 @@ def prompt_groups_available() -> bool:
 
 def _prompt_group_fn(op: str, act: torch.Tensor, weights: torch.Tensor, prompt_groups: bool) -> Any:
     """The ``_groups`` entry point (same arguments plus the group threshold) where it applies."""
-    if prompt_groups and act.dtype == torch.bfloat16 and weights.dtype == torch.bfloat16 and prompt_groups_available():
-        return getattr(cpu_native._lib, f"lp_sgmv_{op}_bf16_bf16_groups")
+    # The library is loaded (the caller checked): read it directly, not through load()'s lock, ~240
+    # calls a step with adapters.
+    lib = cpu_native._lib
+    if (
+        prompt_groups
+        and act.dtype == weights.dtype == torch.bfloat16
+        and lib is not None
+        and lib.lp_sgmv_prompt_groups()
+    ):
+        return getattr(lib, f"lp_sgmv_{op}_bf16_bf16_groups")
     return None
 
 

@@ -16,7 +16,15 @@ from lora_testlib import make_adapters
 
 from loraplex.engine import LLM, EngineConfigError, SamplingParams, resolved_config
 from loraplex.engine.config import EngineConfig
-from loraplex.kernels import cpu_elementwise, cpu_native, cpu_packed, packed_replaces_weight, pair_panels, reference
+from loraplex.kernels import (
+    cpu_elementwise,
+    cpu_native,
+    cpu_packed,
+    cpu_prompt_attention,
+    packed_replaces_weight,
+    pair_panels,
+    reference,
+)
 from loraplex.kernels.ops import replaced_weight
 
 
@@ -114,8 +122,8 @@ def test_whole_prompts_on_sdpa_match_transformers(model_factory, monkeypatch, va
     assert min(lengths) >= cpu_native.SDPA_MIN_ROWS
     prompts = [[rng.randrange(5, vocab) for _ in range(n)] for n in lengths]
     calls = []
-    real = cpu_native._fresh_sdpa
-    monkeypatch.setattr(cpu_native, "_fresh_sdpa", lambda *a: calls.append(a[5]) or real(*a))
+    real = cpu_prompt_attention.fresh_sdpa
+    monkeypatch.setattr(cpu_prompt_attention, "fresh_sdpa", lambda *a: calls.append(a[5]) or real(*a))
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert calls, "no prompt took the SDPA path"
     assert [o.token_ids for o in outs] == hf_greedy(model_dir, prompts, 8)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_oracles import PagedKV, assert_close_scaled, oracle_attention
 
-from loraplex.kernels import cpu_native
+from loraplex.kernels import cpu_native, cpu_prompt_attention
 
 # (block_size, q heads, kv heads, head dim): SmolLM2's 9/3 x 64, Llama-like 8/2 x 128, no GQA at 80
 # (5 panels: a group of 3 and one of 2), MQA with 8 heads.
@@ -57,8 +57,8 @@ def test_prompt_kernel_matches_the_float64_oracle(cfg, lengths, monkeypatch):
     kv, q, qsl = _case(lengths, bs, hkv=hkv, hq=hq, d=d, seed=len(lengths) * 7 + d)
     assert cpu_native.prompt_kernel_applies(q) and not q.is_contiguous()
     calls = []
-    real = cpu_native._prompt_attention
-    monkeypatch.setattr(cpu_native, "_prompt_attention", lambda *a: calls.append(a[5]) or real(*a))
+    real = cpu_prompt_attention.attend
+    monkeypatch.setattr(cpu_prompt_attention, "attend", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     scale = d**-0.5
     out = cpu_native.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
     assert calls == [list(range(len(lengths)))]  # every prompt in one call
@@ -111,14 +111,14 @@ def test_portable_twin_matches_the_oracle(monkeypatch):
         kv, q, qsl = _case(lengths, bs, hq, hkv, d, seed=d)
         out = torch.full_like(q, float("nan")).contiguous()
         starts = qsl[:-1].tolist()
-        cpu_native._prompt_attention(
-            q, out, kv.k_cache, kv.v_cache, kv.block_tables, [0, 1][: len(lengths)], starts, lengths, 0.1
+        cpu_prompt_attention.attend(
+            q, out, kv.k_cache, kv.v_cache, kv.block_tables, [0, 1][: len(lengths)], starts, lengths, 0.1, lib=lib
         )
         assert_close_scaled(out, _expected(kv, q, qsl, 0.1), torch.bfloat16, f"portable {lengths}")
     assert not cpu_native.prompt_kernel_isa() and not cpu_native.prompt_kernel_applies(q)
     calls = []
-    real = cpu_native._fresh_sdpa
-    monkeypatch.setattr(cpu_native, "_fresh_sdpa", lambda *a: calls.append(a[5]) or real(*a))
+    real = cpu_prompt_attention.fresh_sdpa
+    monkeypatch.setattr(cpu_prompt_attention, "fresh_sdpa", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     cpu_native.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, 0.1)
     assert calls == [[0]]
 
@@ -128,8 +128,8 @@ def test_what_stays_on_sdpa(monkeypatch):
     switch keep whole prompts on SDPA; every result still the oracle's."""
     _needs_isa()
     calls = []
-    real = cpu_native._fresh_sdpa
-    monkeypatch.setattr(cpu_native, "_fresh_sdpa", lambda *a: calls.append(a[5]) or real(*a))
+    real = cpu_prompt_attention.fresh_sdpa
+    monkeypatch.setattr(cpu_prompt_attention, "fresh_sdpa", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     for dtype, d, switch in ((torch.float32, 64, True), (torch.bfloat16, 40, True), (torch.bfloat16, 64, False)):
         kv = PagedKV([80], 16, 2, d, dtype, seed=d)
         q = torch.randn(80, 4, d).to(dtype)

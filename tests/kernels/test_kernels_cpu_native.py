@@ -18,7 +18,7 @@ from kernel_oracles import (
     prefill_case,
 )
 
-from loraplex.kernels import cpu_native, get_kernel_ops, reference
+from loraplex.kernels import cpu_native, cpu_prompt_attention, get_kernel_ops, reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -123,9 +123,13 @@ def test_whole_prompt_chunks_take_sdpa_and_match_oracle(dtype, prompt_kernel, mo
         qsl.append(qsl[-1] + n)
     q = torch.randn(qsl[-1], hq, d).to(dtype)
     sdpa_calls, kernel_calls = [], []
-    real_sdpa, real_kernel = cpu_native._fresh_sdpa, cpu_native._prompt_attention
-    monkeypatch.setattr(cpu_native, "_fresh_sdpa", lambda *a: sdpa_calls.append(a[5]) or real_sdpa(*a))
-    monkeypatch.setattr(cpu_native, "_prompt_attention", lambda *a: kernel_calls.append(a[5]) or real_kernel(*a))
+    real_sdpa, real_kernel = cpu_prompt_attention.fresh_sdpa, cpu_prompt_attention.attend
+    monkeypatch.setattr(
+        cpu_prompt_attention, "fresh_sdpa", lambda *a, **k: sdpa_calls.append(a[5]) or real_sdpa(*a, **k)
+    )
+    monkeypatch.setattr(
+        cpu_prompt_attention, "attend", lambda *a, **k: kernel_calls.append(a[5]) or real_kernel(*a, **k)
+    )
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, torch.tensor(qsl, dtype=torch.int32), kv.context_lens, 0.125)
     out = cpu_native.paged_prefill_attention(*args, prompt_kernel=prompt_kernel)
     if prompt_kernel and dtype == torch.bfloat16 and cpu_native.prompt_kernel_isa():

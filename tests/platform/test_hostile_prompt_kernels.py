@@ -38,7 +38,7 @@ from harness.serve import ServeProcess
 from platform_helpers import ADMIN_KEY
 
 from loraplex.engine import LLM, EngineRequest, OutputKind, SamplingParams
-from loraplex.kernels import cpu_native, cpu_sgmv, reference
+from loraplex.kernels import cpu_native, cpu_prompt_attention, cpu_sgmv, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -139,18 +139,18 @@ class Counters:
     def __init__(self, monkeypatch):
         self.prompt_lens: list[int] = []
         self.group_calls = 0
-        real_attn, real_fn = cpu_native._prompt_attention, cpu_sgmv._prompt_group_fn
+        real_attn, real_fn = cpu_prompt_attention.attend, cpu_sgmv._prompt_group_fn
 
-        def attn(q, out, k, v, bt, seqs, starts, lens, scale):
+        def attn(q, out, k, v, bt, seqs, starts, lens, scale, *, lib):
             self.prompt_lens.extend(lens)
-            return real_attn(q, out, k, v, bt, seqs, starts, lens, scale)
+            return real_attn(q, out, k, v, bt, seqs, starts, lens, scale, lib=lib)
 
         def group_fn(*a):
             fn = real_fn(*a)
             self.group_calls += fn is not None
             return fn
 
-        monkeypatch.setattr(cpu_native, "_prompt_attention", attn)
+        monkeypatch.setattr(cpu_prompt_attention, "attend", attn)
         monkeypatch.setattr(cpu_sgmv, "_prompt_group_fn", group_fn)
 
 
