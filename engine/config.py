@@ -49,6 +49,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_prefill_tokens_with_decodes: int | None = 128
     prefill_group_tokens: int = 0
+    prefill_tokens_per_decode: int = 0
     batching: Batching = "continuous"
     scheduling_policy: Policy = "fair"
     max_loras: int = 8  # distinct adapters per step (= device slots)
@@ -72,6 +73,14 @@ class SchedulerConfig:
             or self.prefill_group_tokens < 0
         ):
             raise ValueError(f"prefill_group_tokens must be an integer >= 0, got {self.prefill_group_tokens!r}")
+        if (
+            not isinstance(self.prefill_tokens_per_decode, int)
+            or isinstance(self.prefill_tokens_per_decode, bool)
+            or self.prefill_tokens_per_decode < 0
+        ):
+            raise ValueError(
+                f"prefill_tokens_per_decode must be an integer >= 0, got {self.prefill_tokens_per_decode!r}"
+            )
         _choice("batching", self.batching, BATCHING_MODES)
         _choice("scheduling_policy", self.scheduling_policy, POLICIES)
         if self.vtc_prompt_weight < 0 or self.vtc_output_weight < 0:
@@ -224,7 +233,12 @@ def check_cpu_overrides() -> None:
 
 # Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
 # to check the others with before that.
-_AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0, "prefill_group_tokens": 0}
+_AUTO_PLACEHOLDER: dict[str, Any] = {
+    "max_num_seqs": 1,
+    "kv_cache_memory_gb": 1.0,
+    "prefill_group_tokens": 0,
+    "prefill_tokens_per_decode": 0,
+}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 
@@ -255,6 +269,14 @@ class EngineConfig:
     # (kernels/cpu_packed.PREFILL_GROUP_TOKENS, measured by benchmarks/engine/prefill_group.py);
     # 0 on CUDA, for float32 models and on the torch backend (not measured there).
     prefill_group_tokens: int | None = None
+    # While N sequences decode, a step adds at most N x prefill_tokens_per_decode prompt tokens
+    # (rounded up to 64, at least 64; a chunk is cut to fit): every decoding stream's next token
+    # waits for the step, so beside 16 streams a prompt goes 64 tokens a step (ITL p99 stays near
+    # a decode step's) and beside 64 a 256-token group does (throughput). It bounds the step below
+    # max_prefill_tokens_with_decodes and prefill_group_tokens. 0: off. None: sized at start from
+    # the CPU kind (kernels/cpu_packed.PREFILL_TOKENS_PER_DECODE, measured over HTTP in
+    # docs/cpu-performance.md); 0 on CUDA, for float32 models and on the torch backend.
+    prefill_tokens_per_decode: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory
@@ -338,7 +360,9 @@ class EngineConfig:
         if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
             self._size_from_memory()
         if self.prefill_group_tokens is None:
-            self.prefill_group_tokens = self._auto_prefill_group_tokens()
+            self.prefill_group_tokens = self._auto_prefill("prefill_group_tokens")
+        if self.prefill_tokens_per_decode is None:
+            self.prefill_tokens_per_decode = self._auto_prefill("prefill_tokens_per_decode")
         self.validate_fields()
         if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
             raise ValueError(
@@ -437,7 +461,8 @@ class EngineConfig:
             )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
 
-    def _auto_prefill_group_tokens(self) -> int:
+    def _auto_prefill(self, field: str) -> int:
+        """``prefill_group_tokens`` or ``prefill_tokens_per_decode`` for this CPU kind and dtype."""
         from loraplex.kernels import cpu_packed
 
         from .models import ModelConfig
@@ -445,7 +470,8 @@ class EngineConfig:
         device = self.torch_device
         if device.type != "cpu" or self.kernel_backend == "torch":
             return 0
-        return cpu_packed.prefill_group_tokens(self.torch_dtype(ModelConfig.from_dir(self.model).checkpoint_dtype))
+        dtype = self.torch_dtype(ModelConfig.from_dir(self.model).checkpoint_dtype)
+        return getattr(cpu_packed, field)(dtype)
 
     @property
     def torch_device(self) -> torch.device:

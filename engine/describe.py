@@ -31,6 +31,7 @@ def resolved_config(engine: LLMEngine) -> dict[str, Any]:
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "prefill_group_tokens": config.prefill_group_tokens,
+        "prefill_tokens_per_decode": config.prefill_tokens_per_decode,
         "block_size": config.block_size,
         "num_kv_blocks": engine.kv.num_blocks,
         "kv_cache_tokens": kv_tokens,

@@ -27,6 +27,22 @@ from .sequence import Sequence, SequenceStatus
 # adapters until a slot frees for it, so it cannot starve behind a stream of resident adapters.
 LORA_MAX_BLOCKED_STEPS = 16
 
+# prefill_tokens_per_decode's room: a multiple of PROMPT_ROOM_QUANTUM tokens (two KV blocks of the
+# default 16) and never below PROMPT_ROOM_MIN: smaller chunks run the GEMMs well below their rate
+# and add a step to a prompt's TTFT per chunk, and a step of a few decodes is short anyway.
+PROMPT_ROOM_QUANTUM = 32
+PROMPT_ROOM_MIN = 64
+
+
+def prompt_room(decodes: int, per_decode: int) -> int | None:
+    """How many prompt tokens a step carrying ``decodes`` decode rows may add (None: no limit but
+    the others): ``per_decode`` each, rounded up to the quantum, at least PROMPT_ROOM_MIN. Every
+    decoding stream waits for the step, so the prompt work it may wait for grows with how many
+    share the wait: at 4 per decode, beside 16 decodes a 64-token chunk, beside 64 a 256-token group."""
+    if not per_decode or not decodes:
+        return None
+    return max(PROMPT_ROOM_MIN, -(-decodes * per_decode // PROMPT_ROOM_QUANTUM) * PROMPT_ROOM_QUANTUM)
+
 
 class Scheduler:
     """Owns the step: ``schedule()`` plans it, ``update_from_output()`` books what it produced
@@ -128,11 +144,20 @@ class Scheduler:
         # would stall the running streams once per arrival and keep later arrivals staggered.
         cap = self.config.max_prefill_tokens_with_decodes
         chunk_cap = cap if cap is not None and queue and queue[0].in_decode else budget
-        prompt_tokens = 0  # this step's prompt tokens, for prefill_group_tokens
+        # Beside decodes, the step's prompt tokens are bounded by how many streams decode: a chunk
+        # is cut to fit, later prompts wait for the next step.
+        room = prompt_room(sum(1 for s in queue if s.in_decode), self.config.prefill_tokens_per_decode)
+        if room is not None:
+            chunk_cap = min(chunk_cap, room)
+        prompt_tokens = 0  # this step's prompt tokens, for prefill_group_tokens and the room
         while queue and budget > 0:
             seq = queue.pop(0)
             if not seq.in_decode:
                 n = min(seq.num_uncomputed_tokens, budget, chunk_cap)
+                if room is not None:
+                    n = min(n, room - prompt_tokens)
+                if n <= 0:
+                    continue  # the room is spent: this prefill goes on next step
                 if self._schedule_running(seq, n, [], queue, out, now):
                     budget -= n
                     prompt_tokens += n
@@ -150,7 +175,7 @@ class Scheduler:
             if not self.running and not out.preempted:
                 self._admit_static_batch(out, budget, now)
         elif not out.preempted:  # memory short: don't admit what we would preempt next
-            self._admit_waiting(out, budget, now, chunk_cap, prompt_tokens)
+            self._admit_waiting(out, budget, now, chunk_cap, prompt_tokens, room)
         out.block_copies = self.kv.take_block_copies()
         out.forks = {
             s.seq_id: list(self._followers[s.seq_id]) for s in out.sampling_seqs if s.seq_id in self._followers
@@ -173,12 +198,20 @@ class Scheduler:
         return True
 
     def _admit_waiting(
-        self, out: SchedulerOutput, budget: int, now: float, chunk_cap: int, prompt_tokens: int = 0
+        self,
+        out: SchedulerOutput,
+        budget: int,
+        now: float,
+        chunk_cap: int,
+        prompt_tokens: int = 0,
+        room: int | None = None,
     ) -> None:
         exclude: set[int] = set()
         running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
         starving = self._starving_adapter()
         group = self.config.prefill_group_tokens
+        if room is not None:  # beside decodes: the prompt room bounds the step, cutting a prompt
+            budget = min(budget, room - prompt_tokens)
         while budget > 0 and not (group and prompt_tokens >= group):
             seq = self.policy.next_waiting(exclude, now)
             if seq is None:

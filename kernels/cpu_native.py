@@ -192,7 +192,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_linear_bf16_dp_isa.restype = i32
     lib.lp_prompt_attention_isa.argtypes = []
     lib.lp_prompt_attention_isa.restype = i32
-    lib.lp_prompt_attention_bf16.argtypes = [p, i64, p, p, p, i32, p, p, p, i32, p, i64, i32, i32, i32, i32, f32, i32]
+    lib.lp_prompt_attention_bf16.argtypes = [p, i64, p, p, p, i32, p, p, p, p, i32, p, i64, i32, i32, i32, i32, f32, i32]
     lib.lp_prompt_attention_bf16.restype = None
     lib.lp_rms_norm_bf16.argtypes = [p, i64, i32, i32, p, f32, p, i32]
     lib.lp_rms_norm_bf16.restype = None
@@ -319,9 +319,13 @@ def paged_decode_attention(
 # causal whole-prompt path: in bf16 on a CPU with AVX512-BF16 the vdpbf16ps kernel of
 # csrc/cpu_prompt_attention.cpp (all such prompts in one call), otherwise torch's flash-attention
 # SDPA (one batched call per prompt length), which is ~1.9x the native paged kernel's speed for
-# batches of 128-token prompts (docs/cpu-performance.md); shorter chunks, chunks over a prefix and
+# batches of 128-token prompts (docs/cpu-performance.md). Where that kernel runs it takes every
+# prompt chunk of at least KERNEL_MIN_ROWS rows, whole prompts and chunks over cached positions (a
+# chunked prompt's later chunks, a prompt after a prefix-cache hit) alike, in one call: from 16 rows
+# it is 2.4-8x the paged tile (benchmarks/engine/prompt_attention.py, "chunks"). Shorter chunks and
 # decode rows stay on the native paged kernel (one call for all of them).
 SDPA_MIN_ROWS = 64
+KERNEL_MIN_ROWS = 16
 
 
 def paged_prefill_attention(
@@ -341,23 +345,27 @@ def paged_prefill_attention(
     positions ``< context_len - query_len + i + 1``. ``whole_prompt_sdpa=False`` and
     ``decode_tile=False`` keep every row on the native two-pass tile (a 1-token chunk would take
     the decode tile otherwise): per-row results then do not depend on chunking (``batch_invariant.py``).
-    ``prompt_kernel=False`` sends whole prompts to SDPA even where the native prompt kernel runs
-    (the benchmarks' A/B)."""
+    ``prompt_kernel=False`` sends whole prompts to SDPA and other chunks to the paged tile even where
+    the native prompt kernel runs (the benchmarks' A/B)."""
     if q.shape[0] == 0 or not _supported(q, k_cache, v_cache):
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
         )
     starts, ctx = query_start_loc.tolist(), context_lens.tolist()
-    fresh: dict[int, list[int]] = {}  # prompt length -> sequences whose chunk is the whole prompt
+    on_kernel = whole_prompt_sdpa and prompt_kernel and prompt_kernel_applies(q)
+    # context length -> the sequences whose chunk leaves the paged tile (SDPA: whole prompts only)
+    fresh: dict[int, list[int]] = {}
     for s, c in enumerate(ctx):
-        if whole_prompt_sdpa and starts[s + 1] - starts[s] == c >= SDPA_MIN_ROWS:
+        rows = starts[s + 1] - starts[s]
+        if whole_prompt_sdpa and (rows >= KERNEL_MIN_ROWS if on_kernel else rows == c >= SDPA_MIN_ROWS):
             fresh.setdefault(c, []).append(s)
     if not fresh:
         return _native_prefill(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_tile)
     out = torch.empty_like(q)
-    if prompt_kernel and prompt_kernel_applies(q):
+    if on_kernel:
         assert _lib is not None  # _supported checked it
         seqs = [s for group in fresh.values() for s in group]
+        lens = [starts[s + 1] - starts[s] for s in seqs]
         cpu_prompt_attention.attend(
             q,
             out,
@@ -366,9 +374,10 @@ def paged_prefill_attention(
             block_tables,
             seqs,
             [starts[s] for s in seqs],
-            [ctx[s] for s in seqs],
+            lens,
             scale,
             lib=_lib,
+            offsets=[ctx[s] - n for s, n in zip(seqs, lens)],
         )
     else:
         for length, seqs in fresh.items():

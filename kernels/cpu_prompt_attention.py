@@ -1,8 +1,9 @@
-"""Whole prompts' causal attention (a prefill chunk that is its sequence's whole prompt, its KV
-already in the paged cache): the Python side of ``csrc/cpu_prompt_attention.cpp`` (bf16 on a CPU
-with AVX512-BF16, all of a step's whole prompts in one call) and its fallback, torch's SDPA (one
-batched call per prompt length). ``cpu_native.paged_prefill_attention`` decides which chunks are
-whole prompts and which of the two runs them; the library comes from ``cpu_native.load()``."""
+"""Prompt chunks' causal attention (a whole prompt, or a chunk after cached positions: the later
+chunks of a chunked prompt, a prompt after a prefix-cache hit; the chunk's KV already in the paged
+cache): the Python side of ``csrc/cpu_prompt_attention.cpp`` (bf16 on a CPU with AVX512-BF16, all
+of a step's prompt chunks in one call) and the whole prompts' fallback, torch's SDPA (one batched
+call per prompt length). ``cpu_native.paged_prefill_attention`` decides which chunks go where; the
+library comes from ``cpu_native.load()``."""
 
 from __future__ import annotations
 
@@ -42,13 +43,16 @@ def attend(
     scale: float,
     *,
     lib: ctypes.CDLL,
+    offsets: list[int] | None = None,
 ) -> None:
-    """Causal attention of whole prompts (sequence ``seqs[i]``'s prompt is rows ``row_starts[i]``
-    .. + ``lens[i]`` of ``q``), written into the same rows of ``out``, in one native call."""
+    """Causal attention of prompt chunks (sequence ``seqs[i]``'s chunk is rows ``row_starts[i]`` ..
+    + ``lens[i]`` of ``q``, at positions ``offsets[i]`` .. of its sequence; no offsets: whole
+    prompts), written into the same rows of ``out``, in one native call."""
     bt = block_tables.to(torch.int32).contiguous()
     table_rows = torch.tensor(seqs, dtype=torch.int32)
     starts = torch.tensor(row_starts, dtype=torch.int32)
     lengths = torch.tensor(lens, dtype=torch.int32)
+    offs = torch.tensor(offsets, dtype=torch.int32) if offsets is not None and any(offsets) else None
     with profiler_range("loraplex::cpu_prompt_attention"):
         lib.lp_prompt_attention_bf16(
             q.data_ptr(),
@@ -60,6 +64,7 @@ def attend(
             table_rows.data_ptr(),
             starts.data_ptr(),
             lengths.data_ptr(),
+            None if offs is None else offs.data_ptr(),
             len(seqs),
             out.data_ptr(),
             out.stride(0),

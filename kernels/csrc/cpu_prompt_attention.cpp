@@ -1,5 +1,6 @@
-// Causal self-attention of whole prompts in bf16 (a prefill chunk that is its sequence's whole
-// prompt, its keys and values already written to the paged cache), on CPUs with AVX512-BF16.
+// Causal self-attention of prompt chunks in bf16 (a whole prompt, a later chunk of a chunked prompt
+// or the rest of a prompt after a cached prefix; the chunk's keys and values already written to the
+// paged cache), on CPUs with AVX512-BF16.
 //
 // Why: a serving step at 64 clients carries ~2 new 128-token prompts beside ~60 decodes, and torch's
 // CPU flash attention (SDPA) ran those prompts at ~28 GFLOP/s (~32 ms of a ~240 ms step on the
@@ -8,8 +9,13 @@
 // as the "weight" (output columns = keys, k = head dim) and O = P V with V^T packed (output columns
 // = head dim, k = keys), the scores and the softmax in fp32 between them.
 //
+// A chunk after a prefix: scheduled beside decodes, a 128-token prompt is prefilled 64 tokens a step,
+// and the second chunk (64 rows over 128 keys) took ~0.6 ms a layer on the native two-pass tile
+// (~19 ms of an ~86 ms step at 16 clients); the same products over its keys make it a whole prompt's
+// cost.
+//
 // Work item: (sequence, KV head, block of kRows query rows), OpenMP-dynamic, the costliest (latest
-// rows: the most keys) first. An item packs the keys 0 .. its last row of its KV head from the
+// positions: the most keys) first. An item packs the keys 0 .. its last row's position of its KV head from the
 // cache (k_cache / v_cache: bf16 [blocks, block_size, kv_heads, head_dim]) once for the query heads
 // that share it (GQA), computes for each only the key panels its rows can see, and writes its rows
 // of out.
@@ -107,8 +113,8 @@ void product(const uint16_t* x, int64_t xs, int m, const uint16_t* w, int64_t pa
     for (; r < m; ++r) row_tile<1>(x, xs, w, panel_elems, r, limits, store);
 }
 
-// Row r of the block (prompt position r0 + r) sees keys 0 .. r0 + r: its probabilities (bf16, zero
-// past them, nk16 wide) and 1 / their fp32 sum.
+// A row that sees keys 0 .. len - 1 (its position len - 1): its probabilities (bf16, zero past them,
+// nk16 wide) and 1 / their fp32 sum.
 void softmax_row(const float* s, int len, int nk16, uint16_t* p, float* inv_sum) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int j = 0; j < len; j += 16) {
@@ -127,31 +133,32 @@ void softmax_row(const float* s, int len, int nk16, uint16_t* p, float* inv_sum)
     *inv_sum = 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-void item_fast(int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t os, int d, int r1, float scale,
+void item_fast(int off, int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t os, int d, int r1, float scale,
                Scratch& sc) {
-    const int m = r1 - r0, nk = r1, nk16 = round_up(nk, kPanel);
+    const int m = r1 - r0, nk = off + r1, nk16 = round_up(nk, kPanel), p0 = off + r0;
     const uint16_t* x = q + static_cast<int64_t>(r0) * qs;
-    // S = Q K^T * scale: a row tile ending at row e sees keys < r0 + e, i.e. that many panels.
+    // S = Q K^T * scale: a row tile ending at row e (position p0 + e - 1) sees keys < p0 + e, i.e.
+    // that many panels.
     float* scores = sc.scores.data();
     product(
         x, qs, m, sc.keys.data(), static_cast<int64_t>(d / 2) * kPairElems,
         [&](int end, int& panels, int& k2) {
-            panels = round_up(r0 + end < nk ? r0 + end : nk, kPanel) / kPanel;
+            panels = round_up(p0 + end < nk ? p0 + end : nk, kPanel) / kPanel;
             k2 = d / 2;
         },
         [&](int r, int p, __m512 acc) {
             _mm512_storeu_ps(scores + static_cast<int64_t>(r) * nk16 + p * kPanel, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
         });
     for (int r = 0; r < m; ++r)
-        softmax_row(scores + static_cast<int64_t>(r) * nk16, r0 + r + 1, nk16, sc.probs.data() + static_cast<int64_t>(r) * nk16,
+        softmax_row(scores + static_cast<int64_t>(r) * nk16, p0 + r + 1, nk16, sc.probs.data() + static_cast<int64_t>(r) * nk16,
                     sc.inv_sum.data() + r);
-    // O = P V / sum: a row tile ending at row e needs the key pairs below r0 + e.
+    // O = P V / sum: a row tile ending at row e needs the key pairs below p0 + e.
     const float* inv = sc.inv_sum.data();
     product(
         sc.probs.data(), nk16, m, sc.values_t.data(), static_cast<int64_t>(nk16 / 2) * kPairElems,
         [&](int end, int& panels, int& k2) {
             panels = d / kPanel;
-            k2 = round_up(r0 + end < nk ? r0 + end : nk, 2) / 2;
+            k2 = round_up(p0 + end < nk ? p0 + end : nk, 2) / 2;
         },
         [&](int r, int p, __m512 acc) {
             const __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(acc, _mm512_set1_ps(inv[r])));
@@ -163,15 +170,16 @@ void item_fast(int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t os,
 
 // Portable twin (a build without AVX512-BF16): the same packed layouts and the same order of sums,
 // scalar; the engine keeps SDPA there (lp_prompt_attention_isa() = 0), the tests run it anywhere.
-void item_portable(int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t os, int d, int r1, float scale,
-                   Scratch& sc) {
-    const int nk16 = round_up(r1, kPanel), d2 = d / 2;
+void item_portable(int off, int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t os, int d, int r1,
+                   float scale, Scratch& sc) {
+    const int nk16 = round_up(off + r1, kPanel), d2 = d / 2;
     const int64_t vt_panel = static_cast<int64_t>(nk16 / 2) * kPairElems;
-    std::vector<float> s(r1), e(r1);
+    std::vector<float> s(off + r1), e(off + r1);
     for (int i = r0; i < r1; ++i) {
         const uint16_t* qi = q + static_cast<int64_t>(i) * qs;
+        const int pos = off + i;  // the row's position in its sequence: it sees keys 0 .. pos
         float mx = -INFINITY;
-        for (int key = 0; key <= i; ++key) {
+        for (int key = 0; key <= pos; ++key) {
             const uint16_t* kp = sc.keys.data() + static_cast<int64_t>(key / kPanel) * d2 * kPairElems + 2 * (key % kPanel);
             float acc = 0.f;
             for (int kk = 0; kk < d2; ++kk)
@@ -181,14 +189,14 @@ void item_portable(int r0, const uint16_t* q, int64_t qs, uint16_t* out, int64_t
             mx = s[key] > mx ? s[key] : mx;
         }
         float sum = 0.f;
-        for (int key = 0; key <= i; ++key) {
+        for (int key = 0; key <= pos; ++key) {
             e[key] = std::exp(s[key] - mx);
             sum += e[key];
         }
         for (int c = 0; c < d; ++c) {
             const uint16_t* vp = sc.values_t.data() + (c / kPanel) * vt_panel + 2 * (c % kPanel);
             float acc = 0.f;
-            for (int key = 0; key <= i; ++key)
+            for (int key = 0; key <= pos; ++key)
                 acc += lp_bf16::bf2f(lp_bf16::f2bf(e[key])) * lp_bf16::bf2f(vp[(key / 2) * kPairElems + key % 2]);
             out[static_cast<int64_t>(i) * os + c] = lp_bf16::f2bf(acc / sum);
         }
@@ -209,19 +217,24 @@ int lp_prompt_attention_isa() {
 }
 
 // q, out: bf16 [rows, hq, d], heads d apart, rows q_stride / out_stride apart (elements); sequence
-// s's prompt is rows row_starts[s] .. + lens[s] of both, its block table row block_tables[table_rows[s] * bt_stride].
+// s's chunk is rows row_starts[s] .. + lens[s] of both, at positions offsets[s] .. + lens[s] - 1 of
+// its sequence (offsets[s] keys before it already cached: a later chunk of a prompt or a prompt
+// after a cached prefix; null offsets = whole prompts), its block table row
+// block_tables[table_rows[s] * bt_stride]. The chunk's own keys and values are in the cache too.
 // d a multiple of 16 (the caller keeps other head sizes on SDPA).
 void lp_prompt_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
                               const int32_t* block_tables, int bt_stride, const int32_t* table_rows,
-                              const int32_t* row_starts, const int32_t* lens, int n_seqs, uint16_t* out,
-                              int64_t out_stride, int hq,
-                              int hkv, int d, int block_size, float scale, int num_threads) {
+                              const int32_t* row_starts, const int32_t* lens, const int32_t* offsets, int n_seqs,
+                              uint16_t* out, int64_t out_stride, int hq, int hkv, int d, int block_size, float scale,
+                              int num_threads) {
     std::vector<Item> items;
     for (int s = 0; s < n_seqs; ++s)
         for (int r0 = 0; r0 < lens[s]; r0 += kRows)
             for (int kvh = 0; kvh < hkv; ++kvh) items.push_back({s, kvh, r0});
-    // The latest rows see the most keys: hand those out first.
-    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.r0 > b.r0; });
+    auto off_of = [&](int s) { return offsets ? offsets[s] : 0; };
+    // The latest positions see the most keys: hand those out first.
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const Item& a, const Item& b) { return off_of(a.seq) + a.r0 > off_of(b.seq) + b.r0; });
     const int n_items = static_cast<int>(items.size());
     const int group = hq / hkv;
 #pragma omp parallel num_threads(num_threads) if (n_items > 1 && num_threads > 1)
@@ -230,14 +243,14 @@ void lp_prompt_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_items; ++i) {
             const Item& it = items[i];
-            const int len = lens[it.seq];
+            const int len = lens[it.seq], off = off_of(it.seq);
             const int r1 = it.r0 + kRows < len ? it.r0 + kRows : len;
-            const int nk16 = round_up(r1, kPanel), m = r1 - it.r0;
+            const int nk = off + r1, nk16 = round_up(nk, kPanel), m = r1 - it.r0;
             const int32_t* bt = block_tables + static_cast<int64_t>(table_rows[it.seq]) * bt_stride;
             sc.keys.resize(static_cast<size_t>(nk16) * d);
             sc.values_t.resize(static_cast<size_t>(nk16) * d);
-            pack_keys(k_cache, bt, block_size, hkv, it.kv_head, d, r1, nk16, sc.keys.data());
-            pack_values_t(v_cache, bt, block_size, hkv, it.kv_head, d, r1, nk16, sc.values_t.data());
+            pack_keys(k_cache, bt, block_size, hkv, it.kv_head, d, nk, nk16, sc.keys.data());
+            pack_values_t(v_cache, bt, block_size, hkv, it.kv_head, d, nk, nk16, sc.values_t.data());
             sc.scores.resize(static_cast<size_t>(m) * nk16);
             sc.probs.resize(static_cast<size_t>(m) * nk16);
             sc.inv_sum.resize(m);
@@ -245,11 +258,11 @@ void lp_prompt_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_
             for (int h = it.kv_head * group; h < (it.kv_head + 1) * group; ++h) {  // the query heads of this KV head
                 const int64_t col = static_cast<int64_t>(h) * d;
 #if defined(LP_DP_BF16)
-                item_fast(it.r0, q + row * q_stride + col, q_stride, out + row * out_stride + col, out_stride, d, r1,
-                          scale, sc);
+                item_fast(off, it.r0, q + row * q_stride + col, q_stride, out + row * out_stride + col, out_stride, d,
+                          r1, scale, sc);
 #else
-                item_portable(it.r0, q + row * q_stride + col, q_stride, out + row * out_stride + col, out_stride, d,
-                              r1, scale, sc);
+                item_portable(off, it.r0, q + row * q_stride + col, q_stride, out + row * out_stride + col, out_stride,
+                              d, r1, scale, sc);
 #endif
             }
         }

@@ -35,6 +35,16 @@ def _case(lengths, bs, hq, hkv, d, seed):
     return kv, q, qsl
 
 
+def _chunk_case(ctx_lens, q_lens, bs, hq, hkv, d, seed):
+    """Chunks over cached positions: sequence s's last ``q_lens[s]`` positions of ``ctx_lens[s]``
+    (a chunked prompt's later chunk, or a prompt after a prefix-cache hit), q strided as above."""
+    kv = PagedKV(ctx_lens, bs, hkv, d, torch.bfloat16, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    qkv = torch.randn(sum(q_lens), hq + 2 * hkv, d, generator=g).to(torch.bfloat16)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return kv, qkv[:, :hq], qsl
+
+
 def _expected(kv, q, qsl, scale):
     return torch.cat(
         [
@@ -64,6 +74,54 @@ def test_prompt_kernel_matches_the_float64_oracle(cfg, lengths, monkeypatch):
     assert calls == [list(range(len(lengths)))]  # every prompt in one call
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     assert_close_scaled(out, _expected(kv, q, qsl, scale), torch.bfloat16, f"prompt kernel {cfg} {lengths}")
+
+
+# (context lengths, chunk lengths): a 128-token prompt's second 64-token chunk, chunks not a multiple
+# of the 64-row items or the 16-key panels, a chunk at the threshold, whole prompts beside chunks in
+# one call, a long prefix (the keys of several items).
+CHUNKS = [
+    ([128], [64]),
+    ([200, 77], [72, 16]),
+    ([130, 96, 64], [33, 96, 64]),
+    ([1030], [129]),
+]
+
+
+@pytest.mark.parametrize("case", CHUNKS, ids=lambda c: "-".join(f"{q}of{n}" for n, q in zip(*c)))
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=lambda c: f"bs{c[0]}-h{c[1]}x{c[2]}-d{c[3]}")
+def test_chunks_over_cached_positions_match_the_oracle(cfg, case, monkeypatch):
+    """A chunk's row i is position ctx - len + i and sees every cached key before the chunk: rows
+    that saw only the chunk's own keys (a whole-prompt mask), or one key too many, fail here."""
+    _needs_isa()
+    ctx_lens, q_lens = case
+    bs, hq, hkv, d = cfg
+    kv, q, qsl = _chunk_case(ctx_lens, q_lens, bs, hq, hkv, d, seed=sum(ctx_lens) + d)
+    calls = []
+    real = cpu_prompt_attention.attend
+    monkeypatch.setattr(cpu_prompt_attention, "attend", lambda *a, **k: calls.append(sorted(a[5])) or real(*a, **k))
+    scale = d**-0.5
+    out = cpu_native.paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, scale)
+    assert calls == [list(range(len(ctx_lens)))]  # chunks and whole prompts in one call
+    assert_close_scaled(out, _expected(kv, q, qsl, scale), torch.bfloat16, f"chunks {cfg} {case}")
+
+
+def test_short_chunks_and_the_switch_stay_on_the_paged_tile(monkeypatch):
+    """A chunk over cached positions shorter than KERNEL_MIN_ROWS, and every chunk under
+    ``prompt_kernel=False`` / ``whole_prompt_sdpa=False`` (the batch-invariant ops), run the native
+    paged tile; the results are the oracle's either way."""
+    _needs_isa()
+    short = cpu_native.KERNEL_MIN_ROWS - 1
+    kv, q, qsl = _chunk_case([100, 90], [short, 40], 16, 9, 3, 64, seed=11)
+    calls = []
+    real = cpu_prompt_attention.attend
+    monkeypatch.setattr(cpu_prompt_attention, "attend", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
+    for kw, expect in (({}, [[1]]), ({"prompt_kernel": False}, []), ({"whole_prompt_sdpa": False}, [])):
+        calls.clear()
+        out = cpu_native.paged_prefill_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, qsl, kv.context_lens, 0.125, **kw
+        )
+        assert calls == expect, kw
+        assert_close_scaled(out, _expected(kv, q, qsl, 0.125), torch.bfloat16, f"short chunk {kw}")
 
 
 def test_rows_do_not_depend_on_the_other_prompts_or_the_threads():
@@ -115,6 +173,11 @@ def test_portable_twin_matches_the_oracle(monkeypatch):
             q, out, kv.k_cache, kv.v_cache, kv.block_tables, [0, 1][: len(lengths)], starts, lengths, 0.1, lib=lib
         )
         assert_close_scaled(out, _expected(kv, q, qsl, 0.1), torch.bfloat16, f"portable {lengths}")
+    kv, qc, qsl = _chunk_case([150], [70], 16, 9, 3, 64, seed=3)
+    out = torch.full_like(qc, float("nan")).contiguous()
+    cpu_prompt_attention.attend(qc, out, kv.k_cache, kv.v_cache, kv.block_tables, [0], [0], [70], 0.1, lib=lib, offsets=[80])
+    assert_close_scaled(out, _expected(kv, qc, qsl, 0.1), torch.bfloat16, "portable chunk 70 of 150")
+    kv, q, qsl = _case([130], 8, 4, 4, 80, seed=80)
     assert not cpu_native.prompt_kernel_isa() and not cpu_native.prompt_kernel_applies(q)
     calls = []
     real = cpu_prompt_attention.fresh_sdpa

@@ -108,12 +108,12 @@ def test_build_is_cached_and_keyed_by_source(tmp_path, monkeypatch):
 @pytest.mark.parametrize("prompt_kernel", [True, False], ids=["prompt-kernel", "sdpa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_whole_prompt_chunks_take_sdpa_and_match_oracle(dtype, prompt_kernel, monkeypatch):
-    """Chunks that are whole prompts of at least ``SDPA_MIN_ROWS`` tokens go to the whole-prompt
-    path, beside chunks over a cached prefix, a short whole prompt, a decode row and a sequence with
-    no query (the native paged kernel): in bf16 where the build has AVX512-BF16 the native prompt
-    kernel (all four prompts in one call), otherwise batched causal SDPA (two of one length share a
-    call, a third length gets its own); every row against the float64 oracle, in the caller's row
-    order."""
+    """In bf16 where the build has AVX512-BF16, every chunk of at least ``KERNEL_MIN_ROWS`` rows
+    (the whole prompts and the chunk over a cached prefix) goes to the native prompt kernel in one
+    call; otherwise whole prompts of at least ``SDPA_MIN_ROWS`` tokens go to batched causal SDPA
+    (two of one length share a call, a third length gets its own) and the chunk over a prefix to
+    the paged tile. A short whole prompt, a decode row and a sequence with no query stay on the
+    paged tile either way; every row against the float64 oracle, in the caller's row order."""
     bs, hq, hkv, d, m = 16, 9, 3, 64, cpu_native.SDPA_MIN_ROWS
     # (query_len, context_len): fresh m, fresh m + 21 (two), over a prefix, short fresh, decode, none.
     layout = [(m, m), (m + 21, m + 21), (40, 40 + m), (m + 21, m + 21), (5, 5), (1, 77), (0, 30), (m, m)]
@@ -133,7 +133,7 @@ def test_whole_prompt_chunks_take_sdpa_and_match_oracle(dtype, prompt_kernel, mo
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, torch.tensor(qsl, dtype=torch.int32), kv.context_lens, 0.125)
     out = cpu_native.paged_prefill_attention(*args, prompt_kernel=prompt_kernel)
     if prompt_kernel and dtype == torch.bfloat16 and cpu_native.prompt_kernel_isa():
-        assert sorted(map(sorted, kernel_calls)) == [[0, 1, 3, 7]] and sdpa_calls == []
+        assert sorted(map(sorted, kernel_calls)) == [[0, 1, 2, 3, 7]] and sdpa_calls == []
     else:
         assert sorted(map(sorted, sdpa_calls)) == [[0, 7], [1, 3]] and kernel_calls == []
     expected = torch.cat(

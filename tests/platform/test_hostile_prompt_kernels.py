@@ -141,9 +141,9 @@ class Counters:
         self.group_calls = 0
         real_attn, real_fn = cpu_prompt_attention.attend, cpu_sgmv._prompt_group_fn
 
-        def attn(q, out, k, v, bt, seqs, starts, lens, scale, *, lib):
+        def attn(q, out, k, v, bt, seqs, starts, lens, scale, *, lib, offsets=None):
             self.prompt_lens.extend(lens)
-            return real_attn(q, out, k, v, bt, seqs, starts, lens, scale, lib=lib)
+            return real_attn(q, out, k, v, bt, seqs, starts, lens, scale, lib=lib, offsets=offsets)
 
         def group_fn(*a):
             fn = real_fn(*a)
@@ -397,24 +397,26 @@ def test_sgmv_tiles_keep_a_poisoned_prompt_from_its_neighbours_in_one_group():
 # ----------------------------------------------------------------------------- in-process engine
 @needs_kernels
 def test_the_new_kernels_run_where_documented_and_not_elsewhere(llm, monkeypatch):
-    """63 tokens: no whole-prompt kernel; 64: one call for it; a step's whole prompts in one call;
+    """15 tokens: no prompt kernel; 16: one call for it; a step's prompt chunks in one call;
     adapter rows of >= 16 tokens reach the SGMV groups entry point; base-only rows do not."""
     c = Counters(monkeypatch)
     greedy = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-    llm.generate([_ids(63, 1)], greedy, adapters=[None])
+    below = cpu_native.KERNEL_MIN_ROWS - 1
+    llm.generate([_ids(below, 1)], greedy, adapters=[None])
     assert c.prompt_lens == [] and c.group_calls == 0
-    llm.generate([_ids(64, 2)], greedy, adapters=[None])
-    assert c.prompt_lens == [64] * 4  # one call per layer (4 layers)
+    llm.generate([_ids(below + 1, 2)], greedy, adapters=[None])
+    assert c.prompt_lens == [below + 1] * 4  # one call per layer (4 layers)
     assert c.group_calls == 0  # no adapter: has_lora is False, SGMV returns before
     c.prompt_lens.clear()
     llm.generate([_ids(17, 3)], greedy, adapters=["r5"])
-    assert c.prompt_lens == [] and c.group_calls > 0
+    assert c.prompt_lens == [17] * 4 and c.group_calls > 0
     c.prompt_lens.clear()
     outs = llm.generate([_ids(n, 10 + n) for n in (64, 65, 129, 30)], greedy, adapters=["r8", None, "r16", "r12"])
     assert all(o.error is None for o in outs)
-    # (a burst may go in groups: a prompt joining decodes is cut at 128 tokens, its first chunk whole)
-    assert {64, 65} <= set(c.prompt_lens) <= {64, 65, 128, 129}, c.prompt_lens
-    assert {128, 129} & set(c.prompt_lens), c.prompt_lens
+    # (a burst may go in groups and a prompt joining decodes is cut into chunks; every chunk of at
+    # least KERNEL_MIN_ROWS rows, whole prompt or not, reaches the kernel)
+    assert 30 in c.prompt_lens and min(c.prompt_lens) >= cpu_native.KERNEL_MIN_ROWS, c.prompt_lens
+    assert max(c.prompt_lens) <= 129 and sum(c.prompt_lens) >= 4 * (64 + 65 + 129 + 30 - 3 * 15), c.prompt_lens
 
 
 def _waves(llm: LLM, ops, first: list, later: list, steps_between: int = 3) -> list:
