@@ -269,11 +269,12 @@ class EngineConfig:
     # (kernels/cpu_packed.PREFILL_GROUP_TOKENS, measured by benchmarks/engine/prefill_group.py);
     # 0 on CUDA, for float32 models and on the torch backend (not measured there).
     prefill_group_tokens: int | None = None
-    # While N sequences decode, a step adds at most N x prefill_tokens_per_decode prompt tokens
-    # (rounded up to 64, at least 64; a chunk is cut to fit): every decoding stream's next token
-    # waits for the step, so beside 16 streams a prompt goes 64 tokens a step (ITL p99 stays near
-    # a decode step's) and beside 64 a 256-token group does (throughput). It bounds the step below
-    # max_prefill_tokens_with_decodes and prefill_group_tokens. 0: off. None: sized at start from
+    # While N sequences decode and W wait, a step adds at most (N + W) x prefill_tokens_per_decode
+    # prompt tokens (rounded up to 16, at least 32; a chunk is cut to fit): every decoding stream's
+    # next token waits for the step, so beside 16 streams a prompt goes 48 tokens a step (ITL p99
+    # stays near a decode step's) and beside 64 192 tokens do (throughput); with nothing decoding
+    # it does not apply. It bounds the step below max_prefill_tokens_with_decodes and
+    # prefill_group_tokens. 0: off. None: sized at start from
     # the CPU kind (kernels/cpu_packed.PREFILL_TOKENS_PER_DECODE, measured over HTTP in
     # docs/cpu-performance.md); 0 on CUDA, for float32 models and on the torch backend.
     prefill_tokens_per_decode: int | None = None

@@ -27,21 +27,24 @@ from .sequence import Sequence, SequenceStatus
 # adapters until a slot frees for it, so it cannot starve behind a stream of resident adapters.
 LORA_MAX_BLOCKED_STEPS = 16
 
-# prefill_tokens_per_decode's room: a multiple of PROMPT_ROOM_QUANTUM tokens (two KV blocks of the
+# prefill_tokens_per_decode's room: a multiple of PROMPT_ROOM_QUANTUM tokens (a KV block of the
 # default 16) and never below PROMPT_ROOM_MIN: smaller chunks run the GEMMs well below their rate
-# and add a step to a prompt's TTFT per chunk, and a step of a few decodes is short anyway.
-PROMPT_ROOM_QUANTUM = 32
-PROMPT_ROOM_MIN = 64
+# and add a step to a prompt's TTFT per chunk.
+PROMPT_ROOM_QUANTUM = 16
+PROMPT_ROOM_MIN = 32
 
 
-def prompt_room(decodes: int, per_decode: int) -> int | None:
-    """How many prompt tokens a step carrying ``decodes`` decode rows may add (None: no limit but
-    the others): ``per_decode`` each, rounded up to the quantum, at least PROMPT_ROOM_MIN. Every
-    decoding stream waits for the step, so the prompt work it may wait for grows with how many
-    share the wait: at 4 per decode, beside 16 decodes a 64-token chunk, beside 64 a 256-token group."""
+def prompt_room(decodes: int, waiting: int, per_decode: int) -> int | None:
+    """How many prompt tokens a step carrying ``decodes`` decode rows may add while ``waiting``
+    requests wait (None: no limit but the others): ``per_decode`` for each of them, rounded up to
+    the quantum, at least PROMPT_ROOM_MIN. Every decoding stream waits for the step and every
+    waiting request for its admission, so the prompt work a step carries grows with how many share
+    the wait: at 3 each, beside 16 streams a 48-token chunk, beside 64 a 192-token one, and a burst
+    of 64 arrivals is admitted 192 tokens a step however few decode yet. No decodes: no limit."""
     if not per_decode or not decodes:
         return None
-    return max(PROMPT_ROOM_MIN, -(-decodes * per_decode // PROMPT_ROOM_QUANTUM) * PROMPT_ROOM_QUANTUM)
+    want = (decodes + waiting) * per_decode
+    return max(PROMPT_ROOM_MIN, -(-want // PROMPT_ROOM_QUANTUM) * PROMPT_ROOM_QUANTUM)
 
 
 class Scheduler:
@@ -146,7 +149,9 @@ class Scheduler:
         chunk_cap = cap if cap is not None and queue and queue[0].in_decode else budget
         # Beside decodes, the step's prompt tokens are bounded by how many streams decode: a chunk
         # is cut to fit, later prompts wait for the next step.
-        room = prompt_room(sum(1 for s in queue if s.in_decode), self.config.prefill_tokens_per_decode)
+        room = prompt_room(
+            sum(1 for s in queue if s.in_decode), self.policy.num_waiting(), self.config.prefill_tokens_per_decode
+        )
         if room is not None:
             chunk_cap = min(chunk_cap, room)
         prompt_tokens = 0  # this step's prompt tokens, for prefill_group_tokens and the room

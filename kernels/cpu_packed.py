@@ -114,12 +114,12 @@ def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
     return PREFILL_GROUP_TOKENS[kind or cpu_kind().name]
 
 
-# Prompt tokens a step may add per decoding sequence beside it, for a bf16 model on the packed
-# linears: the engine's default ``prefill_tokens_per_decode`` (beside 16 decodes a step's prompt
-# work is cut to 64 tokens, beside 64 it may be 256). Measured over HTTP against vLLM's load
+# Prompt tokens a step may add per decoding (or waiting) sequence, for a bf16 model on the packed
+# linears: the engine's default ``prefill_tokens_per_decode`` (beside 16 streams a step's prompt
+# work is cut to 48 tokens, beside 64 to 192). Measured over HTTP against vLLM's load
 # generator on the AVX512-BF16 EPYC (docs/cpu-performance.md, "Prompt room by decodes"); AMX takes
 # the same value, not measured there (no AMX machine); ``none`` (float32): off.
-PREFILL_TOKENS_PER_DECODE = {"amx": 4, "avx512_bf16": 4, "none": 0}
+PREFILL_TOKENS_PER_DECODE = {"amx": 3, "avx512_bf16": 3, "none": 0}
 
 
 def prefill_tokens_per_decode(dtype: torch.dtype, kind: str | None = None) -> int:

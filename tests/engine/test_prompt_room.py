@@ -1,6 +1,7 @@
-"""prefill_tokens_per_decode: while N sequences decode, a step adds at most N x per-decode prompt
-tokens (rounded up to the scheduler's quantum, at least its minimum), cutting a prompt's chunk to
-fit; with nothing decoding it does not apply (a burst's first step is the prefill group's). Counted
+"""prefill_tokens_per_decode: while N sequences decode and W wait, a step adds at most (N + W) x
+per-decode prompt tokens (rounded up to the scheduler's quantum, at least its minimum), cutting a
+prompt's chunk to fit; with nothing decoding it does not apply (a burst's first step is the
+prefill group's). Counted
 on the scheduler's plans; greedy outputs equal the unlimited engine's (float32 on the torch backend:
 chunking does not change a row's numbers); unset, it is sized from the CPU kind
 (kernels/cpu_packed.PREFILL_TOKENS_PER_DECODE) for bf16 models on the packed linears, 0 elsewhere."""
@@ -42,21 +43,21 @@ def _engine(model: str, per_decode: int, **kw) -> LLMEngine:
 
 def _run(engine: LLMEngine, running: int, later: list[int], steps_between: int = 2):
     """``running`` 8-token prompts start and decode for ``steps_between`` steps, then prompts of
-    ``later`` lengths arrive together. Returns per step (decode rows, prompt chunk sizes) from the
-    arrival on, and every request's tokens."""
+    ``later`` lengths arrive together. Returns per step (decode rows, prompt chunk sizes, requests
+    waiting before the plan) from the arrival on, and every request's tokens."""
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     for i in range(running):
         engine.add_request([rng.randrange(5, vocab) for _ in range(8)], params, request_id=f"d{i}")
-    plans: list[tuple[int, list[int]]] = []
+    plans: list[tuple[int, list[int], int]] = []
     schedule = engine.scheduler.schedule
 
     def spy():
+        waiting = engine.scheduler.policy.num_waiting()
         plan = schedule()
-        plans.append(
-            (sum(1 for c in plan.chunks if c.seq.in_decode), [c.num_tokens for c in plan.chunks if not c.seq.in_decode])
-        )
+        decodes = sum(1 for c in plan.chunks if c.seq.in_decode)
+        plans.append((decodes, [c.num_tokens for c in plan.chunks if not c.seq.in_decode], waiting))
         return plan
 
     engine.scheduler.schedule = spy
@@ -77,39 +78,42 @@ def _run(engine: LLMEngine, running: int, later: list[int], steps_between: int =
     return plans[arrival:], outs
 
 
-def test_room_grows_with_the_decodes():
-    assert prompt_room(0, 4) is None and prompt_room(16, 0) is None
-    assert prompt_room(1, 4) == PROMPT_ROOM_MIN == prompt_room(16, 4) == 64
-    assert prompt_room(17, 4) == 64 + PROMPT_ROOM_QUANTUM
-    assert prompt_room(62, 4) == 256 and prompt_room(64, 4) == 256
-    assert all(prompt_room(d, 3) % PROMPT_ROOM_QUANTUM == 0 for d in range(1, 100))
-    assert [prompt_room(d, 4) for d in range(1, 100)] == sorted(prompt_room(d, 4) for d in range(1, 100))
+def test_room_grows_with_the_decodes_and_the_waiting():
+    assert prompt_room(0, 0, 3) is None and prompt_room(0, 64, 3) is None and prompt_room(16, 0, 0) is None
+    assert prompt_room(1, 0, 3) == PROMPT_ROOM_MIN == 32
+    assert prompt_room(16, 0, 3) == 48 and prompt_room(15, 1, 3) == 48
+    assert prompt_room(17, 0, 3) == 48 + PROMPT_ROOM_QUANTUM
+    assert prompt_room(64, 0, 3) == 192 == prompt_room(2, 62, 3)  # a burst is admitted as fast
+    assert prompt_room(62, 0, 4) == 256
+    assert all(prompt_room(d, w, 3) % PROMPT_ROOM_QUANTUM == 0 for d in range(1, 80) for w in range(5))
+    rooms = [prompt_room(d, 0, 3) for d in range(1, 100)]
+    assert rooms == sorted(rooms)
 
 
-def test_a_prompt_beside_sixteen_decodes_goes_sixty_four_tokens_a_step(tiny_llama):
-    """16 streams decode when a 150-token prompt arrives: at 4 per decode it is prefilled 64, 64,
-    22 tokens a step (the chunk cap alone, 128, would take it in 128 + 22), every step with all 16
-    decodes; greedy tokens equal the unlimited engine's."""
-    plans, outs = _run(_engine(tiny_llama, 4), 16, [150])
+def test_a_prompt_beside_sixteen_decodes_is_chunked_to_the_room(tiny_llama):
+    """16 streams decode when a 150-token prompt arrives: at 3 per stream it is prefilled 64 (17
+    share the first step: the streams and the prompt itself, waiting), 48, 38 tokens a step (the
+    chunk cap alone, 128, takes it in 128 + 22), every step with all 16 decodes; greedy tokens equal
+    the unlimited engine's."""
+    plans, outs = _run(_engine(tiny_llama, 3), 16, [150])
     free_plans, free_outs = _run(_engine(tiny_llama, 0), 16, [150])
-    assert [chunks for _, chunks in plans[:3]] == [[64], [64], [22]], plans[:4]
-    assert all(d == 16 for d, _ in plans[:3]), plans[:4]
-    assert [chunks for _, chunks in free_plans[:2]] == [[128], [22]], free_plans[:3]
+    assert [chunks for _, chunks, _ in plans[:3]] == [[64], [48], [38]], plans[:4]
+    assert [prompt_room(d, w, 3) for d, _, w in plans[:2]] == [64, 48]
+    assert all(d == 16 for d, _, _ in plans[:3]), plans[:4]
+    assert [chunks for _, chunks, _ in free_plans[:2]] == [[128], [22]], free_plans[:3]
     assert outs == free_outs and len(outs) == 17
 
 
 def test_prompts_arriving_together_share_the_room(tiny_llama):
-    """40 streams decode (room 160) when four 70-token prompts arrive: the step's prompt tokens
-    never exceed the room, the prompt that does not fit is cut (its rest goes on the next step
-    before new admissions), and all 280 tokens are prefilled within the steps the room allows."""
+    """40 streams decode when four 70-token prompts arrive (room (40 + 4) x 4 = 176): the step's
+    prompt tokens never exceed the room, the prompt that does not fit is cut (its rest goes on the
+    next step before new admissions), and all 280 tokens are prefilled in two steps."""
     plans, outs = _run(_engine(tiny_llama, 4, max_num_seqs=64), 40, [70, 70, 70, 70])
-    room = prompt_room(40, 4)
-    assert room == 160
-    prompt_steps = [(d, chunks) for d, chunks in plans if chunks]
-    assert all(sum(chunks) <= prompt_room(d, 4) for d, chunks in prompt_steps), prompt_steps
-    assert prompt_steps[0] == (40, [70, 70, 20]), prompt_steps
-    assert sum(sum(c) for _, c in prompt_steps) == 280
-    assert len(prompt_steps) == 2, prompt_steps
+    prompt_steps = [(d, chunks, w) for d, chunks, w in plans if chunks]
+    assert all(sum(chunks) <= prompt_room(d, w, 4) for d, chunks, w in prompt_steps), prompt_steps
+    assert prompt_steps[0] == (40, [70, 70, 36], 4), prompt_steps
+    assert prompt_steps[1][1] == [34, 70], prompt_steps
+    assert sum(sum(c) for _, c, _ in prompt_steps) == 280 and len(prompt_steps) == 2, prompt_steps
     _, free_outs = _run(_engine(tiny_llama, 0, max_num_seqs=64), 40, [70, 70, 70, 70])
     assert outs == free_outs
 
@@ -117,9 +121,9 @@ def test_prompts_arriving_together_share_the_room(tiny_llama):
 def test_no_room_limit_without_decodes(tiny_llama):
     """A burst with nothing decoding (the first step) is not limited by the room: the whole burst
     goes in one step (no prefill group here), as with the room off."""
-    engine = _engine(tiny_llama, 4)
+    engine = _engine(tiny_llama, 3)
     plans, _ = _run(engine, 0, [100, 100, 100], steps_between=0)
-    assert plans[0] == (0, [100, 100, 100]), plans[:2]
+    assert plans[0][:2] == (0, [100, 100, 100]), plans[:2]
 
 
 def test_room_is_validated(tiny_llama):
@@ -136,7 +140,7 @@ def test_unset_room_is_sized_from_the_cpu_kind(tiny_llama):
     assert EngineConfig(model=tiny_llama, dtype="bfloat16", kernel_backend="torch").prefill_tokens_per_decode == 0
     want = cpu_packed.prefill_tokens_per_decode(torch.bfloat16)
     assert EngineConfig(model=tiny_llama, dtype="bfloat16", kernel_backend="cpu").prefill_tokens_per_decode == want
-    assert EngineConfig(model=tiny_llama, dtype="bfloat16", prefill_tokens_per_decode=2).prefill_tokens_per_decode == 2
+    assert EngineConfig(model=tiny_llama, dtype="bfloat16", prefill_tokens_per_decode=5).prefill_tokens_per_decode == 5
     assert cpu_packed.prefill_tokens_per_decode(torch.float32, "amx") == 0
     assert cpu_packed.prefill_tokens_per_decode(torch.bfloat16, "none") == 0
     for kind in ("amx", "avx512_bf16"):
