@@ -233,12 +233,7 @@ def check_cpu_overrides() -> None:
 
 # Fields that may be None (auto-sized from the device once the model is known) and a valid stand-in
 # to check the others with before that.
-_AUTO_PLACEHOLDER: dict[str, Any] = {
-    "max_num_seqs": 1,
-    "kv_cache_memory_gb": 1.0,
-    "prefill_group_tokens": 0,
-    "prefill_tokens_per_decode": 0,
-}
+_AUTO_PLACEHOLDER: dict[str, Any] = {"max_num_seqs": 1, "kv_cache_memory_gb": 1.0, "prefill_group_tokens": 0}
 _VIEWS: tuple[type, ...] = (SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 _V = TypeVar("_V", SchedulerConfig, CacheConfig, LoRAConfig, SpeculativeConfig, RequestLimits)
 
@@ -271,13 +266,13 @@ class EngineConfig:
     prefill_group_tokens: int | None = None
     # While N sequences decode and W wait, a step adds at most (N + W) x prefill_tokens_per_decode
     # prompt tokens (rounded up to 16, at least 32; a chunk is cut to fit): every decoding stream's
-    # next token waits for the step, so beside 16 streams a prompt goes 48 tokens a step (ITL p99
-    # stays near a decode step's) and beside 64 192 tokens do (throughput); with nothing decoding
-    # it does not apply. It bounds the step below max_prefill_tokens_with_decodes and
-    # prefill_group_tokens. 0: off. None: sized at start from
-    # the CPU kind (kernels/cpu_packed.PREFILL_TOKENS_PER_DECODE, measured over HTTP in
-    # docs/cpu-performance.md); 0 on CUDA, for float32 models and on the torch backend.
-    prefill_tokens_per_decode: int | None = None
+    # next token waits for the step, so at 4, beside 16 streams a prompt goes 64 tokens a step and
+    # beside 64 a 256-token group does; with nothing decoding it does not apply. It bounds the step
+    # below max_prefill_tokens_with_decodes and prefill_group_tokens. 0 (default): off. For
+    # deployments whose users read streams token by token: measured over HTTP (docs/cpu-performance.md,
+    # "Prompt room by decodes"), 4 halves ITL p99 at 16 clients for ~15% of that row's throughput and
+    # changes nothing at 64.
+    prefill_tokens_per_decode: int = 0
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: sized from the device's free memory
@@ -361,9 +356,7 @@ class EngineConfig:
         if self.max_num_seqs is None or (self.kv_cache_memory_gb is None and self.num_kv_blocks is None):
             self._size_from_memory()
         if self.prefill_group_tokens is None:
-            self.prefill_group_tokens = self._auto_prefill("prefill_group_tokens")
-        if self.prefill_tokens_per_decode is None:
-            self.prefill_tokens_per_decode = self._auto_prefill("prefill_tokens_per_decode")
+            self.prefill_group_tokens = self._auto_prefill_group_tokens()
         self.validate_fields()
         if self.speculative_method == "draft" and not (Path(str(self.draft_model)) / "config.json").is_file():
             raise ValueError(
@@ -462,8 +455,7 @@ class EngineConfig:
             )
             self.max_num_seqs = auto_max_num_seqs(device, kv_tokens)
 
-    def _auto_prefill(self, field: str) -> int:
-        """``prefill_group_tokens`` or ``prefill_tokens_per_decode`` for this CPU kind and dtype."""
+    def _auto_prefill_group_tokens(self) -> int:
         from loraplex.kernels import cpu_packed
 
         from .models import ModelConfig
@@ -471,8 +463,7 @@ class EngineConfig:
         device = self.torch_device
         if device.type != "cpu" or self.kernel_backend == "torch":
             return 0
-        dtype = self.torch_dtype(ModelConfig.from_dir(self.model).checkpoint_dtype)
-        return getattr(cpu_packed, field)(dtype)
+        return cpu_packed.prefill_group_tokens(self.torch_dtype(ModelConfig.from_dir(self.model).checkpoint_dtype))
 
     @property
     def torch_device(self) -> torch.device:

@@ -114,21 +114,6 @@ def prefill_group_tokens(dtype: torch.dtype, kind: str | None = None) -> int:
     return PREFILL_GROUP_TOKENS[kind or cpu_kind().name]
 
 
-# Prompt tokens a step may add per decoding (or waiting) sequence, for a bf16 model on the packed
-# linears: the engine's default ``prefill_tokens_per_decode`` (beside 16 streams a step's prompt
-# work is cut to 48 tokens, beside 64 to 192). Measured over HTTP against vLLM's load
-# generator on the AVX512-BF16 EPYC (docs/cpu-performance.md, "Prompt room by decodes"); AMX takes
-# the same value, not measured there (no AMX machine); ``none`` (float32): off.
-PREFILL_TOKENS_PER_DECODE = {"amx": 3, "avx512_bf16": 3, "none": 0}
-
-
-def prefill_tokens_per_decode(dtype: torch.dtype, kind: str | None = None) -> int:
-    """The engine's default prompt room per decoding sequence (0: off)."""
-    if dtype != torch.bfloat16 or not packs_bf16(kind):
-        return 0
-    return PREFILL_TOKENS_PER_DECODE[kind or cpu_kind().name]
-
-
 # The bf16 linear each kind with native bf16 runs (read at load, by ``CpuLinearOps``):
 # "pair_panels": our vdpbf16ps kernel on a copy in pair panels (``csrc/cpu_linear_bf16.cpp``);
 # "onednn": oneDNN's blocked copy (AMX tiles on an AMX Xeon, AVX512-BF16 blocks on Zen 4).

@@ -1,5 +1,5 @@
 """Serving-shaped traffic through one in-process engine: ``concurrency`` clients each send a random
-128-token prompt and read 64 greedy tokens (ignore_eos), a new prompt as soon as one ends,
+128-token prompt (or ``prompt_len``) and read 64 greedy tokens (ignore_eos), a new prompt as soon as one ends,
 ``2 x concurrency`` requests in all -- the shape of ``vllm bench serve`` at that concurrency (at 64
 clients ~2 new prompts join every decode step). Shared by the engine A/B benchmarks that swap one
 ``KernelOps`` field between runs (benchmarks/engine/prompt_attention.py, sgmv_prompt_groups.py),
@@ -12,7 +12,9 @@ import statistics
 import time
 
 
-def serve_shaped(llm, concurrency: int, ops, seed: int, adapters: list[str] | None = None) -> dict:
+def serve_shaped(
+    llm, concurrency: int, ops, seed: int, adapters: list[str] | None = None, prompt_len: int = 128
+) -> dict:
     """Runs the traffic on ``llm`` with ``ops`` as the model's kernels; request i names
     ``adapters[i % len(adapters)]`` (None: the base model). Every call must pass its own ``seed``
     (a repeated prompt would be a prefix-cache hit, no prefill)."""
@@ -29,7 +31,9 @@ def serve_shaped(llm, concurrency: int, ops, seed: int, adapters: list[str] | No
     while done < total:
         while sent < total and sent - done < concurrency:
             adapter = adapters[sent % len(adapters)] if adapters else None
-            eng.add_request(EngineRequest([rng.randrange(100, 20000) for _ in range(128)], params, adapter=adapter))
+            eng.add_request(
+                EngineRequest([rng.randrange(100, 20000) for _ in range(prompt_len)], params, adapter=adapter)
+            )
             sent += 1
         prompts = eng.policy.num_waiting() + sum(1 for s in eng.scheduler.running if not s.in_decode)
         s0 = time.perf_counter()
@@ -49,7 +53,13 @@ def serve_shaped(llm, concurrency: int, ops, seed: int, adapters: list[str] | No
 
 
 def alternating(
-    llm, variants: dict, concurrency: int, rounds: int, seed: int, adapters: list[str] | None = None
+    llm,
+    variants: dict,
+    concurrency: int,
+    rounds: int,
+    seed: int,
+    adapters: list[str] | None = None,
+    prompt_len: int = 128,
 ) -> dict:
     """``rounds`` rounds of ``serve_shaped`` under each of ``variants`` (name -> KernelOps), the
     order reversed every other round, prompts of their own for every run (derived from ``seed``):
@@ -59,7 +69,9 @@ def alternating(
     for rnd in range(rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
             run_seed = seed + 1000 * rnd + 7 * names.index(name)
-            runs[name].append(serve_shaped(llm, concurrency, variants[name], seed=run_seed, adapters=adapters))
+            runs[name].append(
+                serve_shaped(llm, concurrency, variants[name], seed=run_seed, adapters=adapters, prompt_len=prompt_len)
+            )
     row: dict = {}
     for name, rs in runs.items():
         row[name] = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "tok_per_cpu_s", "prompt_step_ms")}

@@ -175,7 +175,9 @@ def test_portable_twin_matches_the_oracle(monkeypatch):
         assert_close_scaled(out, _expected(kv, q, qsl, 0.1), torch.bfloat16, f"portable {lengths}")
     kv, qc, qsl = _chunk_case([150], [70], 16, 9, 3, 64, seed=3)
     out = torch.full_like(qc, float("nan")).contiguous()
-    cpu_prompt_attention.attend(qc, out, kv.k_cache, kv.v_cache, kv.block_tables, [0], [0], [70], 0.1, lib=lib, offsets=[80])
+    cpu_prompt_attention.attend(
+        qc, out, kv.k_cache, kv.v_cache, kv.block_tables, [0], [0], [70], 0.1, lib=lib, offsets=[80]
+    )
     assert_close_scaled(out, _expected(kv, qc, qsl, 0.1), torch.bfloat16, "portable chunk 70 of 150")
     kv, q, qsl = _case([130], 8, 4, 4, 80, seed=80)
     assert not cpu_native.prompt_kernel_isa() and not cpu_native.prompt_kernel_applies(q)
