@@ -24,7 +24,8 @@ folded stacks land next to the JSON.
 Same demo model (SmolLM2-135M-Instruct, bf16, converted by loraplex), the same 64 rank-16 PEFT
 adapters on every linear layer (``benchmarks/lib/peer_adapters.py``), registered on each server (loraplex: uploaded
 through the admin API as shared adapters; vLLM: ``--lora-modules``). Every row is one
-``vllm bench serve`` call per system (random 128-token prompts, new ones every round and row, ``--output-len`` tokens,
+``vllm bench serve`` call per system (random 128-token prompts, 1024 on ``long-c16``, which runs only
+when named in ``--rows``; new ones every round and row, ``--output-len`` tokens,
 ignore_eos; ``--lora-modules`` spreads requests over the adapters), systems alternating (A B C,
 C B A, ...) over ``--rounds``; the table shows medians: output tok/s, TTFT and ITL p50/p99, the
 server's CPU-seconds per output token and cores used (its whole process tree, from /proc), RSS
@@ -72,7 +73,7 @@ def vllm_cli(venv: Path) -> list[str]:
     return [str(venv / "bin" / "python"), "-c", VLLM_CLI]
 
 
-ROWS = {  # name -> (adapters, concurrency, prompts per 16 concurrency)
+ROWS = {  # name -> (adapters, concurrency)
     "base-c1": (0, 1),
     "base-c16": (0, 16),
     "base-c64": (0, 64),
@@ -80,7 +81,10 @@ ROWS = {  # name -> (adapters, concurrency, prompts per 16 concurrency)
     "a8-c64": (8, 64),
     "a64-c16": (64, 16),
     "a64-c64": (64, 64),
+    "long-c16": (0, 16),  # 1024-token prompts (LONG_ROWS): chunked beside decodes on both servers
 }
+PROMPT_LEN = 128
+LONG_ROWS = {"long-c16": 1024}  # rows whose random prompts are longer than PROMPT_LEN
 
 
 def _tree_rss_mb(root: int) -> float:
@@ -260,7 +264,8 @@ def run_row(
     result = tmp / f"{server.name}-{row}-{time.time_ns()}.json"
     cmd = [*vllm_cli(venv), "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions"]
     cmd += ["--base-url", server.url, "--model", server.model, "--tokenizer", str(model)]
-    cmd += ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", str(out_len)]
+    cmd += ["--dataset-name", "random", "--random-input-len", str(LONG_ROWS.get(row, PROMPT_LEN))]
+    cmd += ["--random-output-len", str(out_len)]
     cmd += ["--num-prompts", str(prompts), "--max-concurrency", str(conc), "--ignore-eos", "--seed", str(seed)]
     cmd += ["--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
     cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
@@ -303,7 +308,7 @@ def main() -> None:
     ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV)
     ap.add_argument("--before-venv", type=Path, default=ROOT / ".venv", help="venv of the 'before' loraplex")
     ap.add_argument("--systems", default="vllm,loraplex,loraplex-before")
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=",".join(r for r in ROWS if r not in LONG_ROWS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--prompts-per-16", type=int, default=32, help="prompts per row = this x concurrency / 16 (>= 4)")
