@@ -215,9 +215,10 @@ class Scheduler:
         running_adapters = Counter(s.adapter for s in self.running if s.adapter is not None)
         starving = self._starving_adapter()
         group = self.config.prefill_group_tokens
-        if room is not None:  # beside decodes: the prompt room bounds the step, cutting a prompt
-            budget = min(budget, room - prompt_tokens)
-        while budget > 0 and not (group and prompt_tokens >= group):
+        # Beside decodes, the prompt room bounds the step's prompt tokens, cutting a prompt. Kept apart
+        # from the budget: a preempted decode gives its token back to the budget, never to the room.
+        room_left = None if room is None else room - prompt_tokens
+        while budget > 0 and not (group and prompt_tokens >= group) and (room_left is None or room_left > 0):
             seq = self.policy.next_waiting(exclude, now)
             if seq is None:
                 break
@@ -228,11 +229,12 @@ class Scheduler:
                 exclude.add(seq.seq_id)
                 continue
             cached = self.kv.cached_prefix_len(seq)  # prefix caching: prefill only the rest
-            n = min(seq.num_uncomputed_tokens - cached, budget, chunk_cap)
+            cap = chunk_cap if room_left is None else min(chunk_cap, room_left)
+            n = min(seq.num_uncomputed_tokens - cached, budget, cap)
             if full or not self.kv.can_admit(seq, n, cached):
                 # The policy may let a waiting request push running ones out (a better class...).
                 budget = self._preempt_for(seq, n, cached, out, budget, running_adapters, now)
-                n = min(seq.num_uncomputed_tokens - cached, budget, chunk_cap)
+                n = min(seq.num_uncomputed_tokens - cached, budget, cap)
                 if self._slots_used() + self._slots_needed(seq) > self.config.max_num_seqs or not self.kv.can_admit(
                     seq, n, cached
                 ):
@@ -240,6 +242,8 @@ class Scheduler:
             self._start(seq, n, out, cached)
             budget -= n
             prompt_tokens += n
+            if room_left is not None:
+                room_left -= n
             if seq.adapter is not None:
                 running_adapters[seq.adapter] += 1
 
