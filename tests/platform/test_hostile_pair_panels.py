@@ -29,6 +29,7 @@ from billing_helpers import auth, new_adapter, new_tenant
 from harness.adapters import adapter_files, make_peft_adapter
 from harness.net import free_port_below_ephemeral
 from harness.serve import ServeProcess, serve_argv
+from hostile_http_helpers import fire
 from platform_helpers import ADMIN_KEY
 
 from loraplex.engine import LLM, EngineConfigError, SamplingParams, StructuredOutputSpec, resolved_config
@@ -216,17 +217,6 @@ def server(demo_model_dir, adapters, tmp_path_factory):
     assert "Traceback" not in log, log[-3000:]
 
 
-def _fire(url: str, key: str, path: str, body: dict) -> tuple[int, str]:
-    if body.get("stream"):
-        with httpx.stream("POST", url + path, headers=auth(key), json=body, timeout=300) as r:
-            text = "\n".join(r.iter_lines())
-            if r.status_code == 200:
-                assert text.rstrip().endswith("data: [DONE]"), text[-500:]
-            return r.status_code, text
-    r = httpx.post(url + path, headers=auth(key), json=body, timeout=300)
-    return r.status_code, r.text
-
-
 def test_a_panels_server_keeps_seeds_and_serves_a_hostile_mix_while_an_adapter_goes(server):
     """Over HTTP on the panels with ``batch_invariant``: a seeded n = 2 request with logprobs is the
     same alone and sent while 36 other requests of two tenants are in flight (streams, n > 1,
@@ -239,7 +229,7 @@ def test_a_panels_server_keeps_seeds_and_serves_a_hostile_mix_while_an_adapter_g
     assert "pair panels x17" in proc.log.read_text(errors="replace")
     seeded = {"model": "ada", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.0, "seed": 7,
               "logprobs": 3, "n": 2}  # fmt: skip
-    status, alone = _fire(proc.url, key_a, "/v1/completions", seeded)
+    status, alone = fire(proc.url, key_a, "/v1/completions", seeded)
     assert status == 200, alone[:500]
     tool = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
@@ -276,8 +266,8 @@ def test_a_panels_server_keeps_seeds_and_serves_a_hostile_mix_while_an_adapter_g
                     "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2})  # fmt: skip
         crowd.append((key, model, *body))
     with cf.ThreadPoolExecutor(16) as ex:
-        futures = [ex.submit(_fire, proc.url, key, path, body) for key, _, path, body in crowd]
-        status, amid = _fire(proc.url, key_a, "/v1/completions", seeded)
+        futures = [ex.submit(fire, proc.url, key, path, body) for key, _, path, body in crowd]
+        status, amid = fire(proc.url, key_a, "/v1/completions", seeded)
         gone = httpx.delete(proc.url + f"/admin/v1/adapters/{ada2}", headers=auth(ADMIN_KEY), timeout=60)
         results = [f.result() for f in futures]
     assert gone.status_code == 200, gone.text

@@ -49,6 +49,7 @@ import torch
 from billing_helpers import auth, new_adapter, new_tenant
 from harness.adapters import adapter_files, make_peft_adapter
 from harness.serve import ServeProcess, serve_argv
+from hostile_http_helpers import fire, logprob_numbers, payloads
 from platform_helpers import ADMIN_KEY
 
 from loraplex.engine import LLM, EngineRequest, OutputKind, SamplingParams
@@ -985,34 +986,6 @@ def room_server(demo_model_dir, adapters, tmp_path_factory):
     assert "Traceback" not in log, log[-3000:]
 
 
-def _fire(url: str, key: str, path: str, body: dict) -> tuple[int, str]:
-    if body.get("stream"):
-        with httpx.stream("POST", url + path, headers=auth(key), json=body, timeout=300) as r:
-            return r.status_code, "\n".join(r.iter_lines())
-    r = httpx.post(url + path, headers=auth(key), json=body, timeout=300)
-    return r.status_code, r.text
-
-
-def _payloads(text: str, stream: bool) -> list:
-    if not stream:
-        return [json.loads(text)]
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def _numbers(obj, under: bool = False, path: str = "") -> list[tuple[str, float]]:
-    """Every number under a key that names logprobs."""
-    found: list[tuple[str, float]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            found += _numbers(v, under or "logprob" in k, f"{path}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found += _numbers(v, under, f"{path}[{i}]")
-    elif under and isinstance(obj, float):
-        found.append((path, obj))
-    return found
-
-
 def _count(url: str, key: str, path: str, body: dict) -> int:
     """The prompt tokens the server bills ``body`` (its /tokenize, with the chat fields that shape
     the prompt); token-id prompts: their length."""
@@ -1129,8 +1102,8 @@ def test_a_room_server_serves_a_hostile_mix_while_an_adapter_is_deleted_and_reup
         crowd.append((key, model, *body))
     counts = [_count(url, key, path, body) for key, _, path, body in crowd]
     with Keepers(url, key_a, base, 4), cf.ThreadPoolExecutor(16) as ex:
-        first = [ex.submit(_fire, url, key, path, body) for key, path, body in streams]
-        futures = [ex.submit(_fire, url, key, path, body) for key, _, path, body in crowd]
+        first = [ex.submit(fire, url, key, path, body) for key, path, body in streams]
+        futures = [ex.submit(fire, url, key, path, body) for key, _, path, body in crowd]
         gone = httpx.delete(url + f"/admin/v1/adapters/{ids['r5']}", headers=auth(ADMIN_KEY), timeout=60)
         again = new_adapter(url, "r5", tid_b, adapter_files(adapters["r5"]))
         results = [f.result() for f in futures]
@@ -1139,7 +1112,7 @@ def test_a_room_server_serves_a_hostile_mix_while_an_adapter_is_deleted_and_reup
     ids["r5"] = again
     for code, text in stream_results:
         assert code == 200 and text.rstrip().endswith("data: [DONE]"), (code, text[-300:])
-        usage = [p["usage"] for p in _payloads(text, True) if p.get("usage")]
+        usage = [p["usage"] for p in payloads(text, True) if p.get("usage")]
         assert usage and usage[-1]["completion_tokens"] == 150, usage
     bad = []
     for (_, model, path, body), (code, text), count in zip(crowd, results, counts):
@@ -1158,19 +1131,19 @@ def test_a_room_server_serves_a_hostile_mix_while_an_adapter_is_deleted_and_reup
         if stream and not text.rstrip().endswith("data: [DONE]"):
             bad.append(("no [DONE]", *info))
             continue
-        payloads = _payloads(text, stream)
-        if any("error" in p for p in payloads):
+        events = payloads(text, stream)
+        if any("error" in p for p in events):
             if model != "r5":  # r5's streams may end with the deletion's error
                 bad.append(("error in a 200", *info))
             continue
-        for where, v in (x for p in payloads for x in _numbers(p)):
+        for where, v in (x for p in events for x in logprob_numbers(p)):
             assert math.isfinite(v), (where, v, info)
-        usage = [p["usage"] for p in payloads if p.get("usage")]
+        usage = [p["usage"] for p in events if p.get("usage")]
         if not stream or body.get("stream_options"):
             assert usage and usage[-1]["prompt_tokens"] == count, ("usage", usage, count, info)
             if body["max_tokens"] == 1:
                 assert usage[-1]["completion_tokens"] <= body.get("n", 1), ("max_tokens 1", usage, info)
-        choices = [c for p in payloads for c in p.get("choices", [])]
+        choices = [c for p in events for c in p.get("choices", [])]
         if "stop" in body and path == "/v1/completions":
             full = "".join(c.get("text") or "" for c in choices)
             assert not any(s in full for s in body["stop"]), ("a stop string in the text", full, info)
@@ -1193,7 +1166,7 @@ def test_a_room_server_serves_a_hostile_mix_while_an_adapter_is_deleted_and_reup
             assert room is not None and sum(n for n, _ in chunks) <= room, (decodes, waiting, chunks, room, victims)
             over_cached += sum(1 for n, done in chunks if n >= MIN_ROWS and done > 0)
     assert over_cached >= 10, plans[:40]
-    status, text = _fire(url, key_b, "/v1/completions", {"model": "r5", "prompt": WORDS * 30, "max_tokens": 4})
+    status, text = fire(url, key_b, "/v1/completions", {"model": "r5", "prompt": WORDS * 30, "max_tokens": 4})
     assert status == 200, text[:300]
     assert httpx.get(url + "/health", timeout=60).status_code == 200
 
@@ -1213,7 +1186,7 @@ def test_a_room_servers_chunked_greedy_answers_agree_with_an_idle_engine(room_se
         seen = len(_plans(plan_file))
         body = {"model": "r16", "prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 2}
         with Keepers(url, key_a, base, 6):  # the prompt joins 6 running decodes
-            status, text = _fire(url, key_a, "/v1/completions", body)
+            status, text = fire(url, key_a, "/v1/completions", body)
         assert status == 200, text[:300]
         (got,) = json.loads(text)["choices"]
         assert json.loads(text)["usage"]["prompt_tokens"] == len(ids)
@@ -1243,12 +1216,12 @@ def test_prefix_hits_over_http_stay_within_a_tenant(room_server):
     plan_file = proc.data_dir.parent / "plans.txt"
     prompt = _ids(300, 4321)
     longer = prompt + _ids(29, 4322)
-    status, _ = _fire(proc.url, key_a, "/v1/completions", {"model": base, "prompt": prompt, "max_tokens": 2})
+    status, _ = fire(proc.url, key_a, "/v1/completions", {"model": base, "prompt": prompt, "max_tokens": 2})
     assert status == 200
     for key, first_done in ((key_b, 0), (key_a, 288)):
         seen = len(_plans(plan_file))
         body = {"model": base, "prompt": longer, "max_tokens": 4, "temperature": 0, "logprobs": 2}
-        status, text = _fire(proc.url, key, "/v1/completions", body)
+        status, text = fire(proc.url, key, "/v1/completions", body)
         assert status == 200, text[:300]
         chunks = [c for _, _, cs, _ in _plans(plan_file)[seen:] for c in cs]
         assert chunks and chunks[0][1] == first_done, (first_done, chunks)
@@ -1270,7 +1243,7 @@ def test_a_huge_room_serves_normally(tmp_path, demo_model_dir, adapters):
         jobs += [(key, {"model": m, "prompt": long, "max_tokens": 5, "n": 2, "temperature": 0.5})
                  for key, m in ((key_a, "r8"), (key_b, "r5"), (key_a, base))]  # fmt: skip
         with cf.ThreadPoolExecutor(4) as ex:
-            results = list(ex.map(lambda j: _fire(proc.url, j[0], "/v1/completions", j[1]), jobs))
+            results = list(ex.map(lambda j: fire(proc.url, j[0], "/v1/completions", j[1]), jobs))
         assert results[0][0] == 200 and results[0][1].rstrip().endswith("data: [DONE]"), results[0]
         for status, text in results[1:]:
             assert status == 200, text[:300]

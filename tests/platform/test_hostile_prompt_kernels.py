@@ -35,6 +35,7 @@ import torch
 from billing_helpers import auth, new_adapter, new_tenant
 from harness.adapters import adapter_files, make_peft_adapter
 from harness.serve import ServeProcess
+from hostile_http_helpers import fire, logprob_numbers, payloads
 from platform_helpers import ADMIN_KEY
 
 from loraplex.engine import LLM, EngineRequest, OutputKind, SamplingParams
@@ -771,37 +772,6 @@ def server(demo_model_dir, adapters, tmp_path_factory):
     assert "Traceback" not in log, log[-3000:]
 
 
-def _fire(url: str, key: str, path: str, body: dict) -> tuple[int, str]:
-    if body.get("stream"):
-        with httpx.stream("POST", url + path, headers=auth(key), json=body, timeout=300) as r:
-            text = "\n".join(r.iter_lines())
-            if r.status_code == 200:
-                assert text.rstrip().endswith("data: [DONE]"), text[-500:]
-            return r.status_code, text
-    r = httpx.post(url + path, headers=auth(key), json=body, timeout=300)
-    return r.status_code, r.text
-
-
-def _numbers(obj, under: bool = False, path: str = "") -> list[tuple[str, float]]:
-    """Every number under a key that names logprobs (a NaN comes back as NaN from json.loads)."""
-    found: list[tuple[str, float]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            found += _numbers(v, under or "logprob" in k, f"{path}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found += _numbers(v, under, f"{path}[{i}]")
-    elif under and isinstance(obj, float):
-        found.append((path, obj))
-    return found
-
-
-def _payloads(text: str, stream: bool) -> list:
-    if not stream:
-        return [json.loads(text)]
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
-
-
 def test_a_servers_greedy_answers_by_token_ids_agree_with_the_in_process_engine(server, llm):
     """Over HTTP, one request at a time, prompts of 16-1000 tokens as token ids on each adapter and
     the base model: the server's greedy text and logprobs are the in-process new path's (up to
@@ -814,7 +784,7 @@ def test_a_servers_greedy_answers_by_token_ids_agree_with_the_in_process_engine(
         ids = _ids(n, 4000 + n)
         want = llm.generate([ids], SamplingParams(max_tokens=16, temperature=0, logprobs=2), adapters=[adapter])[0]
         body = {"model": adapter or base_id, "prompt": ids, "max_tokens": 16, "temperature": 0, "logprobs": 2}
-        status, text = _fire(proc.url, key, "/v1/completions", body)
+        status, text = fire(proc.url, key, "/v1/completions", body)
         assert status == 200, text[:500]
         (got,) = json.loads(text)["choices"]
         lps = got["logprobs"]["token_logprobs"]
@@ -826,11 +796,11 @@ def test_a_servers_greedy_answers_by_token_ids_agree_with_the_in_process_engine(
         if k < len(lps):  # parted: only at a near-tie of the server's own top-2
             top = sorted(got["logprobs"]["top_logprobs"][k].values(), reverse=True)
             assert len(top) >= 2 and top[0] - top[1] <= TIE, (n, adapter, k, got["logprobs"]["top_logprobs"][k])
-        status, streamed = _fire(proc.url, key, "/v1/completions", {**body, "stream": True})
+        status, streamed = fire(proc.url, key, "/v1/completions", {**body, "stream": True})
         assert status == 200
         # The stream is a prefix-cache hit (the native paged kernel for its last token): the same
         # tokens up to a near-tie of the first answer's top-2 (the demo model's logits are flat).
-        chunks = [c for p in _payloads(streamed, True) for c in p.get("choices", [])]
+        chunks = [c for p in payloads(streamed, True) for c in p.get("choices", [])]
         tokens_s = [t for c in chunks for t in ((c.get("logprobs") or {}).get("tokens") or [])]
         assert "".join(c["text"] for c in chunks) == "".join(tokens_s), (n, adapter)
         tokens = got["logprobs"]["tokens"]
@@ -883,7 +853,7 @@ def test_a_server_serves_a_hostile_mix_while_adapters_are_deleted_and_reuploaded
                     "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2})  # fmt: skip
         crowd.append((key, model, *body))
     with cf.ThreadPoolExecutor(12) as ex:
-        futures = [ex.submit(_fire, proc.url, key, path, body) for key, _, path, body in crowd]
+        futures = [ex.submit(fire, proc.url, key, path, body) for key, _, path, body in crowd]
         gone = httpx.delete(proc.url + f"/admin/v1/adapters/{ids['r5']}", headers=auth(ADMIN_KEY), timeout=60)
         again = new_adapter(proc.url, "r5", tid_b, adapter_files(adapters["r5"]))
         results = [f.result() for f in futures]
@@ -900,9 +870,9 @@ def test_a_server_serves_a_hostile_mix_while_adapters_are_deleted_and_reuploaded
             continue
         if code != 200:
             continue
-        payloads = _payloads(text, bool(body.get("stream")))
-        assert model == "r5" or not any("error" in p for p in payloads), info
-        for where, v in (x for p in payloads for x in _numbers(p)):
+        events = payloads(text, bool(body.get("stream")))
+        assert model == "r5" or not any("error" in p for p in events), info
+        for where, v in (x for p in events for x in logprob_numbers(p)):
             assert math.isfinite(v), (where, v, info)
         if "response_format" in body:
             for choice in payloads[0]["choices"]:
@@ -914,7 +884,7 @@ def test_a_server_serves_a_hostile_mix_while_adapters_are_deleted_and_reuploaded
                 assert choice["finish_reason"] == "length" or choice["message"].get("tool_calls"), info
     assert not bad, bad[:5]
     assert sum(code == 200 for code, _ in results) >= 36
-    status, text = _fire(proc.url, key_b, "/v1/completions", {"model": "r5", "prompt": words * 20, "max_tokens": 4})
+    status, text = fire(proc.url, key_b, "/v1/completions", {"model": "r5", "prompt": words * 20, "max_tokens": 4})
     assert status == 200, text[:300]
 
 
@@ -928,9 +898,9 @@ def test_a_server_at_max_model_len_answers_or_refuses_cleanly(server):
         for model in ("r16", "demo"):
             body = {"model": model, "prompt": _ids(n, n), "max_tokens": max_tokens, "temperature": 0, "logprobs": 2,
                     "echo": True, "prompt_logprobs": 1}  # fmt: skip
-            status, text = _fire(proc.url, key_a, "/v1/completions", body)
+            status, text = fire(proc.url, key_a, "/v1/completions", body)
             assert status == want, (n, max_tokens, model, status, text[:300])
             if status == 200:
-                numbers = _numbers(json.loads(text))
+                numbers = logprob_numbers(json.loads(text))
                 assert len(numbers) > n, (n, len(numbers))
                 assert all(math.isfinite(v) for _, v in numbers), (n, model)
