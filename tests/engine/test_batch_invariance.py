@@ -15,7 +15,10 @@ from loraplex.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="batch_invariant needs the native CPU kernels")
 
-SEEDED_PROMPT = [(i * 37) % 300 + 3 for i in range(150)]  # > 128: chunked when decodes share the step
+# > 128: chunked when decodes share the step, into 128 + 7. The short second chunk keeps the default
+# mode's control below honest: chunks of >= 16 rows take the prompt-attention kernel whole or not
+# (row results independent of the chunking), a 7-row chunk takes the paged tile.
+SEEDED_PROMPT = [(i * 37) % 300 + 3 for i in range(135)]
 OTHERS = [  # (prompt, adapter): short, long, base model and both adapters
     ([5] * 10, None),
     ([9] * 90, "mlp"),

@@ -1148,11 +1148,11 @@ def test_a_room_server_serves_a_hostile_mix_while_an_adapter_is_deleted_and_reup
             full = "".join(c.get("text") or "" for c in choices)
             assert not any(s in full for s in body["stop"]), ("a stop string in the text", full, info)
         if "response_format" in body:
-            for choice in payloads[0]["choices"]:
+            for choice in events[0]["choices"]:
                 if choice["finish_reason"] == "stop":
                     assert set(json.loads(choice["message"]["content"])) >= {"a", "b"}, info
         if body.get("tool_choice") == "required":
-            for choice in payloads[0]["choices"]:
+            for choice in events[0]["choices"]:
                 assert choice["finish_reason"] == "length" or choice["message"].get("tool_calls"), info
     assert not bad, bad[:5]
     assert sum(code == 200 for code, _ in results) >= 28

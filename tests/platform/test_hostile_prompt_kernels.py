@@ -875,12 +875,12 @@ def test_a_server_serves_a_hostile_mix_while_adapters_are_deleted_and_reuploaded
         for where, v in (x for p in events for x in logprob_numbers(p)):
             assert math.isfinite(v), (where, v, info)
         if "response_format" in body:
-            for choice in payloads[0]["choices"]:
+            for choice in events[0]["choices"]:
                 if choice["finish_reason"] == "stop":
                     parsed = json.loads(choice["message"]["content"])
                     assert set(parsed) >= {"a", "b"}, parsed
         if body.get("tool_choice") == "required":
-            for choice in payloads[0]["choices"]:
+            for choice in events[0]["choices"]:
                 assert choice["finish_reason"] == "length" or choice["message"].get("tool_calls"), info
     assert not bad, bad[:5]
     assert sum(code == 200 for code, _ in results) >= 36
