@@ -3,9 +3,10 @@
 Why: the library GEMMs pick their blocking, and so the order in which a dot product is summed, from
 the number of rows M. Measured on this project's CPU (AMD EPYC, AVX512-BF16, torch 2.13): MKL's
 float32 ``F.linear`` gives row 0 different bits at M = 1, 2 and >= 16; the native float32 kernel
-hands over to MKL above 64 rows; and the prefill attention takes torch's SDPA for a chunk that is a
-whole prompt of >= 64 tokens, the native kernel otherwise (whether a prompt arrives whole depends on
-the decodes it shares the step with). A sampled token near a tie then differs between a request
+hands over to MKL above 64 rows; and the prefill attention takes another path for a chunk by its
+size (bf16 on AVX512-BF16: the prompt kernel from 16 rows, the paged tile below; elsewhere torch's
+SDPA for a whole prompt of >= 64 tokens), and how a prompt is chunked depends on the decodes it
+shares the step with. A sampled token near a tie then differs between a request
 served alone and the same request in a batch (issue 36: the same ``seed``, other text).
 
 What this wraps, as vLLM's ``VLLM_BATCH_INVARIANT`` and SGLang's deterministic inference do on
