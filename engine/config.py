@@ -38,6 +38,11 @@ def _positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _non_negative_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
@@ -67,20 +72,8 @@ class SchedulerConfig:
             _positive_int(name, getattr(self, name))
         if self.max_prefill_tokens_with_decodes is not None:
             _positive_int("max_prefill_tokens_with_decodes", self.max_prefill_tokens_with_decodes)
-        if (
-            not isinstance(self.prefill_group_tokens, int)
-            or isinstance(self.prefill_group_tokens, bool)
-            or self.prefill_group_tokens < 0
-        ):
-            raise ValueError(f"prefill_group_tokens must be an integer >= 0, got {self.prefill_group_tokens!r}")
-        if (
-            not isinstance(self.prefill_tokens_per_decode, int)
-            or isinstance(self.prefill_tokens_per_decode, bool)
-            or self.prefill_tokens_per_decode < 0
-        ):
-            raise ValueError(
-                f"prefill_tokens_per_decode must be an integer >= 0, got {self.prefill_tokens_per_decode!r}"
-            )
+        _non_negative_int("prefill_group_tokens", self.prefill_group_tokens)
+        _non_negative_int("prefill_tokens_per_decode", self.prefill_tokens_per_decode)
         _choice("batching", self.batching, BATCHING_MODES)
         _choice("scheduling_policy", self.scheduling_policy, POLICIES)
         if self.vtc_prompt_weight < 0 or self.vtc_output_weight < 0:
@@ -265,13 +258,9 @@ class EngineConfig:
     # 0 on CUDA, for float32 models and on the torch backend (not measured there).
     prefill_group_tokens: int | None = None
     # While N sequences decode and W wait, a step adds at most (N + W) x prefill_tokens_per_decode
-    # prompt tokens (rounded up to 16, at least 32; a chunk is cut to fit): every decoding stream's
-    # next token waits for the step, so at 4, beside 16 streams a prompt goes 64 tokens a step and
-    # beside 64 a 256-token group does; with nothing decoding it does not apply. It bounds the step
-    # below max_prefill_tokens_with_decodes and prefill_group_tokens. 0 (default): off. For
-    # deployments whose users read streams token by token: measured over HTTP (docs/cpu-performance.md,
-    # "Prompt room by decodes"), 4 halves ITL p99 at 16 clients for ~15% of that row's throughput and
-    # changes nothing at 64.
+    # prompt tokens (scheduler.prompt_room; a chunk is cut to fit), so the streams' next token waits
+    # for less prompt work. 0 (default): off. Measured over HTTP (docs/cpu-performance.md, "...the
+    # prompt room"): 4 halves ITL p99 at 16 clients for ~15% of that row's throughput, same at 64.
     prefill_tokens_per_decode: int = 0
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: sized from kv_cache_memory_gb

@@ -147,13 +147,14 @@ class Scheduler:
         # would stall the running streams once per arrival and keep later arrivals staggered.
         cap = self.config.max_prefill_tokens_with_decodes
         chunk_cap = cap if cap is not None and queue and queue[0].in_decode else budget
-        # Beside decodes, the step's prompt tokens are bounded by how many streams decode: a chunk
-        # is cut to fit, later prompts wait for the next step.
-        room = prompt_room(
-            sum(1 for s in queue if s.in_decode), self.policy.num_waiting(), self.config.prefill_tokens_per_decode
+        # Beside decodes, the step's prompt tokens are bounded by how many streams decode and wait:
+        # a chunk is cut to fit, later prompts wait for the next step (off: no counting at all).
+        per_decode = self.config.prefill_tokens_per_decode
+        room = (
+            prompt_room(sum(1 for s in queue if s.in_decode), self.policy.num_waiting(), per_decode)
+            if per_decode
+            else None
         )
-        if room is not None:
-            chunk_cap = min(chunk_cap, room)
         prompt_tokens = 0  # this step's prompt tokens, for prefill_group_tokens and the room
         while queue and budget > 0:
             seq = queue.pop(0)

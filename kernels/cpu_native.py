@@ -192,27 +192,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.lp_linear_bf16_dp_isa.restype = i32
     lib.lp_prompt_attention_isa.argtypes = []
     lib.lp_prompt_attention_isa.restype = i32
-    lib.lp_prompt_attention_bf16.argtypes = [
-        p,
-        i64,
-        p,
-        p,
-        p,
-        i32,
-        p,
-        p,
-        p,
-        p,
-        i32,
-        p,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-        f32,
-        i32,
-    ]
+    lib.lp_prompt_attention_bf16.argtypes = [p, i64, p, p, p, i32, p, p, p, p, i32, p, i64, *[i32] * 4, f32, i32]
     lib.lp_prompt_attention_bf16.restype = None
     lib.lp_rms_norm_bf16.argtypes = [p, i64, i32, i32, p, f32, p, i32]
     lib.lp_rms_norm_bf16.restype = None
